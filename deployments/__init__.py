@@ -1,0 +1,1 @@
+"""ray-edge-ai serving layer: model runtimes, Ray Serve deployments and the export pipeline."""

@@ -1,0 +1,96 @@
+"""One closed set of serving errors, each mapped to exactly one HTTP status and OpenAI error type.
+
+The model runtimes raise these (they import nothing from Ray or HTTP); the router turns any of them
+into an OpenAI-shaped JSON body with `to_error_body`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class ServingError(Exception):
+    """Base of every error a client may see. Subclasses fix `status` and `error_type`."""
+
+    status: ClassVar[int] = 500
+    error_type: ClassVar[str] = "server_error"
+    default_code: ClassVar[str | None] = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code or self.default_code
+
+    def to_error_body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class InvalidRequestError(ServingError):
+    """The client's request is malformed or out of range (400)."""
+
+    status = 400
+    error_type = "invalid_request_error"
+
+
+class EmptyInputError(InvalidRequestError):
+    default_code = "empty_input"
+
+
+class InvalidUTF8Error(InvalidRequestError):
+    default_code = "invalid_utf8"
+
+
+class ContextLengthExceededError(InvalidRequestError):
+    default_code = "context_length_exceeded"
+
+
+class WrongTaskError(InvalidRequestError):
+    """E.g. an embeddings request naming a chat model."""
+
+    default_code = "model_task_mismatch"
+
+
+class ModelNotFoundError(ServingError):
+    status = 404
+    error_type = "not_found_error"
+    default_code = "model_not_found"
+
+
+class PayloadTooLargeError(ServingError):
+    status = 413
+    error_type = "invalid_request_error"
+    default_code = "payload_too_large"
+
+
+class OverloadedError(ServingError):
+    """No capacity right now; the client should retry after `retry_after_s`."""
+
+    status = 503
+    error_type = "overloaded_error"
+    default_code = "overloaded"
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0, **kwargs: Any):
+        super().__init__(message, **kwargs)
+        self.retry_after_s = retry_after_s
+
+
+class ModelNotReadyError(OverloadedError):
+    """The model has no running replica and could not start one in time."""
+
+    default_code = "model_not_ready"
+
+
+class InternalServerError(ServingError):
+    """A bug or an unexpected failure on our side; the message never carries a stack trace."""
+
+    status = 500
+    error_type = "server_error"
+    default_code = "internal_error"

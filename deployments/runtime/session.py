@@ -1,0 +1,118 @@
+"""The one ONNX Runtime session factory: provider choice, graph optimisation, threads, IO binding
+on CUDA, warm-up and load-time measurement for every model runtime."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import onnxruntime as ort
+from pydantic import BaseModel, ConfigDict, Field
+
+Provider = Literal["auto", "cuda", "cpu"]
+
+_OPT_LEVELS = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+
+
+class SessionConfig(BaseModel):
+    """How to open a model's ONNX graph. `auto` takes CUDA when onnxruntime-gpu sees a GPU."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    provider: Provider = "auto"
+    device_id: int = Field(default=0, ge=0)
+    graph_optimization: Literal["disable", "basic", "extended", "all"] = "all"
+    intra_op_threads: int = Field(default=0, ge=0, description="0 lets ONNX Runtime decide")
+    inter_op_threads: int = Field(default=0, ge=0, description="0 lets ONNX Runtime decide")
+    io_binding: bool = Field(default=True, description="bind outputs on the device (CUDA only)")
+
+
+def cuda_available() -> bool:
+    return "CUDAExecutionProvider" in ort.get_available_providers()
+
+
+def _providers(config: SessionConfig) -> list[str | tuple[str, dict[str, object]]]:
+    want_cuda = config.provider == "cuda" or (config.provider == "auto" and cuda_available())
+    if config.provider == "cuda" and not cuda_available():
+        raise RuntimeError(
+            "provider 'cuda' requested but this onnxruntime has no CUDAExecutionProvider "
+            "(install the `gpu` extra: make install ACCEL=gpu)"
+        )
+    if want_cuda:
+        return [("CUDAExecutionProvider", {"device_id": config.device_id}), "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
+@dataclass
+class OnnxSession:
+    """An opened graph plus what the cold-start accounting needs to know about opening it."""
+
+    session: ort.InferenceSession
+    provider: Literal["cuda", "cpu"]
+    load_s: float
+    io_binding: bool
+    device_id: int = 0
+    warmup_s: float = 0.0
+    input_names: tuple[str, ...] = field(default=())
+    output_names: tuple[str, ...] = field(default=())
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.provider == "cuda" and self.io_binding:
+            return self._run_bound(feeds)
+        values = self.session.run(list(self.output_names), dict(feeds))
+        return dict(zip(self.output_names, values, strict=True))
+
+    def _run_bound(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        # Outputs stay on the GPU until the run ends, so ORT allocates them once, in device memory.
+        binding = self.session.io_binding()
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(value))
+        for name in self.output_names:
+            binding.bind_output(name, "cuda", self.device_id)
+        self.session.run_with_iobinding(binding)
+        return dict(zip(self.output_names, binding.copy_outputs_to_cpu(), strict=True))
+
+    def warm_up(self, feeds: Mapping[str, np.ndarray]) -> float:
+        """Run once so the first real request does not pay for lazy allocations; returns seconds."""
+        start = time.perf_counter()
+        self.run(feeds)
+        self.warmup_s = time.perf_counter() - start
+        return self.warmup_s
+
+    def input_type(self, name: str) -> str:
+        return next(i.type for i in self.session.get_inputs() if i.name == name)
+
+
+def open_session(graph: str | Path, config: SessionConfig | None = None) -> OnnxSession:
+    config = config or SessionConfig()
+    options = ort.SessionOptions()
+    options.graph_optimization_level = _OPT_LEVELS[config.graph_optimization]
+    options.intra_op_num_threads = config.intra_op_threads
+    options.inter_op_num_threads = config.inter_op_threads
+    options.log_severity_level = 3  # errors only: ORT's warnings about fallbacks are ours to report
+
+    start = time.perf_counter()
+    session = ort.InferenceSession(str(graph), options, providers=_providers(config))
+    load_s = time.perf_counter() - start
+
+    provider: Literal["cuda", "cpu"] = (
+        "cuda" if session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"
+    )
+    return OnnxSession(
+        session=session,
+        provider=provider,
+        load_s=load_s,
+        io_binding=config.io_binding,
+        device_id=config.device_id,
+        input_names=tuple(i.name for i in session.get_inputs()),
+        output_names=tuple(o.name for o in session.get_outputs()),
+    )

@@ -1,0 +1,1 @@
+"""Simulated global edge network: colos, geography, latency, health and routing (plain Python)."""
