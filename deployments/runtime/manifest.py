@@ -95,12 +95,13 @@ class ModelManifest(_Frozen):
             )
         return cls.model_validate_json(path.read_text())
 
-    def write(self, model_dir: str | Path) -> None:
-        """Hash every file in the directory and write the manifest last."""
+    def write(self, model_dir: str | Path) -> ModelManifest:
+        """Hash every file in the directory, write the manifest last, and return it."""
         model_dir = Path(model_dir)
         hashed = self.model_copy(update={"files": hash_files(model_dir)})
         text = json.dumps(hashed.model_dump(mode="json"), indent=2, sort_keys=True)
         (model_dir / MANIFEST_NAME).write_text(text + "\n")
+        return hashed
 
     def verify_files(self, model_dir: str | Path) -> list[str]:
         """Names of files whose content no longer matches the manifest (empty when intact)."""

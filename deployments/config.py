@@ -1,0 +1,84 @@
+"""The application's own settings (the `args:` of serve_config.yaml), validated once at build time.
+
+Ray Serve's per-deployment options (autoscaling, max_ongoing_requests, user_config) stay in the
+file's `deployments:` section, where ops edit them; this covers what Ray Serve has no field for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from deployments.runtime.manifest import Task
+
+Accelerator = Literal["auto", "cpu", "gpu"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(_Strict):
+    """One served model: where its directory is and what share of a node a replica takes."""
+
+    task: Task
+    family: str = Field(min_length=1)
+    model_dir: str = Field(min_length=1, description="absolute, or relative to models_dir")
+    num_cpus: float = Field(default=0.25, gt=0, le=64)
+    num_gpus: float = Field(default=0.25, gt=0, le=8, description="used when accelerator is gpu")
+    intra_op_threads: int = Field(default=1, ge=0, le=64, description="ONNX Runtime threads")
+
+
+class BatchingConfig(_Strict):
+    """A model deployment's `user_config`: applied live by `serve deploy`, no replica restart."""
+
+    max_batch_size: int = Field(default=8, ge=1, le=256)
+    batch_wait_timeout_s: float = Field(default=0.005, ge=0, le=1)
+
+
+class RouterConfig(_Strict):
+    max_body_bytes: int = Field(default=1 << 20, ge=1024, le=64 << 20)
+    request_timeout_s: float = Field(default=120.0, gt=0, le=3600)
+    default_max_tokens: int = Field(default=256, ge=1, le=1 << 20)
+    num_cpus: float = Field(default=0.1, gt=0, le=64)
+
+
+class AppConfig(_Strict):
+    accelerator: Accelerator = "auto"
+    models_dir: str = "models"
+    models: dict[str, ModelConfig]
+    router: RouterConfig = RouterConfig()
+
+    @model_validator(mode="after")
+    def _names_are_deployment_names(self) -> AppConfig:
+        if not self.models:
+            raise ValueError("at least one model must be served")
+        for name in self.models:
+            if name == "router" or not name.replace("-", "").replace("_", "").isalnum():
+                raise ValueError(f"model name {name!r} must be alphanumeric (- and _ allowed)")
+        return self
+
+    def model_path(self, name: str) -> Path:
+        path = Path(self.models[name].model_dir)
+        return path if path.is_absolute() else Path(self.models_dir).resolve() / path
+
+
+class ConfigError(ValueError):
+    """A bad value in serve_config.yaml: the message names the field and what is allowed."""
+
+
+def parse_app_config(args: dict[str, Any]) -> AppConfig:
+    try:
+        return AppConfig.model_validate(args)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, prefix="args")) from None
+
+
+def describe_validation_error(exc: ValidationError, prefix: str) -> str:
+    lines = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in (prefix, *err["loc"]))
+        lines.append(f"{where}: {err['msg']}")
+    return "invalid serve_config.yaml: " + "; ".join(lines)

@@ -1,0 +1,94 @@
+"""`python -m deployments.export` - one command from a checkpoint to a servable model directory."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+from deployments.export.common import VerificationError
+from deployments.export.defaults import DEFAULT_MODELS, build_default
+from deployments.runtime.manifest import ModelManifest
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m deployments.export",
+        description="Export a checkpoint to ONNX (+ tokenizer + manifest), or build the defaults.",
+    )
+    sub = parser.add_subparsers(dest="model", required=True)
+    for family in ("glm", "kimi"):
+        p = sub.add_parser(family, help=f"{family} chat model (KV-cache decoder graph)")
+        p.add_argument("--from", dest="source", help="HF id or local dir (default: tiny stand-in)")
+        p.add_argument("--out", type=Path, required=True)
+        p.add_argument("--dtype", choices=("fp32", "fp16"), default="fp32")
+        p.add_argument("--quantize", choices=("int8",), default=None)
+        p.add_argument("--verify", action="store_true", help="check parity with PyTorch")
+    emb = sub.add_parser("embedding", help="BERT-style sentence embedder (mean pooling + L2)")
+    emb.add_argument("--from", dest="source", help="HF id or dir (default: packaged MiniLM)")
+    emb.add_argument("--out", type=Path, required=True)
+    emb.add_argument("--quantize", choices=("int8",), default=None)
+    emb.add_argument("--verify", action="store_true")
+    mod = sub.add_parser("moderation", help="text moderation classifier")
+    mod.add_argument("--from", dest="source", help="dir with the scikit-learn model")
+    mod.add_argument("--out", type=Path, required=True)
+    mod.add_argument("--verify", action="store_true")
+    defaults = sub.add_parser("defaults", help="build every embedded default model")
+    defaults.add_argument("--out", type=Path, default=Path("models"))
+    defaults.add_argument("--force", action="store_true", help="rebuild even if present and intact")
+    return parser
+
+
+def _intact(model_dir: Path) -> bool:
+    try:
+        return not ModelManifest.load(model_dir).verify_files(model_dir)
+    except (FileNotFoundError, ValueError):
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    # Our progress at INFO; the exporters' libraries (onnx_ir, torch.onnx) only when they warn.
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("deployments").setLevel(logging.INFO)
+    start = time.perf_counter()
+    try:
+        if args.model == "defaults":
+            for name in DEFAULT_MODELS:
+                if not args.force and _intact(args.out / name):
+                    print(f"{name}: up to date in {args.out / name}")
+                    continue
+                t0 = time.perf_counter()
+                build_default(name, args.out)
+                print(f"{name}: built in {time.perf_counter() - t0:.1f}s -> {args.out / name}")
+            return 0
+        if args.model in ("glm", "kimi"):
+            from deployments.export.llm import export_llm
+
+            export_llm(
+                args.model,
+                args.source,
+                args.out,
+                dtype=args.dtype,
+                quantize=args.quantize,
+                verify=args.verify,
+            )
+        elif args.model == "embedding":
+            from deployments.export.embedding import export_embedding
+
+            export_embedding(args.source, args.out, verify=args.verify, quantize=args.quantize)
+        else:
+            from deployments.export.moderation import export_moderation
+
+            export_moderation(args.source, args.out, verify=args.verify)
+    except VerificationError as exc:
+        print(f"verification FAILED: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.model}: exported in {time.perf_counter() - start:.1f}s -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Training text for the locally built chat tokenizers (a package so the *.txt files ship)."""

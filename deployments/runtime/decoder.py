@@ -1,0 +1,162 @@
+"""Feeding a decoder graph: prefill, batched KV-cached decode steps and full recompute.
+
+The graph takes `input_ids`, `attention_mask`, `position_ids` and one past key/value tensor per
+layer, and returns `logits` and the `present` cache. Batches of sequences with different cache
+lengths are left-padded; the attention mask hides the padding, so each sequence sees only its own
+cache. An empty cache is one masked slot, which keeps every graph input non-empty.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from deployments.runtime.manifest import KVCacheLayout
+from deployments.runtime.session import OnnxSession
+
+_ORT_FLOAT = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+
+@dataclass
+class KVCache:
+    """One sequence's cache: per layer a (key, value) pair of [1, kv_heads, length, head_dim]."""
+
+    layers: list[tuple[np.ndarray, np.ndarray]]
+
+    @property
+    def length(self) -> int:
+        return int(self.layers[0][0].shape[2])
+
+
+class DecoderGraph:
+    """Runs a KV-cache decoder graph; knows nothing of requests, sampling or text."""
+
+    def __init__(self, session: OnnxSession, layout: KVCacheLayout):
+        self.session = session
+        self.layout = layout
+        key_name, _ = layout.past_names(0)
+        self.cache_dtype = _ORT_FLOAT[session.input_type(key_name)]
+
+    def _empty_layer(self, batch: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+        heads = self.layout.num_kv_heads
+        return (
+            np.zeros((batch, heads, length, self.layout.key_head_dim), self.cache_dtype),
+            np.zeros((batch, heads, length, self.layout.value_head_dim), self.cache_dtype),
+        )
+
+    def _run(
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        position_ids: np.ndarray,
+        past: Sequence[tuple[np.ndarray, np.ndarray]],
+    ) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+        feeds = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+        }
+        for layer, (key, value) in enumerate(past):
+            key_name, value_name = self.layout.past_names(layer)
+            feeds[key_name], feeds[value_name] = key, value
+        out = self.session.run(feeds)
+        present = [
+            (out[k], out[v])
+            for k, v in (self.layout.present_names(i) for i in range(self.layout.num_layers))
+        ]
+        return out["logits"], present
+
+    def prefill(self, token_ids: Sequence[int]) -> tuple[np.ndarray, KVCache]:
+        """Process a whole prompt; returns the last position's logits [vocab] and its cache."""
+        n = len(token_ids)
+        input_ids = np.asarray([token_ids], dtype=np.int64)
+        mask = np.ones((1, n + 1), dtype=np.int64)
+        mask[0, 0] = 0  # the placeholder slot of the empty cache
+        positions = np.arange(n, dtype=np.int64)[None, :]
+        past = [self._empty_layer(1, 1) for _ in range(self.layout.num_layers)]
+        logits, present = self._run(input_ids, mask, positions, past)
+        cache = KVCache([(k[:, :, 1:], v[:, :, 1:]) for k, v in present])
+        return logits[0, -1], cache
+
+    def decode(
+        self, last_tokens: Sequence[int], caches: Sequence[KVCache]
+    ) -> tuple[np.ndarray, list[KVCache]]:
+        """One step for a batch of sequences: returns logits [batch, vocab] and the new caches."""
+        batch = len(caches)
+        lengths = [c.length for c in caches]
+        longest = max(lengths)
+        mask = np.zeros((batch, longest + 1), dtype=np.int64)
+        for row, length in enumerate(lengths):
+            mask[row, longest - length :] = 1
+        positions = np.asarray(lengths, dtype=np.int64)[:, None]
+        input_ids = np.asarray(last_tokens, dtype=np.int64)[:, None]
+        if batch == 1:
+            past = caches[0].layers
+        else:
+            past = [
+                (
+                    self._left_pad([c.layers[layer][0] for c in caches], longest),
+                    self._left_pad([c.layers[layer][1] for c in caches], longest),
+                )
+                for layer in range(self.layout.num_layers)
+            ]
+        logits, present = self._run(input_ids, mask, positions, past)
+        new_caches = [
+            KVCache(
+                [
+                    (k[row : row + 1, :, longest - n :], v[row : row + 1, :, longest - n :])
+                    for k, v in present
+                ]
+            )
+            for row, n in enumerate(lengths)
+        ]
+        return logits[:, -1], new_caches
+
+    @staticmethod
+    def _left_pad(tensors: list[np.ndarray], length: int) -> np.ndarray:
+        first = tensors[0]
+        out = np.zeros((len(tensors), first.shape[1], length, first.shape[3]), first.dtype)
+        for row, t in enumerate(tensors):
+            out[row, :, length - t.shape[2] :] = t[0]
+        return out
+
+    def full_logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Logits for every position with no cache reuse (the reference for parity checks)."""
+        n = len(token_ids)
+        mask = np.ones((1, n + 1), dtype=np.int64)
+        mask[0, 0] = 0
+        past = [self._empty_layer(1, 1) for _ in range(self.layout.num_layers)]
+        logits, _ = self._run(
+            np.asarray([token_ids], dtype=np.int64),
+            mask,
+            np.arange(n, dtype=np.int64)[None, :],
+            past,
+        )
+        return logits[0]
+
+    def greedy_cached(self, prompt: Sequence[int], new_tokens: int) -> list[int]:
+        logits, cache = self.prefill(prompt)
+        out = [int(np.argmax(logits))]
+        for _ in range(new_tokens - 1):
+            step_logits, (cache,) = self.decode([out[-1]], [cache])
+            out.append(int(np.argmax(step_logits[0])))
+        return out
+
+    def cached_logits(self, prompt: Sequence[int], continuation: Sequence[int]) -> np.ndarray:
+        """Logits predicting each continuation token and the one after, via the KV cache."""
+        logits, cache = self.prefill(prompt)
+        rows = [logits]
+        for token in continuation:
+            step, (cache,) = self.decode([token], [cache])
+            rows.append(step[0])
+        return np.stack(rows)
+
+    def greedy_full_recompute(self, prompt: Sequence[int], new_tokens: int) -> list[int]:
+        ids = list(prompt)
+        out: list[int] = []
+        for _ in range(new_tokens):
+            out.append(int(np.argmax(self.full_logits(ids)[-1])))
+            ids.append(out[-1])
+        return out

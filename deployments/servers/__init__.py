@@ -1,0 +1,1 @@
+"""The Ray Serve model deployments: one replica class per task, sharing `ModelServer`."""

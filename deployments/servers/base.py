@@ -1,0 +1,60 @@
+"""What every model replica shares: load the runtime once, time it, report health and limits."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar
+
+from deployments.config import BatchingConfig
+from deployments.runtime.session import SessionConfig
+
+
+class Runtime(Protocol):
+    def describe(self) -> dict[str, Any]: ...
+
+
+R = TypeVar("R", bound=Runtime)
+RuntimeFactory = Callable[[Path, SessionConfig], R]
+
+
+class ModelServer(Generic[R]):
+    """Base of the model deployments. The runtime class is a constructor argument, so tests can
+    serve a fake without Ray Serve knowing the difference."""
+
+    def __init__(self, model_dir: str, session: SessionConfig, runtime_factory: RuntimeFactory):
+        started = time.perf_counter()
+        self.model_dir = Path(model_dir)
+        self.runtime: R = runtime_factory(self.model_dir, session)
+        self.load_s = time.perf_counter() - started
+        self.batching = BatchingConfig()
+        self.pid = os.getpid()
+
+    def reconfigure(self, user_config: dict[str, Any]) -> None:
+        """Ray Serve calls this with the deployment's `user_config` on start and on every change."""
+        self.batching = BatchingConfig.model_validate(user_config or {})
+        self._apply_batching(self.batching)
+
+    def _apply_batching(self, batching: BatchingConfig) -> None:
+        """Subclasses push the new batch limits into their batchers."""
+
+    async def check_health(self) -> None:
+        # A replica whose runtime raises here is replaced by Ray Serve.
+        self.runtime.describe()
+
+    async def describe(self) -> dict[str, Any]:
+        return {
+            **self.runtime.describe(),
+            "model_dir": str(self.model_dir),
+            "replica_load_s": self.load_s,
+            "pid": self.pid,
+            "batching": self.batching.model_dump(),
+        }
+
+
+async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run blocking inference off the event loop, so the replica keeps accepting requests."""
+    return await asyncio.to_thread(fn, *args)
