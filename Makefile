@@ -22,6 +22,7 @@ models: install
 
 lint: install
 	$(VENV)/bin/ruff check deployments edge_sim tests benchmarks
+	$(VENV)/bin/ruff format --check deployments edge_sim tests benchmarks
 	$(VENV)/bin/mypy edge_sim deployments/runtime
 
 # pytest exits 5 when it collects nothing; that is not a failure of ours.

@@ -12,9 +12,10 @@ import shutil
 import tempfile
 import time
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import onnx
@@ -96,7 +97,7 @@ def resolve_checkpoint(source: str | None) -> Checkpoint:
         model_dir = packaged_model_dir()
         version = importlib.metadata.version(PACKAGED_DISTRIBUTION)
         label = f"{PACKAGED_DISTRIBUTION}=={version} ({PACKAGED_UPSTREAM})"
-        config = _bert_config_or_default(model_dir)
+        config = bert_config_or_default(model_dir)
     else:
         model_dir = Path(source) if Path(source).is_dir() else _download(source)
         label = source
@@ -116,7 +117,7 @@ def _download(repo_id: str) -> Path:
     return Path(snapshot_download(repo_id))
 
 
-def _bert_config_or_default(model_dir: Path) -> PretrainedConfig:
+def bert_config_or_default(model_dir: Path) -> PretrainedConfig:
     path = model_dir / "config.json"
     if path.is_file() and json.loads(path.read_text()).get("model_type") == "bert":
         return BertConfig.from_json_file(str(path))
@@ -240,7 +241,7 @@ def _strip_graph(graph: onnx.GraphProto) -> None:
     _strip_graph_nodes(graph.node)
 
 
-def _strip_graph_nodes(nodes: Any) -> None:
+def _strip_graph_nodes(nodes: Iterable[onnx.NodeProto]) -> None:
     for node in nodes:
         node.doc_string = ""
         del node.metadata_props[:]
@@ -345,13 +346,14 @@ def export_embedding(
     tokenizer = SentenceTokenizer(out / TOKENIZER_NAME)
     # Two rows of different lengths, so neither the batch nor the sequence axis is traced as 1.
     example = tokenizer.batch(VERIFY_SENTENCES[:2])
+    pooled = MeanPooledEncoder(encoder).eval()
 
     if quantize is None:
-        _export_graph(MeanPooledEncoder(encoder).eval(), example, out / GRAPH_NAME)
+        _export_graph(pooled, example, out / GRAPH_NAME)
     else:
         with tempfile.TemporaryDirectory() as scratch:
             fp32_graph = Path(scratch) / GRAPH_NAME
-            _export_graph(MeanPooledEncoder(encoder).eval(), example, fp32_graph)
+            _export_graph(pooled, example, fp32_graph)
             _quantize_int8(fp32_graph, out / GRAPH_NAME)
     log.info("exported %s to %s in %.1fs", checkpoint.source, out, time.perf_counter() - started)
 
@@ -384,5 +386,4 @@ def export_embedding(
             dimension=int(checkpoint.config.hidden_size), max_length=checkpoint.max_length
         ),
     )
-    manifest = manifest.write(out)
-    return ModelManifest.load(out)  # as written, with the file hashes
+    return manifest.write(out)  # as written, with the file hashes

@@ -209,9 +209,8 @@ def _export_graph(
 
 
 def _quantize_int8(path: Path) -> None:
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
     import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
 
     # The exporter's recorded intermediate shapes trip the quantizer's own shape inference on
     # the batched MoE experts; it infers them afresh without them.
@@ -232,7 +231,7 @@ def _quantize_int8(path: Path) -> None:
     quantized.replace(path)
 
 
-def _default_model(family: Family, out: Path) -> tuple[PreTrainedModel, dict[str, Any]]:
+def default_model(family: Family, out: Path) -> tuple[PreTrainedModel, dict[str, Any]]:
     fmt = CHAT_FORMATS[family]
     tokenizer_info = save_tokenizer(build_tokenizer(fmt, DEFAULT_VOCAB_SIZE), fmt, out)
     config = FAMILIES[family].tiny_config(
@@ -279,7 +278,7 @@ def export_llm(
         raise ValueError("--dtype fp16 and --quantize int8 are alternatives; pick one")
     out = fresh_dir(out)
     if source is None:
-        model, info = _default_model(family, out)
+        model, info = default_model(family, out)
     else:
         model, info = _checkpoint_model(family, source, out)
     model = _prepare_for_export(model)
@@ -365,10 +364,10 @@ def verify_llm(model: PreTrainedModel, model_dir: Path, manifest: ModelManifest)
             for _ in range(new_tokens):
                 ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
         if ids[len(prompt) :] != cached:
-            raise VerificationError(f"ONNX greedy {cached} != PyTorch greedy {ids[len(prompt):]}")
+            raise VerificationError(f"ONNX greedy {cached} != PyTorch greedy {ids[len(prompt) :]}")
         report["greedy_tokens_match_pytorch"] = new_tokens
 
-    # Ragged batch: two sequences with different cache lengths decode in one step as they would alone.
+    # Ragged batch: sequences with different cache lengths decode in one step as they would alone.
     short = prompt[:5]
     alone = [graph.decode([7], [graph.prefill(p)[1]])[0][0] for p in (prompt, short)]
     together, _ = graph.decode([7, 7], [graph.prefill(prompt)[1], graph.prefill(short)[1]])

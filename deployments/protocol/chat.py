@@ -3,6 +3,8 @@ and stream-chunk bodies we return, shaped so the official `openai` SDK parses th
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -31,10 +33,17 @@ MAX_STOP_SEQUENCES = 4
 # How the text parts of one message become one string; vLLM joins them the same way.
 TEXT_PART_SEPARATOR = "\n"
 # Chat templates know system/user/assistant/tool; OpenAI's newer `developer` role plays `system`.
-TEMPLATE_ROLES = {"developer": "system"}
+TEMPLATE_ROLES: Mapping[str, str] = MappingProxyType({"developer": "system"})
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 FinishReason = Literal["stop", "length", "content_filter"]
+
+
+# The schema states the limits; `check_stop_sequences` enforces them first, with one clear error.
+StopSequences = (
+    Annotated[str, Field(min_length=1)]
+    | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP_SEQUENCES)]
+)
 
 
 def check_stop_sequences(value: Any) -> Any:
@@ -125,8 +134,8 @@ class StreamOptions(LenientModel):
 
 
 class ChatCompletionRequest(OpenAIRequest):
-    """Fields in the order of OpenAI's reference; what we do not support is accepted and ignored
-    (see `ignored_fields()`), except `n`, which would change the response's shape."""
+    """A chat completion request, fields in the order of OpenAI's reference. Text content only
+    and one choice (`n` = 1); other OpenAI fields are accepted and ignored."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     model: str = Field(min_length=1)
@@ -140,7 +149,7 @@ class ChatCompletionRequest(OpenAIRequest):
         json_schema_extra={"minimum": 1, "maximum": 1},
     )
     seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
-    stop: str | list[str] | None = Field(
+    stop: StopSequences | None = Field(
         default=None, description=f"Up to {MAX_STOP_SEQUENCES} sequences where generation stops."
     )
     stream: bool = False

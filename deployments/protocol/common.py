@@ -95,7 +95,8 @@ class LenientModel(BaseModel):
     `user`, `logit_bias`, `frequency_penalty`...) and remembers their names. As in OpenAI's API,
     an optional field sent as null means "not given": its default applies."""
 
-    model_config = ConfigDict(extra="ignore")
+    # Strict like OpenAI: `"max_tokens": true` or `"stream": "yes"` is an error, not a coercion.
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     _ignored_here: tuple[str, ...] = PrivateAttr(default=())
 

@@ -12,7 +12,12 @@ import numpy as np
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-from deployments.protocol.chat import ChatCompletionRequest, ChatMessage, check_stop_sequences
+from deployments.protocol.chat import (
+    ChatCompletionRequest,
+    ChatMessage,
+    StopSequences,
+    check_stop_sequences,
+)
 from deployments.protocol.common import (
     OpenAIRequest,
     ResponseModel,
@@ -30,9 +35,9 @@ SHARED_CHAT_FIELDS = frozenset({"max_tokens", "temperature", "top_p", "seed", "s
 
 
 class WorkersChatInput(OpenAIRequest):
-    """Either a bare `prompt` (one user turn) or a `messages` conversation, never both. Sampling
-    fields keep the OpenAI ranges, since the same engine serves them; unset ones keep its
-    defaults."""
+    """Workers AI text generation: either a bare `prompt` (one user turn) or a `messages`
+    conversation, never both. Sampling fields take OpenAI's ranges (the same engine serves both
+    APIs); unknown fields are accepted and ignored."""
 
     prompt: Utf8Str | None = Field(default=None, min_length=1)
     messages: list[ChatMessage] | None = Field(default=None, min_length=1, validate_default=True)
@@ -41,7 +46,7 @@ class WorkersChatInput(OpenAIRequest):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
     stream: bool = False
-    stop: str | list[str] | None = None
+    stop: StopSequences | None = None
 
     @field_validator("messages")
     @classmethod

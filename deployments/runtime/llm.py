@@ -195,7 +195,9 @@ class LLMRuntime:
             parts.append(chunk.text)
             last = chunk
         assert last is not None and last.finish_reason is not None
-        return Completion("".join(parts), last.finish_reason, last.prompt_tokens, last.completion_tokens)
+        return Completion(
+            "".join(parts), last.finish_reason, last.prompt_tokens, last.completion_tokens
+        )
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -262,4 +264,3 @@ class LLMRuntime:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
-

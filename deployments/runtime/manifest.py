@@ -1,4 +1,4 @@
-"""The manifest of a servable model directory: what the graph is, how to feed it, and file hashes."""
+"""The manifest of a servable model directory: what the graph is, how to feed it, file hashes."""
 
 from __future__ import annotations
 
@@ -91,7 +91,8 @@ class ModelManifest(_Frozen):
         if not path.is_file():
             raise FileNotFoundError(
                 f"{model_dir} is not a model directory (no {MANIFEST_NAME}); "
-                "build the defaults with `make models` or export one with `python -m deployments.export`"
+                "build the defaults with `make models` or export one with "
+                "`python -m deployments.export`"
             )
         return cls.model_validate_json(path.read_text())
 

@@ -126,6 +126,10 @@ class ModerationRuntime:
                 f"{self.model_dir}: unknown {INPUT_NORMALIZATION_KEY} {self.normalization!r}"
             )
 
+    def check(self, texts: Sequence[str]) -> None:
+        """Validate a request without running the model (the server checks before batching)."""
+        validate_texts(texts)
+
     def classify(self, texts: Sequence[str]) -> list[ModerationResult]:
         """Score every text in one batched run; results are in input order."""
         validate_texts(texts)

@@ -31,9 +31,7 @@ class SamplingParams:
                 f"temperature must be between 0 and 2, got {self.temperature}", param="temperature"
             )
         if not 0.0 < self.top_p <= 1.0:
-            raise InvalidRequestError(
-                f"top_p must be in (0, 1], got {self.top_p}", param="top_p"
-            )
+            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}", param="top_p")
         if len(self.stop) > MAX_STOP_STRINGS or any(not s for s in self.stop):
             raise InvalidRequestError(
                 f"stop takes up to {MAX_STOP_STRINGS} non-empty strings", param="stop"

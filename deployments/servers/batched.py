@@ -77,4 +77,3 @@ class ModerationServer(BatchedTextServer):
 
     def _infer(self, texts: list[str]) -> list[ModerationResult]:
         return self.runtime.classify(texts)
-

@@ -21,8 +21,18 @@ from deployments.errors import (
     InvalidRequestError,
     InvalidUTF8Error,
 )
-from deployments.export.embedding import export_embedding, packaged_model_dir, resolve_checkpoint
-from deployments.runtime.embedding import EmbeddingResult, EmbeddingRuntime
+from deployments.export.common import VerificationError
+from deployments.export.embedding import (
+    FP32_ATOL,
+    FP32_MIN_COSINE,
+    bert_config_or_default,
+    check_parity,
+    export_embedding,
+    load_encoder,
+    packaged_model_dir,
+    resolve_checkpoint,
+)
+from deployments.runtime.embedding import EmbeddingResult, EmbeddingRuntime, SentenceTokenizer
 from deployments.runtime.manifest import ModelManifest
 from deployments.runtime.session import SessionConfig
 
@@ -222,3 +232,35 @@ def test_int8_export_from_a_local_checkpoint_stays_close(
     quantized = EmbeddingRuntime(tmp_path).embed(SENTENCES).vectors
     cosines = (quantized * runtime.embed(SENTENCES).vectors).sum(axis=1)
     assert cosines.min() > 0.98
+
+
+def test_fallback_config_has_the_shipped_weights_shape(tmp_path: Path) -> None:
+    # A checkpoint dir with no config.json gets our MiniLM-L6 shape; it must be the real one.
+    fallback = bert_config_or_default(tmp_path)
+    shipped = bert_config_or_default(packaged_model_dir())
+    fields = [
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "max_position_embeddings",
+        "type_vocab_size",
+        "hidden_act",
+        "layer_norm_eps",
+    ]
+    assert {f: getattr(fallback, f) for f in fields} == {f: getattr(shipped, f) for f in fields}
+
+
+def test_verification_catches_a_graph_that_drifted(embedding_dir: Path) -> None:
+    encoder = load_encoder(resolve_checkpoint(None))
+    tokenizer = SentenceTokenizer(embedding_dir / "tokenizer.json")
+    bars = {"min_cosine": FP32_MIN_COSINE, "atol": FP32_ATOL}
+    parity = check_parity(embedding_dir / "model.onnx", tokenizer, encoder, **bars)
+    assert parity.min_cosine > FP32_MIN_COSINE
+    # Nudge the PyTorch side by 1% in one layer: the same graph must now fail the check.
+    with torch.no_grad():
+        weight = encoder.encoder.layer[3].intermediate.dense.weight
+        weight.mul_(1.01)
+    with pytest.raises(VerificationError):
+        check_parity(embedding_dir / "model.onnx", tokenizer, encoder, **bars)

@@ -6,6 +6,9 @@ from __future__ import annotations
 import base64
 import json
 import random
+import struct
+import subprocess
+import sys
 import uuid
 from typing import Any
 
@@ -139,7 +142,9 @@ def test_chat_request_full():
             "messages.0.content.0.type",
             "Field required",
         ),
-        ({"model": None}, "model", "Field required"),
+        ({"model": None}, "model", "Input should be a valid string"),
+        ({"max_tokens": True}, "max_tokens", "valid integer"),
+        ({"stream": "yes"}, "stream", "valid boolean"),
     ],
 )
 def test_invalid_chat_request_names_the_field(fields, param, fragment):
@@ -395,7 +400,15 @@ def test_embedding_response_parses_with_sdk_types():
             model="minilm",
             usage=EmbeddingUsage(prompt_tokens=6, total_tokens=6),
         )
-        sdk = SDKEmbeddingResponse.model_validate(ours.model_dump(mode="json"))
+        body = ours.model_dump(mode="json")
+        if encoding == "float":
+            sdk = SDKEmbeddingResponse.model_validate(body)
+        else:
+            # The SDK types `embedding` as list[float] only: strict validation refuses base64, so
+            # its client builds the object leniently and then decodes.
+            with pytest.raises(ValidationError):
+                SDKEmbeddingResponse.model_validate(body)
+            sdk = construct_type(type_=SDKEmbeddingResponse, value=body)
         # The SDK decodes base64 itself only when the caller did not choose a format.
         decoded = parse_embedding_response(sdk, encoding_format=openai.omit)
         assert np.array_equal(
@@ -410,7 +423,7 @@ def test_base64_is_little_endian_float32():
     raw = base64.b64decode(encoded)
     assert len(raw) == 4 * len(vector)
     assert np.array_equal(np.frombuffer(raw, dtype="<f4"), np.array(vector, dtype=np.float32))
-    assert raw[:4] == np.float32(0.1).tobytes() if np.little_endian else raw[:4][::-1]
+    assert raw[:4] == struct.pack("<f", 0.1)  # little-endian whatever the host
     assert encode_embedding_base64(np.array(vector, dtype=np.float64)) == encoded
 
 
@@ -562,9 +575,11 @@ def test_openapi_schema_via_fastapi():
         ]
     ):
 
-        def endpoint(body: request_model) -> None:  # type: ignore[valid-type]
+        def endpoint(body: Any) -> None:
             return None
 
+        # This module's annotations are strings; give FastAPI the class itself.
+        endpoint.__annotations__["body"] = request_model
         app.post(f"/e{index}", response_model=response_model)(endpoint)
     schemas = app.openapi()["components"]["schemas"]
     chat_schema = schemas["ChatCompletionRequest"]["properties"]
@@ -574,32 +589,42 @@ def test_openapi_schema_via_fastapi():
     assert {"ChatMessage", "TextContentPart", "Usage", "Choice"} <= set(schemas)
 
 
-def test_fastapi_errors_describe_the_same_way():
+def test_through_fastapi_errors_describe_the_same_way_and_ignored_fields_are_kept():
     fastapi = pytest.importorskip("fastapi")
     from fastapi.exceptions import RequestValidationError
     from fastapi.testclient import TestClient
 
     app = fastapi.FastAPI()
-    seen: list[Any] = []
+    problems: list[InvalidRequestError] = []
+    ignored: list[list[str]] = []
 
     @app.exception_handler(RequestValidationError)
     async def handler(request, exc):  # noqa: ARG001
-        seen.append(describe_validation_error(exc.errors()))
+        problems.append(request_error_from_validation(exc.errors()))
         return fastapi.responses.JSONResponse({}, status_code=400)
 
     @app.post("/v1/chat/completions")
     def endpoint(body: ChatCompletionRequest) -> None:
-        return None
+        ignored.append(body.ignored_fields())
 
+    json_body = {"content-type": "application/json"}
     with TestClient(app) as test_client:
-        test_client.post("/v1/chat/completions", json={"model": "m", "messages": HELLO, "n": 3})
-        test_client.post(
-            "/v1/chat/completions",
-            content=b"{not json",
-            headers={"content-type": "application/json"},
+        post = test_client.post
+        assert (
+            post("/v1/chat/completions", json={"model": "m", "messages": HELLO, "n": 3}).status_code
+            == 400
         )
-    assert seen[0].param == "n" and seen[0].message == "n: only n=1 is supported, got 3"
-    assert seen[1].param is None and "not valid JSON" in seen[1].message
+        post("/v1/chat/completions", content=b"{not json", headers=json_body)
+        # FastAPI decodes with json.loads, which lets a lone surrogate through to our validator.
+        raw = b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}'
+        post("/v1/chat/completions", content=raw, headers=json_body)
+        ok = post("/v1/chat/completions", json={"model": "m", "messages": HELLO, "user": "u"})
+        assert ok.status_code == 200
+    n_error, json_error, utf8_error = problems
+    assert (n_error.param, n_error.message) == ("n", "n: only n=1 is supported, got 3")
+    assert json_error.param is None and "not valid JSON" in json_error.message
+    assert isinstance(utf8_error, InvalidUTF8Error) and utf8_error.param == "messages.0.content"
+    assert ignored == [["user"]]
 
 
 # ---- Workers AI ------------------------------------------------------------------------------
@@ -669,3 +694,14 @@ def test_workers_envelopes():
     assert json.dumps(ok_envelope([a_moderation_response().results[0]]))
     with pytest.raises(ValueError):
         WorkersEmbeddingResult.from_vectors(np.ones(3))
+
+
+def test_protocol_imports_neither_ray_nor_fastapi():
+    code = (
+        "import sys, deployments.protocol; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'ray', 'fastapi', 'starlette'}))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"

@@ -1,0 +1,150 @@
+"""`python -m benchmarks.run [--suite NAME ...] [--quick]`: run benchmark suites and print one JSON
+document to stdout; progress goes to stderr, so `> bench.json` captures only the results."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import os
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+log = logging.getLogger("benchmarks")
+
+# The registry: each name is a module benchmarks/<name>.py exposing `run(args) -> dict` and,
+# optionally, `add_arguments(parser)`. A name whose module is not written yet is reported, not run.
+SUITES: tuple[str, ...] = ("models", "router", "edge", "coldstart")
+
+DEFAULT_MODELS_DIR = "models"
+DEFAULT_THREADS = 2
+
+
+def suite_module(name: str) -> ModuleType | None:
+    """The suite's module, or None when benchmarks/<name>.py does not exist (yet)."""
+    module_name = f"{__package__ or 'benchmarks'}.{name}"
+    if importlib.util.find_spec(module_name) is None:
+        return None
+    return importlib.import_module(module_name)
+
+
+def available_suites() -> dict[str, ModuleType]:
+    found = {name: suite_module(name) for name in SUITES}
+    return {name: module for name, module in found.items() if module is not None}
+
+
+def build_parser(suites: dict[str, ModuleType]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__)
+    parser.add_argument(
+        "--suite",
+        action="append",
+        choices=sorted(suites),
+        help="suite to run (repeatable); default: every available suite",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke-sized run (seconds, not minutes)"
+    )
+    parser.add_argument(
+        "--models-dir", default=DEFAULT_MODELS_DIR, help="where `make models` built the defaults"
+    )
+    parser.add_argument(
+        "--provider",
+        choices=("cpu", "auto", "cuda"),
+        default="cpu",
+        help="ONNX Runtime provider; cpu by default so ONNX and PyTorch compare like for like",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=DEFAULT_THREADS,
+        help="compute threads for every engine measured (ONNX Runtime intra-op, torch)",
+    )
+    for module in suites.values():
+        add_arguments = getattr(module, "add_arguments", None)
+        if add_arguments is not None:
+            add_arguments(parser)
+    return parser
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def machine_info() -> dict[str, Any]:
+    """What the numbers depend on; load average because the cores may be shared."""
+    import onnxruntime
+
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "load_average_1m": round(os.getloadavg()[0], 2),
+        "platform": platform.platform(),
+        "processor": platform.machine(),
+        "python": platform.python_version(),
+        "onnxruntime": onnxruntime.__version__,
+        "onnxruntime_providers": onnxruntime.get_available_providers(),
+        "torch": _version("torch"),
+        "transformers": _version("transformers"),
+        "numpy": _version("numpy"),
+    }
+
+
+def collect_goals(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Every suite's `goals` under `<suite>.<goal>`, so one block says what was met."""
+    return {
+        f"{suite}.{name}": goal
+        for suite, result in results.items()
+        for name, goal in result.get("goals", {}).items()
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s: %(message)s"
+    )
+    suites = available_suites()
+    args = build_parser(suites).parse_args(argv)
+    selected = args.suite or list(suites)
+    report: dict[str, Any] = {
+        "machine": machine_info(),
+        "args": {k: v for k, v in sorted(vars(args).items())},
+        "suites_not_written": [name for name in SUITES if name not in suites],
+    }
+    results: dict[str, dict[str, Any]] = {}
+    failed = False
+    for name in selected:
+        log.info("suite %s: start%s", name, " (quick)" if args.quick else "")
+        started = time.perf_counter()
+        try:
+            # Libraries that print would corrupt the JSON on stdout; their chatter goes to stderr.
+            with contextlib.redirect_stdout(sys.stderr):
+                results[name] = suites[name].run(args)
+        except Exception as error:  # noqa: BLE001 - one broken suite must not lose the others
+            log.exception("suite %s failed", name)
+            results[name] = {"error": f"{type(error).__name__}: {error}"}
+            failed = True
+        results[name]["wall_s"] = round(time.perf_counter() - started, 2)
+        log.info("suite %s: done in %.1fs", name, results[name]["wall_s"])
+    report["suites"] = results
+    goals = collect_goals(results)
+    report["goals"] = goals
+    report["all_goals_met"] = bool(goals) and all(goal["met"] for goal in goals.values())
+    report["machine"]["load_average_1m_end"] = round(os.getloadavg()[0], 2)
+    json.dump(report, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

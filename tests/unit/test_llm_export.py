@@ -1,0 +1,94 @@
+"""The exported decoder graphs against PyTorch: logits, KV-cached decoding, ragged batches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from deployments.export.common import VerificationError
+from deployments.export.llm import default_model, export_llm, verify_llm
+from deployments.runtime.decoder import DecoderGraph
+from deployments.runtime.manifest import ModelManifest
+from deployments.runtime.session import SessionConfig, cuda_available, open_session
+
+FAMILIES = ["glm", "kimi"]
+
+
+def _graph(model_dir) -> DecoderGraph:
+    manifest = ModelManifest.load(model_dir)
+    return DecoderGraph(open_session(model_dir / manifest.graph), manifest.llm.kv_cache)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_onnx_matches_pytorch_fp32(family, models_root, tmp_path):
+    model, _ = default_model(family, tmp_path)
+    manifest = ModelManifest.load(models_root / family)
+    report = verify_llm(model.eval(), models_root / family, manifest)
+    assert report["logits_max_abs_diff"] < 1e-3
+    assert report["cached_vs_recompute_max_abs_diff"] < 1e-3
+    assert report["greedy_tokens_match_pytorch"] == 16
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_kv_cached_greedy_equals_full_recompute(family, models_root):
+    graph = _graph(models_root / family)
+    prompt = [5, 17, 301, 42, 9, 1000, 77]
+    assert graph.greedy_cached(prompt, 24) == graph.greedy_full_recompute(prompt, 24)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_ragged_batch_decode_matches_single(family, models_root):
+    graph = _graph(models_root / family)
+    prompts = [[11, 12, 13], [21, 22, 23, 24, 25, 26, 27, 28], [31]]
+    caches = [graph.prefill(p)[1] for p in prompts]
+    together, new_caches = graph.decode([3, 4, 5], caches)
+    for row, (prompt, token) in enumerate(zip(prompts, [3, 4, 5], strict=True)):
+        alone, (cache,) = graph.decode([token], [graph.prefill(prompt)[1]])
+        np.testing.assert_allclose(together[row], alone[0], atol=1e-4)
+        assert new_caches[row].length == len(prompt) + 1 == cache.length
+
+
+def test_default_build_is_deterministic_and_manifest_complete(models_root, tmp_path):
+    rebuilt = export_llm("glm", None, tmp_path / "glm")
+    shipped = ModelManifest.load(models_root / "glm")
+    assert rebuilt.files == shipped.files  # same sha256 for every file
+    assert {"model.onnx", "tokenizer.json", "config.json"} <= set(shipped.files)
+    assert shipped.verify_files(models_root / "glm") == []
+    layout = shipped.llm.kv_cache
+    assert layout.num_layers == 2 and shipped.llm.eos_token_ids
+    assert "<|assistant|>" in shipped.llm.chat_template
+
+
+def test_kimi_cache_is_the_compressed_mla_latent(models_root):
+    layout = ModelManifest.load(models_root / "kimi").llm.kv_cache
+    # Multi-head latent attention caches one shared latent (kv_lora_rank) plus the rope key.
+    assert (layout.num_kv_heads, layout.key_head_dim, layout.value_head_dim) == (1, 32, 16)
+
+
+@pytest.mark.parametrize("options", [{"dtype": "fp16"}, {"quantize": "int8"}])
+def test_fp16_and_int8_exports_verify(options, tmp_path):
+    manifest = export_llm("glm", None, tmp_path / "glm", verify=True, **options)
+    graph = _graph(tmp_path / "glm")
+    expected_cache = np.float16 if options.get("dtype") == "fp16" else np.float32
+    assert graph.cache_dtype == expected_cache
+    assert manifest.quantization == options.get("quantize")
+
+
+def test_verify_fails_loudly_on_a_different_model(models_root, tmp_path):
+    other, _ = default_model("glm", tmp_path)
+    with __import__("torch").no_grad():
+        for p in other.parameters():
+            p.add_(0.05)
+    manifest = ModelManifest.load(models_root / "glm")
+    with pytest.raises(VerificationError):
+        verify_llm(other.eval(), models_root / "glm", manifest)
+
+
+def test_session_reports_provider_and_load_time(models_root):
+    session = open_session(models_root / "glm" / "model.onnx", SessionConfig(provider="auto"))
+    # `auto` takes the GPU where there is one and falls back to the CPU, never fails.
+    assert session.provider == ("cuda" if cuda_available() else "cpu")
+    assert session.load_s > 0
+    if not cuda_available():
+        with pytest.raises(RuntimeError, match="cuda"):
+            open_session(models_root / "glm" / "model.onnx", SessionConfig(provider="cuda"))

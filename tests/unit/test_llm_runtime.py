@@ -1,0 +1,134 @@
+"""LLMRuntime: sampling, stop strings, limits, streaming and continuous batching on the defaults."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from deployments.errors import (
+    ContextLengthExceededError,
+    EmptyInputError,
+    InvalidRequestError,
+)
+from deployments.runtime.llm import LLMRuntime
+from deployments.runtime.sampling import SamplingParams
+
+HELLO = [{"role": "user", "content": "Tell me about Beijing 北京 and Paris."}]
+
+
+@pytest.fixture(scope="module", params=["glm", "kimi"])
+def runtime(request, models_root) -> LLMRuntime:
+    rt = LLMRuntime(models_root / request.param, max_batch_size=4)
+    yield rt
+    rt.close()
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_seeded_sampling_is_reproducible(runtime):
+    params = SamplingParams(max_tokens=24, temperature=1.0, top_p=0.9, seed=1234)
+    first = run(runtime.complete(HELLO, params))
+    again = run(runtime.complete(HELLO, params))
+    other = [run(runtime.complete(HELLO, SamplingParams(max_tokens=24, seed=s))) for s in (1, 2, 3)]
+    assert first == again
+    assert len({c.text for c in other}) > 1  # different seeds explore different continuations
+
+
+def test_max_tokens_is_honoured(runtime):
+    out = run(runtime.complete(HELLO, SamplingParams(max_tokens=7, temperature=0)))
+    assert out.completion_tokens <= 7
+    if out.finish_reason == "length":
+        assert out.completion_tokens == 7
+    assert out.prompt_tokens == len(runtime.tokenizer.encode_chat(HELLO))
+
+
+def test_stop_string_cuts_text_and_finishes_with_stop(runtime):
+    greedy = SamplingParams(max_tokens=40, temperature=0)
+    full = run(runtime.complete(HELLO, greedy)).text
+    assert len(full) > 6
+    stop = full[4:7]
+    cut = run(runtime.complete(HELLO, SamplingParams(max_tokens=40, temperature=0, stop=(stop,))))
+    assert cut.finish_reason == "stop"
+    assert cut.text == full[: full.index(stop)]
+    assert stop not in cut.text
+
+
+def test_stream_chunks_add_up_to_the_completion(runtime):
+    params = SamplingParams(max_tokens=30, temperature=0)
+
+    async def collect():
+        return [chunk async for chunk in runtime.stream(HELLO, params)]
+
+    chunks = run(collect())
+    whole = run(runtime.complete(HELLO, params))
+    assert "".join(c.text for c in chunks) == whole.text
+    assert all(c.finish_reason is None for c in chunks[:-1])
+    assert chunks[-1].finish_reason == whole.finish_reason
+    assert "\ufffd" not in "".join(c.text for c in chunks[:-1]) or "\ufffd" in whole.text
+
+
+def test_concurrent_requests_share_steps_and_match_sequential_results(runtime):
+    prompts = [[{"role": "user", "content": f"request number {i} " * (i + 1)}] for i in range(4)]
+    params = SamplingParams(max_tokens=20, temperature=0)
+    alone = [run(runtime.complete(p, params)).text for p in prompts]
+
+    async def together():
+        runtime.steps = runtime.max_batch_seen = 0
+        return await asyncio.gather(*(runtime.complete(p, params) for p in prompts))
+
+    batched = run(together())
+    assert [c.text for c in batched] == alone
+    assert runtime.max_batch_seen >= 2  # several sequences advanced in one forward pass
+    assert runtime.steps < sum(c.completion_tokens for c in batched)
+
+
+def test_abandoned_stream_frees_its_slot(runtime):
+    async def take_two():
+        stream = runtime.stream(HELLO, SamplingParams(max_tokens=200, temperature=0))
+        got = [await stream.__anext__(), await stream.__anext__()]
+        await stream.aclose()
+        for _ in range(50):
+            if not runtime._running and not runtime._waiting:
+                break
+            await asyncio.sleep(0.01)
+        return got
+
+    run(take_two())
+    assert runtime.describe()["running"] == 0
+
+
+@pytest.mark.parametrize(
+    ("make", "error"),
+    [
+        (
+            lambda rt: (HELLO, SamplingParams(max_tokens=rt.context_length)),
+            ContextLengthExceededError,
+        ),
+        (
+            lambda rt: (
+                [{"role": "user", "content": "word " * rt.context_length}],
+                SamplingParams(),
+            ),
+            ContextLengthExceededError,
+        ),
+        (lambda rt: ([], SamplingParams()), EmptyInputError),
+        (lambda rt: ([{"role": "wizard", "content": "hi"}], SamplingParams()), InvalidRequestError),
+    ],
+)
+def test_bad_requests_raise_client_errors(runtime, make, error):
+    messages, params = make(runtime)
+    with pytest.raises(error) as info:
+        run(runtime.complete(messages, params))
+    assert info.value.status == 400
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"max_tokens": 0}, {"temperature": 2.5}, {"top_p": 0}, {"stop": ("a",) * 5}]
+)
+def test_sampling_params_are_validated(kwargs):
+    with pytest.raises(InvalidRequestError) as info:
+        SamplingParams(**kwargs)
+    assert info.value.param == next(iter(kwargs))
