@@ -48,7 +48,7 @@ class ModelsBenchConfig(BaseModel):
     models_dir: Path
     provider: Literal["cpu", "auto", "cuda"] = "cpu"
     threads: int = Field(default=2, ge=1, description="ORT intra-op threads = torch threads")
-    repetitions: int = Field(default=3, ge=1, description="timed runs per measurement; median")
+    repetitions: int = Field(default=5, ge=1, description="timed runs per measurement; median")
     sentences: int = Field(default=128, ge=1)
     batch_sizes: tuple[int, ...] = (1, GOAL_BATCH_SIZE)
     new_tokens: int = Field(default=128, ge=1)

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from deployments.runtime.manifest import Task
 
 Accelerator = Literal["auto", "cpu", "gpu"]
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 class _Strict(BaseModel):
@@ -61,8 +62,13 @@ class AppConfig(_Strict):
         return self
 
     def model_path(self, name: str) -> Path:
+        """model_dir under models_dir; a relative models_dir is under the project root, so the
+        app finds the models whichever directory Ray starts its processes in."""
+        root = Path(self.models_dir)
+        if not root.is_absolute():
+            root = PROJECT_ROOT / root
         path = Path(self.models[name].model_dir)
-        return path if path.is_absolute() else Path(self.models_dir).resolve() / path
+        return path if path.is_absolute() else root / path
 
 
 class ConfigError(ValueError):

@@ -22,6 +22,10 @@ class ServingError(Exception):
         self.param = param
         self.code = code or self.default_code
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Errors cross Ray calls by pickle; keep param, code and retry hints, not just the message.
+        return (_restore, (type(self), self.message, dict(self.__dict__)))
+
     def to_error_body(self) -> dict[str, Any]:
         return {
             "error": {
@@ -94,3 +98,10 @@ class InternalServerError(ServingError):
     status = 500
     error_type = "server_error"
     default_code = "internal_error"
+
+
+def _restore(cls: type[ServingError], message: str, state: dict[str, Any]) -> ServingError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    error.__dict__.update(state)
+    return error

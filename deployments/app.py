@@ -1,0 +1,55 @@
+"""`deployments.app:build_app` - the application behind serve_config.yaml: one deployment per
+model (named after it, so the file's `deployments:` section overrides it by name) and the router."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import ray
+from ray import serve
+from ray.serve import Application
+
+from deployments.config import AppConfig, parse_app_config
+from deployments.runtime.session import SessionConfig
+from deployments.servers.batched import EmbeddingServer, ModerationServer
+from deployments.servers.chat import ChatServer
+
+log = logging.getLogger("ray.serve")
+
+SERVER_BY_TASK = {"chat": ChatServer, "embedding": EmbeddingServer, "moderation": ModerationServer}
+
+
+def uses_gpu(config: AppConfig) -> bool:
+    """`auto` asks the cluster; a cluster whose GPU nodes are scaled to zero shows no GPU, which
+    is why the Kubernetes config says `gpu` explicitly."""
+    if config.accelerator != "auto":
+        return config.accelerator == "gpu"
+    return ray.is_initialized() and ray.cluster_resources().get("GPU", 0) > 0
+
+
+def build_app(args: dict[str, Any]) -> Application:
+    config = parse_app_config(args)
+    gpu = uses_gpu(config)
+    servers = {}
+    for name, model in config.models.items():
+        path = config.model_path(name)
+        if not (path / "manifest.json").is_file():
+            log.warning("%s: no model directory at %s yet (run `make models`)", name, path)
+        actor_options: dict[str, Any] = {"num_cpus": model.num_cpus}
+        if gpu:
+            actor_options["num_gpus"] = model.num_gpus
+        session = SessionConfig(
+            provider="cuda" if gpu else "cpu", intra_op_threads=model.intra_op_threads
+        )
+        deployment = serve.deployment(SERVER_BY_TASK[model.task]).options(
+            name=name, ray_actor_options=actor_options
+        )
+        servers[name] = deployment.bind(str(path), session)
+
+    from deployments.router import RouterIngress  # FastAPI app: only where the router runs
+
+    router = serve.deployment(RouterIngress).options(
+        name="router", ray_actor_options={"num_cpus": config.router.num_cpus}
+    )
+    return router.bind(config.model_dump(mode="json"), servers)

@@ -1,0 +1,114 @@
+"""One local Ray cluster + the real serve_config.yaml (scaled down) per test session, driven with
+the same commands the README gives ops: `ray start --head`, `serve deploy`, `serve status`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+# Ray 2.60 turns token auth on for local clusters; the CLI needs to be told to use it.
+RAY_ENV = {**os.environ, "RAY_AUTH_MODE": "token"}
+
+
+def wait_until(check: Callable[[], Any], timeout_s: float, what: str, every_s: float = 0.5) -> Any:
+    """Poll until `check()` returns something truthy; fail with `what` at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            result = check()
+            if result:
+                return result
+        except Exception as exc:  # noqa: BLE001 - keep polling; reported at the deadline
+            last_error = exc
+        time.sleep(every_s)
+    raise AssertionError(
+        f"timed out after {timeout_s}s waiting for {what} (last error: {last_error})"
+    )
+
+
+def cli(*args: str, timeout_s: float = 180) -> str:
+    done = subprocess.run(
+        [str(BIN / args[0]), *args[1:]],
+        env=RAY_ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=REPO,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def serve_status() -> dict[str, Any]:
+    return yaml.safe_load(cli("serve", "status"))
+
+
+def running_replicas(deployment: str, app: str = "edge") -> int:
+    deployments = serve_status()["applications"][app]["deployments"]
+    return deployments[deployment]["replica_states"].get("RUNNING", 0)
+
+
+@dataclass
+class ServeCluster:
+    base_url: str
+    config_path: Path
+    config: dict[str, Any]
+
+    def deploy(self, config: dict[str, Any]) -> None:
+        self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        cli("serve", "deploy", str(self.config_path))
+        self.config = config
+
+
+def scaled_down(config: dict[str, Any], models_root: Path) -> dict[str, Any]:
+    """The shipped config with one replica per model at most; moderation starts at zero."""
+    app = config["applications"][0]
+    app["args"]["models_dir"] = str(models_root)
+    for deployment in app["deployments"]:
+        scaling = deployment.get("autoscaling_config")
+        if scaling:
+            scaling["max_replicas"] = 1
+            scaling["initial_replicas"] = 0 if deployment["name"] == "moderation" else 1
+    return config
+
+
+@pytest.fixture(scope="session")
+def serve_cluster(
+    models_root: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServeCluster]:
+    cli("ray", "stop", "--force")  # a cluster left by an earlier run would hold the port
+    cli("ray", "start", "--head", "--disable-usage-stats", "--num-cpus", "4")
+    try:
+        config = scaled_down(yaml.safe_load((REPO / "serve_config.yaml").read_text()), models_root)
+        cluster = ServeCluster(
+            "http://127.0.0.1:8000", tmp_path_factory.mktemp("serve") / "serve_config.yaml", config
+        )
+        cluster.deploy(config)
+        wait_until(
+            lambda: serve_status()["applications"]["edge"]["status"] == "RUNNING",
+            timeout_s=240,
+            what="the edge application to be RUNNING",
+            every_s=1,
+        )
+        wait_until(
+            lambda: httpx.get(f"{cluster.base_url}/healthz", timeout=5).status_code == 200,
+            timeout_s=60,
+            what="the router to answer",
+        )
+        yield cluster
+    finally:
+        cli("ray", "stop", "--force")
