@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from deployments.runtime.manifest import Task
+from edge_sim.config import EdgeConfig
 
 Accelerator = Literal["auto", "cpu", "gpu"]
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -39,10 +40,28 @@ class BatchingConfig(_Strict):
     batch_wait_timeout_s: float = Field(default=0.005, ge=0, le=1)
 
 
+class CacheConfig(_Strict):
+    """Exact-match response cache for deterministic requests (embeddings, moderation, chat with
+    temperature 0 or a seed)."""
+
+    enabled: bool = True
+    ttl_s: float = Field(default=300.0, gt=0, le=86_400)
+    max_entries: int = Field(default=10_000, ge=1, le=10_000_000)
+
+
 class RouterConfig(_Strict):
     max_body_bytes: int = Field(default=1 << 20, ge=1024, le=64 << 20)
-    request_timeout_s: float = Field(default=120.0, gt=0, le=3600)
-    default_max_tokens: int = Field(default=256, ge=1, le=1 << 20)
+    request_timeout_s: float = Field(
+        default=120.0, gt=0, le=3600, description="per request, across failovers and cold starts"
+    )
+    failover_attempts: int = Field(default=3, ge=1, le=10, description="colos tried per request")
+    warm_window_s: float = Field(
+        default=300.0, gt=0, description="a colo that served a model this recently counts as warm"
+    )
+    default_cold_start_ms: float = Field(
+        default=3000.0, ge=0, description="assumed until a cold start has been measured"
+    )
+    cache: CacheConfig = CacheConfig()
     num_cpus: float = Field(default=0.1, gt=0, le=64)
 
 
@@ -51,6 +70,7 @@ class AppConfig(_Strict):
     models_dir: str = "models"
     models: dict[str, ModelConfig]
     router: RouterConfig = RouterConfig()
+    edge: EdgeConfig = Field(default_factory=EdgeConfig)
 
     @model_validator(mode="after")
     def _names_are_deployment_names(self) -> AppConfig:

@@ -52,6 +52,15 @@ class InvalidUTF8Error(InvalidRequestError):
     default_code = "invalid_utf8"
 
 
+class BadHeaderValueError(InvalidRequestError):
+    """A request header (e.g. x-client-geo) that cannot be parsed; `param` names the header."""
+
+    default_code = "invalid_header"
+
+    def __init__(self, message: str, *, header: str):
+        super().__init__(f"invalid {header} header: {message}", param=header)
+
+
 class ContextLengthExceededError(InvalidRequestError):
     default_code = "context_length_exceeded"
 
@@ -60,6 +69,22 @@ class WrongTaskError(InvalidRequestError):
     """E.g. an embeddings request naming a chat model."""
 
     default_code = "model_task_mismatch"
+
+
+class AuthenticationError(ServingError):
+    """Missing or wrong credentials (401)."""
+
+    status = 401
+    error_type = "authentication_error"
+    default_code = "invalid_api_key"
+
+
+class PermissionDeniedError(ServingError):
+    """Valid credentials without the right to this route (403)."""
+
+    status = 403
+    error_type = "permission_error"
+    default_code = "permission_denied"
 
 
 class ModelNotFoundError(ServingError):

@@ -1,34 +1,37 @@
-"""The router: the only HTTP ingress. Validate, pick the model's handle, call it, answer.
+"""The router: the only HTTP ingress. Validate, route through the simulated edge to the model's
+handle, answer. It holds one handle per model deployment and does no model math; errors become
+OpenAI-shaped bodies in deployments.http (or Workers-AI envelopes on /ai/run).
 
-It holds one handle per model deployment and no model math; errors become OpenAI-shaped bodies
-in deployments.http (or Workers-AI envelopes on /ai/run).
+A request's path: endpoint -> (cache) -> EdgeDispatcher picks a colo and fails over -> handle.
 """
 
 import asyncio
+import hashlib
+import hmac
+import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
-from fastapi import Body, FastAPI
+from fastapi import Body, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from ray import serve
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from sse_starlette import EventSourceResponse
 
+from deployments.cache import ResponseCache, wants_bypass
 from deployments.config import AppConfig
+from deployments.edge import EdgeDispatcher, EdgeTrace, WarmthTracker
 from deployments.errors import (
+    AuthenticationError,
     InvalidRequestError,
     ModelNotFoundError,
     ServingError,
     WrongTaskError,
 )
-from deployments.http import (
-    BodyLimitMiddleware,
-    as_serving_error,
-    install_error_handlers,
-)
+from deployments.http import BodyLimitMiddleware, as_serving_error, install_error_handlers
 from deployments.protocol import (
     WORKERS_INPUT_BY_TASK,
     ChatCompletion,
@@ -60,8 +63,12 @@ from deployments.protocol import (
     workers_chat_to_chat_request,
 )
 from deployments.protocol.models import Task
-from deployments.runtime.llm import Completion, GenerationChunk
+from deployments.runtime.llm import GenerationChunk
 from deployments.runtime.sampling import SamplingParams
+from deployments.servers.base import Reply
+from edge_sim.faults import ColoFault
+from edge_sim.network import EdgeNetwork
+from edge_sim.topology import UnknownColoError
 
 app = FastAPI(
     title="ray-edge-ai",
@@ -74,6 +81,8 @@ app.add_middleware(BodyLimitMiddleware, limit=lambda: app.state.max_body_bytes)
 # Ray Serve's proxy already echoes the client's x-request-id (or makes one) on every response.
 
 DONE = "[DONE]"
+ADMIN_KEY_ENV = "EDGE_ADMIN_KEY"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -95,19 +104,50 @@ def _sampling(request: ChatCompletionRequest) -> SamplingParams:
     )
 
 
+def _is_deterministic(request: ChatCompletionRequest) -> bool:
+    return not request.stream and (request.temperature == 0 or request.seed is not None)
+
+
+def _client_ip(request: Request) -> str | None:
+    return request.client.host if request.client else None
+
+
+def _hash(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode()).digest()
+
+
+async def _resolve(response: Awaitable[T]) -> T:
+    """Await a model call, turning whatever it raised into the one client-visible error."""
+    try:
+        return await response
+    except ServingError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - mapped, so the edge can fail over on 5xx
+        raise as_serving_error(exc) from None
+
+
 @serve.ingress(app)
 class RouterIngress:
     def __init__(self, config: dict[str, Any], servers: Mapping[str, DeploymentHandle]):
         self.config = AppConfig.model_validate(config)
-        app.state.max_body_bytes = self.config.router.max_body_bytes
-        self.timeout_s = self.config.router.request_timeout_s
+        router = self.config.router
+        app.state.max_body_bytes = router.max_body_bytes
+        self.timeout_s = router.request_timeout_s
         self.models = {
             name: ServedModel(name, m.task, m.family, servers[name])
             for name, m in self.config.models.items()
         }
         self.created = int(time.time())
+        self.network = EdgeNetwork(self.config.edge)
+        self.warmth = WarmthTracker(router.warm_window_s, router.default_cold_start_ms)
+        self.edge: EdgeDispatcher[Any] = EdgeDispatcher(
+            self.network, self.warmth, router.failover_attempts
+        )
+        self.cache = ResponseCache(router.cache)
+        admin_key = os.environ.get(ADMIN_KEY_ENV)
+        self._admin_key_hash = _hash(admin_key) if admin_key else None
 
-    # ---- lookups and calls --------------------------------------------------------------
+    # ---- lookups, edge calls, cache -----------------------------------------------------
 
     def _model(self, name: str, task: Task) -> ServedModel:
         model = self.models.get(name)
@@ -122,35 +162,75 @@ class RouterIngress:
             )
         return model
 
-    async def _call(self, response: Awaitable[Any]) -> Any:
-        async def resolve() -> Any:
-            return await response
+    async def _via_edge(
+        self, model: ServedModel, request: Request, call: Callable[[], Awaitable[Reply]]
+    ) -> tuple[Reply, EdgeTrace]:
+        return await self.edge.dispatch(
+            model.name,
+            request.headers,
+            _client_ip(request),
+            lambda: _resolve(call()),
+            reply_of=lambda reply: reply,
+            deadline_s=self.timeout_s,
+        )
 
-        try:
-            return await asyncio.wait_for(resolve(), self.timeout_s)
-        except ServingError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - mapped to one client-visible error
-            raise as_serving_error(exc) from None
+    async def _cached(
+        self, endpoint: str, model: ServedModel, body: BaseModel, request: Request
+    ) -> tuple[str | None, Any, EdgeTrace | None]:
+        """(cache key or None when not caching, cached response or None, trace of a hit)."""
+        if wants_bypass(request.headers):
+            return None, None, None
+        key = self.cache.key(endpoint, body, request.headers.get("authorization"))
+        hit = self.cache.get(key)
+        if hit is None:
+            return key, None, None
+        trace = await self.edge.nearest(model.name, request.headers, _client_ip(request))
+        trace.cache = "HIT"
+        return key, hit, trace
+
+    def _answer(self, response: Response, trace: EdgeTrace, key: str | None, value: Any) -> Any:
+        if key is not None and trace.cache is None:
+            self.cache.put(key, value)
+            trace.cache = "MISS"
+        response.headers.update(trace.headers())
+        return value
 
     async def _open_stream(
         self, model: ServedModel, messages: list[dict[str, Any]], params: SamplingParams
-    ) -> tuple[GenerationChunk, DeploymentResponseGenerator]:
-        """Start generation and wait for the first chunk, so errors still get a real status."""
+    ) -> tuple[Reply, DeploymentResponseGenerator]:
+        """Start generation and wait for the first chunk: until then the edge may fail over and
+        errors still get a real status; after it, they become an error event."""
         stream = model.handle.options(stream=True).stream.remote(messages, params)
-        first = await self._call(stream.__anext__())
-        return first, stream
+        try:
+            return await stream.__anext__(), stream
+        except BaseException:
+            stream.cancel()
+            raise
+
+    async def _stream_via_edge(
+        self, model: ServedModel, request: Request, chat: ChatCompletionRequest
+    ) -> tuple[AsyncIterator[GenerationChunk], EdgeTrace]:
+        messages, params = chat_messages_as_dicts(chat), _sampling(chat)
+        (first, stream), trace = await self.edge.dispatch(
+            model.name,
+            request.headers,
+            _client_ip(request),
+            lambda: _resolve(self._open_stream(model, messages, params)),
+            reply_of=lambda opened: opened[0],
+            deadline_s=self.timeout_s,
+        )
+        return self._rest(first, stream), trace
 
     async def _rest(
-        self, first: GenerationChunk, stream: DeploymentResponseGenerator
+        self, first: Reply, stream: DeploymentResponseGenerator
     ) -> AsyncIterator[GenerationChunk]:
-        chunk = first
+        chunk: GenerationChunk = first.value
         try:
             while True:
                 yield chunk
                 if chunk.finish_reason is not None:
                     return
-                chunk = await stream.__anext__()
+                chunk = (await stream.__anext__()).value
         finally:
             stream.cancel()  # the client left or the stream ended: free the model's slot
 
@@ -163,12 +243,12 @@ class RouterIngress:
     @app.get("/readyz")
     async def readyz(self) -> dict[str, Any]:
         status = await asyncio.to_thread(serve.status)
-        app_name = serve.get_replica_context().app_name
-        deployments = status.applications[app_name].deployments
+        deployments = status.applications[serve.get_replica_context().app_name].deployments
         models = {
             name: {
                 "status": str(deployments[name].status.value),
                 "running_replicas": deployments[name].replica_states.get("RUNNING", 0),
+                "last_cold_start": self.warmth.last_cold_start.get(name),
             }
             for name in self.models
         }
@@ -187,27 +267,37 @@ class RouterIngress:
     # ---- OpenAI-compatible API ----------------------------------------------------------
 
     @app.post("/v1/chat/completions", response_model=ChatCompletion)
-    async def chat_completions(self, request: ChatCompletionRequest) -> Any:
-        model = self._model(request.model, "chat")
-        messages, params = chat_messages_as_dicts(request), _sampling(request)
-        if request.stream:
-            first, stream = await self._open_stream(model, messages, params)
-            events = self._openai_chunks(model.name, self._rest(first, stream), request)
-            return EventSourceResponse(events, ping=15)
-        done: Completion = await self._call(model.handle.complete.remote(messages, params))
-        return ChatCompletion(
-            id=chat_completion_id(),
-            created=created_timestamp(),
-            model=model.name,
-            choices=[
-                Choice(
-                    index=0,
-                    message=ChatCompletionMessage(content=done.text),
-                    finish_reason=done.finish_reason,
-                )
-            ],
-            usage=Usage.from_counts(done.prompt_tokens, done.completion_tokens),
-        )
+    async def chat_completions(
+        self, body: ChatCompletionRequest, request: Request, response: Response
+    ) -> Any:
+        model = self._model(body.model, "chat")
+        if body.stream:
+            chunks, trace = await self._stream_via_edge(model, request, body)
+            events = self._openai_chunks(model.name, chunks, body)
+            return EventSourceResponse(events, ping=15, headers=trace.headers())
+        key, hit, trace = (None, None, None)
+        if _is_deterministic(body):
+            key, hit, trace = await self._cached("chat", model, body, request)
+        if hit is None:
+            messages, params = chat_messages_as_dicts(body), _sampling(body)
+            reply, trace = await self._via_edge(
+                model, request, lambda: model.handle.complete.remote(messages, params)
+            )
+            done = reply.value
+            hit = ChatCompletion(
+                id=chat_completion_id(),
+                created=created_timestamp(),
+                model=model.name,
+                choices=[
+                    Choice(
+                        index=0,
+                        message=ChatCompletionMessage(content=done.text),
+                        finish_reason=done.finish_reason,
+                    )
+                ],
+                usage=Usage.from_counts(done.prompt_tokens, done.completion_tokens),
+            )
+        return self._answer(response, trace, key, hit)
 
     async def _openai_chunks(
         self, model: str, chunks: AsyncIterator[GenerationChunk], request: ChatCompletionRequest
@@ -231,41 +321,60 @@ class RouterIngress:
         yield DONE
 
     @app.post("/v1/embeddings", response_model=CreateEmbeddingResponse)
-    async def embeddings(self, request: EmbeddingRequest) -> CreateEmbeddingResponse:
-        model = self._model(request.model, "embedding")
-        result = await self._call(model.handle.embed.remote(request.texts))
-        dimension = result.vectors.shape[1]
-        if request.dimensions is not None and request.dimensions != dimension:
-            raise InvalidRequestError(
-                f"{model.name!r} returns {dimension}-dimensional vectors; "
-                f"dimensions={request.dimensions} is not available",
-                param="dimensions",
+    async def embeddings(
+        self, body: EmbeddingRequest, request: Request, response: Response
+    ) -> CreateEmbeddingResponse:
+        model = self._model(body.model, "embedding")
+        key, hit, trace = await self._cached("embeddings", model, body, request)
+        if hit is None:
+            reply, trace = await self._via_edge(
+                model, request, lambda: model.handle.embed.remote(body.texts)
             )
-        return CreateEmbeddingResponse(
-            data=[
-                Embedding.from_vector(i, vector, request.encoding_format)
-                for i, vector in enumerate(result.vectors)
-            ],
-            model=model.name,
-            usage=EmbeddingUsage(
-                prompt_tokens=result.total_tokens, total_tokens=result.total_tokens
-            ),
-        )
+            result = reply.value
+            dimension = result.vectors.shape[1]
+            if body.dimensions is not None and body.dimensions != dimension:
+                raise InvalidRequestError(
+                    f"{model.name!r} returns {dimension}-dimensional vectors; "
+                    f"dimensions={body.dimensions} is not available",
+                    param="dimensions",
+                )
+            hit = CreateEmbeddingResponse(
+                data=[
+                    Embedding.from_vector(i, vector, body.encoding_format)
+                    for i, vector in enumerate(result.vectors)
+                ],
+                model=model.name,
+                usage=EmbeddingUsage(
+                    prompt_tokens=result.total_tokens, total_tokens=result.total_tokens
+                ),
+            )
+        return self._answer(response, trace, key, hit)
 
     @app.post("/v1/moderations", response_model=ModerationCreateResponse)
-    async def moderations(self, request: ModerationRequest) -> ModerationCreateResponse:
-        model = self._model(request.model, "moderation")
-        results = await self._call(model.handle.classify.remote(request.texts))
-        return ModerationCreateResponse(
-            id=moderation_id(),
-            model=model.name,
-            results=[Moderation.from_scores(r.category_scores, r.categories) for r in results],
-        )
+    async def moderations(
+        self, body: ModerationRequest, request: Request, response: Response
+    ) -> ModerationCreateResponse:
+        model = self._model(body.model, "moderation")
+        key, hit, trace = await self._cached("moderations", model, body, request)
+        if hit is None:
+            reply, trace = await self._via_edge(
+                model, request, lambda: model.handle.classify.remote(body.texts)
+            )
+            hit = ModerationCreateResponse(
+                id=moderation_id(),
+                model=model.name,
+                results=[
+                    Moderation.from_scores(r.category_scores, r.categories) for r in reply.value
+                ],
+            )
+        return self._answer(response, trace, key, hit)
 
     # ---- Workers-AI-style API -----------------------------------------------------------
 
     @app.post("/ai/run/{model_name}")
-    async def run_model(self, model_name: str, body: Annotated[dict[str, Any], Body()]) -> Any:
+    async def run_model(
+        self, model_name: str, body: Annotated[dict[str, Any], Body()], request: Request
+    ) -> Any:
         """Run any model with its task's natural input; answers in a Workers-AI envelope."""
         try:
             model = self.models.get(model_name)
@@ -275,27 +384,35 @@ class RouterIngress:
                 task_input = WORKERS_INPUT_BY_TASK[model.task].model_validate(body)
             except ValidationError as exc:
                 raise request_error_from_validation(exc.errors()) from None
-            return await self._run_task(model, task_input)
+            return await self._run_task(model, task_input, request)
         except ServingError as error:
             return JSONResponse(error_envelope(error.status, error.message), error.status)
 
-    async def _run_task(self, model: ServedModel, task_input: Any) -> Any:
-        if model.task == "embedding":
-            result = await self._call(model.handle.embed.remote(task_input.texts))
-            return ok_envelope(WorkersEmbeddingResult.from_vectors(result.vectors))
-        if model.task == "moderation":
-            results = await self._call(model.handle.classify.remote(task_input.texts))
-            return ok_envelope(
-                [Moderation.from_scores(r.category_scores, r.categories) for r in results]
+    async def _run_task(self, model: ServedModel, task_input: Any, request: Request) -> Any:
+        if model.task == "chat":
+            chat = workers_chat_to_chat_request(model.name, task_input)
+            if chat.stream:
+                chunks, trace = await self._stream_via_edge(model, request, chat)
+                events = self._workers_chunks(chunks)
+                return EventSourceResponse(events, ping=15, headers=trace.headers())
+            messages, params = chat_messages_as_dicts(chat), _sampling(chat)
+            reply, trace = await self._via_edge(
+                model, request, lambda: model.handle.complete.remote(messages, params)
             )
-        request = workers_chat_to_chat_request(model.name, task_input)
-        messages, params = chat_messages_as_dicts(request), _sampling(request)
-        if request.stream:
-            first, stream = await self._open_stream(model, messages, params)
-            return EventSourceResponse(self._workers_chunks(self._rest(first, stream)), ping=15)
-        done: Completion = await self._call(model.handle.complete.remote(messages, params))
-        usage = Usage.from_counts(done.prompt_tokens, done.completion_tokens)
-        return ok_envelope(WorkersChatResult(response=done.text, usage=usage))
+            done = reply.value
+            usage = Usage.from_counts(done.prompt_tokens, done.completion_tokens)
+            result: Any = WorkersChatResult(response=done.text, usage=usage)
+        elif model.task == "embedding":
+            reply, trace = await self._via_edge(
+                model, request, lambda: model.handle.embed.remote(task_input.texts)
+            )
+            result = WorkersEmbeddingResult.from_vectors(reply.value.vectors)
+        else:
+            reply, trace = await self._via_edge(
+                model, request, lambda: model.handle.classify.remote(task_input.texts)
+            )
+            result = [Moderation.from_scores(r.category_scores, r.categories) for r in reply.value]
+        return JSONResponse(ok_envelope(result), headers=trace.headers())
 
     async def _workers_chunks(self, chunks: AsyncIterator[GenerationChunk]) -> AsyncIterator[str]:
         try:
@@ -305,3 +422,39 @@ class RouterIngress:
             error = as_serving_error(exc)
             yield JSONResponse(error_envelope(error.status, error.message)).body.decode()
         yield DONE
+
+    # ---- admin API (fault drills) -------------------------------------------------------
+
+    def _require_admin(self, request: Request) -> None:
+        if self._admin_key_hash is None:  # no admin key configured: the API does not exist
+            raise ModelNotFoundError(f"no route {request.url.path}", code="route_not_found")
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            _hash(token.strip()), self._admin_key_hash
+        ):
+            raise AuthenticationError("a valid admin key is required (Authorization: Bearer ...)")
+
+    @app.get("/admin/colos", include_in_schema=False)
+    async def admin_colos(self, request: Request) -> list[dict[str, Any]]:
+        self._require_admin(request)
+        return self.network.colo_states()
+
+    @app.post("/admin/colos/{colo_id}/faults", include_in_schema=False)
+    async def admin_set_fault(
+        self, colo_id: str, fault: ColoFault, request: Request
+    ) -> dict[str, Any]:
+        self._require_admin(request)
+        try:
+            scheduled = self.network.set_fault(colo_id.upper(), fault)
+        except UnknownColoError as exc:
+            raise ModelNotFoundError(str(exc), param="colo_id", code="colo_not_found") from None
+        return {"colo": colo_id.upper(), "fault": scheduled.describe(time.monotonic())}
+
+    @app.delete("/admin/colos/{colo_id}/faults", include_in_schema=False)
+    async def admin_clear_faults(self, colo_id: str, request: Request) -> dict[str, Any]:
+        self._require_admin(request)
+        try:
+            self.network.clear_faults(colo_id.upper())
+        except UnknownColoError as exc:
+            raise ModelNotFoundError(str(exc), param="colo_id", code="colo_not_found") from None
+        return {"colo": colo_id.upper(), "faults": []}

@@ -6,6 +6,7 @@ import asyncio
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -18,7 +19,18 @@ class Runtime(Protocol):
 
 
 R = TypeVar("R", bound=Runtime)
+T = TypeVar("T")
 RuntimeFactory = Callable[[Path, SessionConfig], R]
+
+
+@dataclass(frozen=True)
+class Reply(Generic[T]):
+    """A model result plus when its replica became ready: a request that arrived before that
+    moment waited on a cold start, which is how the router accounts for cold starts."""
+
+    value: T
+    replica_ready_at: float  # unix time
+    replica_load_s: float
 
 
 class ModelServer(Generic[R]):
@@ -30,8 +42,12 @@ class ModelServer(Generic[R]):
         self.model_dir = Path(model_dir)
         self.runtime: R = runtime_factory(self.model_dir, session)
         self.load_s = time.perf_counter() - started
+        self.ready_at = time.time()
         self.batching = BatchingConfig()
         self.pid = os.getpid()
+
+    def reply(self, value: T) -> Reply[T]:
+        return Reply(value, self.ready_at, self.load_s)
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Ray Serve calls this with the deployment's `user_config` on start and on every change."""

@@ -12,7 +12,7 @@ from deployments.config import BatchingConfig
 from deployments.runtime.embedding import EmbeddingResult, EmbeddingRuntime
 from deployments.runtime.moderation import ModerationResult, ModerationRuntime
 from deployments.runtime.session import SessionConfig
-from deployments.servers.base import ModelServer, RuntimeFactory, in_thread
+from deployments.servers.base import ModelServer, Reply, RuntimeFactory, in_thread
 
 
 def _count_texts(batch: list[list[str]]) -> int:
@@ -53,10 +53,10 @@ class EmbeddingServer(BatchedTextServer):
     ):
         super().__init__(model_dir, session, runtime_factory)
 
-    async def embed(self, texts: list[str]) -> EmbeddingResult:
+    async def embed(self, texts: list[str]) -> Reply[EmbeddingResult]:
         self.runtime.check(texts)
         rows = await self._submit(texts)
-        return EmbeddingResult.concat(rows)
+        return self.reply(EmbeddingResult.concat(rows))
 
     def _infer(self, texts: list[str]) -> list[EmbeddingResult]:
         return self.runtime.embed(texts).split()
@@ -71,9 +71,9 @@ class ModerationServer(BatchedTextServer):
     ):
         super().__init__(model_dir, session, runtime_factory)
 
-    async def classify(self, texts: list[str]) -> list[ModerationResult]:
+    async def classify(self, texts: list[str]) -> Reply[list[ModerationResult]]:
         self.runtime.check(texts)
-        return await self._submit(texts)
+        return self.reply(await self._submit(texts))
 
     def _infer(self, texts: list[str]) -> list[ModerationResult]:
         return self.runtime.classify(texts)

@@ -9,7 +9,7 @@ from deployments.config import BatchingConfig
 from deployments.runtime.llm import Completion, GenerationChunk, LLMRuntime
 from deployments.runtime.sampling import SamplingParams
 from deployments.runtime.session import SessionConfig
-from deployments.servers.base import ModelServer, RuntimeFactory
+from deployments.servers.base import ModelServer, Reply, RuntimeFactory
 
 
 class ChatServer(ModelServer[LLMRuntime]):
@@ -27,11 +27,11 @@ class ChatServer(ModelServer[LLMRuntime]):
 
     async def complete(
         self, messages: Sequence[Mapping[str, Any]], params: SamplingParams
-    ) -> Completion:
-        return await self.runtime.complete(messages, params)
+    ) -> Reply[Completion]:
+        return self.reply(await self.runtime.complete(messages, params))
 
     async def stream(
         self, messages: Sequence[Mapping[str, Any]], params: SamplingParams
-    ) -> AsyncIterator[GenerationChunk]:
+    ) -> AsyncIterator[Reply[GenerationChunk]]:
         async for chunk in self.runtime.stream(messages, params):
-            yield chunk
+            yield self.reply(chunk)

@@ -20,6 +20,9 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 # Ray 2.60 turns token auth on for local clusters; the CLI needs to be told to use it.
 RAY_ENV = {**os.environ, "RAY_AUTH_MODE": "token"}
+# Replicas inherit the environment `ray start` was given: this enables the admin API.
+ADMIN_KEY = "test-admin-key"
+RAY_ENV["EDGE_ADMIN_KEY"] = ADMIN_KEY
 
 
 def wait_until(check: Callable[[], Any], timeout_s: float, what: str, every_s: float = 0.5) -> Any:
@@ -75,14 +78,16 @@ class ServeCluster:
 
 
 def scaled_down(config: dict[str, Any], models_root: Path) -> dict[str, Any]:
-    """The shipped config with one replica per model at most; moderation starts at zero."""
+    """The shipped config with one replica per model at most; kimi starts at zero; the
+    simulated RTT is reported but not slept, so tests run at full speed."""
     app = config["applications"][0]
     app["args"]["models_dir"] = str(models_root)
+    app["args"]["edge"]["latency"]["real_delay_scale"] = 0
     for deployment in app["deployments"]:
         scaling = deployment.get("autoscaling_config")
         if scaling:
             scaling["max_replicas"] = 1
-            scaling["initial_replicas"] = 0 if deployment["name"] == "moderation" else 1
+            scaling["initial_replicas"] = 0 if deployment["name"] == "kimi" else 1
     return config
 
 

@@ -24,12 +24,22 @@ def http(serve_cluster) -> httpx.Client:
         yield c
 
 
-def test_a_model_at_zero_replicas_scales_up_for_a_request(client):
-    # Runs first: the scaled-down config starts moderation with no replica.
-    assert running_replicas("moderation") == 0
-    result = client.moderations.create(input="have a lovely day")
-    assert result.results[0].flagged is False
-    assert running_replicas("moderation") == 1
+def test_a_model_at_zero_replicas_scales_up_for_a_request(http):
+    # The scaled-down config starts kimi with no replica, and no earlier test calls it.
+    assert running_replicas("kimi") == 0
+    response = http.post(
+        "/v1/chat/completions",
+        json={
+            "model": "kimi",
+            "messages": [{"role": "user", "content": "wake up"}],
+            "max_tokens": 4,
+        },
+    )
+    assert response.status_code == 200
+    assert response.json()["choices"][0]["finish_reason"] in ("stop", "length")
+    assert response.headers["x-edge-cold-start"] == "1"
+    assert float(response.headers["x-edge-cold-start-ms"]) > 0
+    assert running_replicas("kimi") == 1
 
 
 def test_models_lists_every_model_with_task_and_family(client):

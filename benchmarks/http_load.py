@@ -1,0 +1,182 @@
+"""Client-side load for the HTTP benchmarks: timed requests (interleaved sequential, concurrent,
+closed-loop throughput), timed SSE chat streams, and percentile summaries."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import numpy as np
+
+Clock = Callable[[], float]
+BodyFor = Callable[[int], dict[str, Any]]
+
+
+class BadResponseError(RuntimeError):
+    """A benchmark request that did not succeed: the numbers would be about errors, not work."""
+
+
+def async_client(connections: int, timeout_s: float = 120.0) -> httpx.AsyncClient:
+    # Enough pooled keep-alive connections that no client waits for a socket.
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    return httpx.AsyncClient(limits=limits, timeout=timeout_s)
+
+
+def latency_summary(latencies_s: Sequence[float]) -> dict[str, Any]:
+    samples_ms = np.asarray(latencies_s, dtype=np.float64) * 1000.0
+    p50, p99 = np.percentile(samples_ms, [50, 99])
+    return {
+        "requests": int(samples_ms.size),
+        "p50_ms": round(float(p50), 3),
+        "p99_ms": round(float(p99), 3),
+        "mean_ms": round(float(samples_ms.mean()), 3),
+    }
+
+
+async def timed_post(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], clock: Clock
+) -> float:
+    """Seconds from send to the whole response read; a non-200 answer is an error, not a sample."""
+    started = clock()
+    response = await client.post(url, json=body)
+    elapsed = clock() - started
+    if response.status_code != 200:
+        raise BadResponseError(f"POST {url}: {response.status_code} {response.text[:300]}")
+    return elapsed
+
+
+async def interleaved_latencies(
+    client: httpx.AsyncClient,
+    urls: Mapping[str, str],
+    body: dict[str, Any],
+    rounds: int,
+    clock: Clock,
+) -> dict[str, list[float]]:
+    """One request at a time, rotating through the targets, so a burst of load from whatever
+    else shares the machine lands on every target alike."""
+    latencies: dict[str, list[float]] = {name: [] for name in urls}
+    names = sorted(urls)
+    for round_index in range(rounds):
+        # Rotate the start too: no target always follows the same one.
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            latencies[name].append(await timed_post(client, urls[name], body, clock))
+    return latencies
+
+
+async def concurrent_latencies(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    clients: int,
+    requests_per_client: int,
+    clock: Clock,
+) -> tuple[list[float], float]:
+    """`clients` loops each sending `requests_per_client` requests back to back: the latencies
+    and the wall time of the whole run."""
+
+    async def one_client() -> list[float]:
+        return [await timed_post(client, url, body, clock) for _ in range(requests_per_client)]
+
+    started = clock()
+    per_client = await asyncio.gather(*(one_client() for _ in range(clients)))
+    wall_s = clock() - started
+    return [latency for latencies in per_client for latency in latencies], wall_s
+
+
+async def closed_loop_throughput(
+    client: httpx.AsyncClient,
+    url: str,
+    body_for: BodyFor,
+    clients: int,
+    warmup_s: float,
+    measure_s: float,
+    clock: Clock,
+) -> dict[str, Any]:
+    """`clients` loops sending back to back; requests/s counts the responses that finished inside
+    the measuring window (after `warmup_s`, for `measure_s`), so start-up ramps are left out."""
+    started = clock()
+    window_start, window_end = started + warmup_s, started + warmup_s + measure_s
+    finished: list[float] = []
+    latencies: list[float] = []
+    sequence = itertools.count()  # one event loop: no two clients draw the same number
+
+    async def one_client() -> None:
+        while clock() < window_end:
+            latency = await timed_post(client, url, body_for(next(sequence)), clock)
+            now = clock()
+            if window_start <= now <= window_end:
+                finished.append(now)
+                latencies.append(latency)
+
+    await asyncio.gather(*(one_client() for _ in range(clients)))
+    return {
+        "clients": clients,
+        "requests_per_s": round(len(finished) / measure_s, 2),
+        "window_s": measure_s,
+        "latency": latency_summary(latencies) if latencies else None,
+    }
+
+
+@dataclass(frozen=True)
+class StreamTiming:
+    """One SSE chat stream, timed from the moment the request was sent."""
+
+    ttft_s: float  # first chunk whose delta carries text
+    total_s: float  # until `data: [DONE]`
+    completion_tokens: int  # from the usage chunk
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Tokens after the first over the time after the first: the steady decoding rate."""
+        decode_s = self.total_s - self.ttft_s
+        if self.completion_tokens < 2 or decode_s <= 0:
+            return None
+        return (self.completion_tokens - 1) / decode_s
+
+
+async def timed_chat_stream(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], clock: Clock
+) -> StreamTiming:
+    """Send one `stream: true` chat request (with include_usage) and time its chunks."""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    started = clock()
+    first_text_at: float | None = None
+    completion_tokens: int | None = None
+    async with client.stream("POST", url, json=body) as response:
+        if response.status_code != 200:
+            text = (await response.aread()).decode(errors="replace")
+            raise BadResponseError(f"POST {url}: {response.status_code} {text[:300]}")
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            payload = line.removeprefix("data:").strip()
+            if payload == "[DONE]":
+                break
+            event = json.loads(payload)
+            if "error" in event:
+                raise BadResponseError(f"stream error event: {payload[:300]}")
+            if first_text_at is None and any(
+                (choice.get("delta") or {}).get("content") for choice in event.get("choices", [])
+            ):
+                first_text_at = clock()
+            if event.get("usage"):
+                completion_tokens = int(event["usage"]["completion_tokens"])
+    done_at = clock()
+    if first_text_at is None or completion_tokens is None:
+        raise BadResponseError(f"stream from {url} ended without text or usage")
+    return StreamTiming(first_text_at - started, done_at - started, completion_tokens)
+
+
+async def concurrent_chat_streams(
+    client: httpx.AsyncClient, url: str, bodies: Sequence[dict[str, Any]], clock: Clock
+) -> tuple[list[StreamTiming], float]:
+    """All `bodies` streamed at once: each stream's timing and the wall time of them all."""
+    started = clock()
+    timings = await asyncio.gather(*(timed_chat_stream(client, url, b, clock) for b in bodies))
+    return list(timings), clock() - started
