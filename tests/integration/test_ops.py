@@ -1,0 +1,107 @@
+"""The ops workflow from the README: edit serve_config.yaml, `serve deploy` it on the running
+cluster; healthy replicas of unchanged models keep running and no request is dropped."""
+
+from __future__ import annotations
+
+import copy
+import threading
+
+import httpx
+import yaml
+from conftest import cli, serve_status, wait_until
+
+
+def replica_actors() -> dict[str, set[str]]:
+    """Alive replica actor ids per deployment, from Ray's state API."""
+    listed = yaml.safe_load(
+        cli(
+            "ray", "list", "actors", "--filter", "state=ALIVE", "--format", "yaml", "--limit", "500"
+        )
+    )
+    replicas: dict[str, set[str]] = {}
+    for actor in listed or []:
+        name = actor.get("name") or ""
+        if name.startswith("SERVE_REPLICA::edge#"):
+            deployment = name.split("#")[1]
+            replicas.setdefault(deployment, set()).add(actor["actor_id"])
+    return replicas
+
+
+def applied_deployment(name: str) -> dict:
+    applied = yaml.safe_load(cli("serve", "config", "--name", "edge"))
+    return next(d for d in applied["deployments"] if d["name"] == name)
+
+
+def app_status() -> dict:
+    return serve_status()["applications"]["edge"]
+
+
+def test_live_autoscaling_change_keeps_replicas_and_requests(serve_cluster):
+    before = replica_actors()
+    assert before.get("embedding") and before.get("router")
+    changed = copy.deepcopy(serve_cluster.config)
+    embedding = next(
+        d for d in changed["applications"][0]["deployments"] if d["name"] == "embedding"
+    )
+    embedding["max_ongoing_requests"] = 48
+    embedding["autoscaling_config"]["target_ongoing_requests"] = 16
+    embedding["user_config"]["max_batch_size"] = 16
+
+    failures: list[str] = []
+    sent = 0
+    stop = threading.Event()
+
+    def keep_asking() -> None:
+        nonlocal sent
+        with httpx.Client(base_url=serve_cluster.base_url, timeout=60) as client:
+            while not stop.is_set():
+                response = client.post(
+                    "/v1/embeddings",
+                    json={"model": "embedding", "input": f"request {sent}"},
+                    headers={"x-edge-cache": "bypass"},
+                )
+                sent += 1
+                if response.status_code != 200:
+                    failures.append(f"{response.status_code} {response.text[:200]}")
+
+    worker = threading.Thread(target=keep_asking)
+    worker.start()
+    try:
+        serve_cluster.deploy(changed)
+        wait_until(
+            lambda: (
+                applied_deployment("embedding")["max_ongoing_requests"] == 48
+                and app_status()["status"] == "RUNNING"
+            ),
+            timeout_s=120,
+            what="the changed config to be applied",
+        )
+    finally:
+        stop.set()
+        worker.join(timeout=60)
+    applied = applied_deployment("embedding")
+    assert applied["autoscaling_config"]["target_ongoing_requests"] == 16
+    assert applied["user_config"]["max_batch_size"] == 16
+    assert replica_actors() == before  # no replica restarted, not even the changed one
+    assert sent > 0 and failures == []
+
+
+def test_invalid_config_is_rejected_naming_the_field(serve_cluster):
+    good = serve_cluster.config
+    bad = copy.deepcopy(good)
+    bad["applications"][0]["args"]["router"]["max_body_bytes"] = 10
+    try:
+        serve_cluster.deploy(bad)
+        status = wait_until(
+            lambda: app_status() if app_status()["status"] == "DEPLOY_FAILED" else None,
+            timeout_s=120,
+            what="the bad config to fail",
+        )
+        assert "router.max_body_bytes" in status["message"]
+        assert "1024" in status["message"]  # the allowed range is stated
+        assert "Traceback" not in status["message"].split("invalid serve_config.yaml")[-1]
+        # the running version keeps serving while the bad one is refused
+        assert httpx.get(f"{serve_cluster.base_url}/healthz", timeout=10).status_code == 200
+    finally:
+        serve_cluster.deploy(good)
+        wait_until(lambda: app_status()["status"] == "RUNNING", 120, "the good config again")

@@ -1,0 +1,233 @@
+"""serve_config.yaml as shipped validates; bad values fail naming the field and what is allowed."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from deployments.config import (
+    PROJECT_ROOT,
+    AppConfig,
+    BatchingConfig,
+    ConfigError,
+    parse_app_config,
+)
+from edge_sim.config import EdgeConfig
+
+SERVE_CONFIG = Path(__file__).resolve().parents[2] / "serve_config.yaml"
+
+
+@pytest.fixture(scope="module")
+def application() -> dict[str, Any]:
+    (app,) = yaml.safe_load(SERVE_CONFIG.read_text(encoding="utf-8"))["applications"]
+    return app
+
+
+@pytest.fixture
+def args(application: dict[str, Any]) -> dict[str, Any]:
+    """A fresh copy per test, so a test may break it."""
+    return copy.deepcopy(application["args"])
+
+
+def config_error(args: dict[str, Any]) -> str:
+    with pytest.raises(ConfigError) as caught:
+        parse_app_config(args)
+    return str(caught.value)
+
+
+# ---- the shipped file --------------------------------------------------------------------------
+
+
+def test_the_shipped_args_validate(args: dict[str, Any]):
+    config = parse_app_config(args)
+    assert isinstance(config, AppConfig)
+    assert set(config.models) == set(args["models"])
+    assert {name: model.task for name, model in config.models.items()} == {
+        name: model["task"] for name, model in args["models"].items()
+    }
+    router = args["router"]
+    assert config.router.max_body_bytes == router["max_body_bytes"]
+    assert config.router.failover_attempts == router["failover_attempts"]
+    assert config.router.cache.ttl_s == router["cache"]["ttl_s"]
+
+
+def test_the_shipped_edge_section_validates_as_edge_config(args: dict[str, Any]):
+    edge = EdgeConfig.from_mapping(args["edge"], base_dir=SERVE_CONFIG.parent)
+    assert edge.latency.real_delay_scale == args["edge"]["latency"]["real_delay_scale"]
+    assert edge.health.consecutive_failures == args["edge"]["health"]["consecutive_failures"]
+    assert edge.routing.max_candidates == args["edge"]["routing"]["max_candidates"]
+    assert len(edge.resolved_topology.colos) > 0
+    assert parse_app_config(args).edge == edge
+
+
+def test_the_validated_config_round_trips_through_json(args: dict[str, Any]):
+    # The router deployment receives the config as JSON (`config.model_dump(mode="json")`).
+    config = parse_app_config(args)
+    assert AppConfig.model_validate(config.model_dump(mode="json")) == config
+
+
+# ---- bad values --------------------------------------------------------------------------------
+
+
+def _set(*path_and_value: Any) -> Callable[[dict[str, Any]], None]:
+    *path, value = path_and_value
+
+    def change(args: dict[str, Any]) -> None:
+        target = args
+        for part in path[:-1]:
+            target = target[part]
+        target[path[-1]] = value
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (_set("router", "max_body_bytes", 10), ["args.router.max_body_bytes", "1024"]),
+        (_set("router", "max_body_bytes", 1 << 40), ["args.router.max_body_bytes", "67108864"]),
+        (_set("router", "failover_attempts", 0), ["args.router.failover_attempts", "1"]),
+        (_set("router", "cache", "ttl_s", 0), ["args.router.cache.ttl_s", "greater than 0"]),
+        (_set("models", "glm", "num_cpus", 0), ["args.models.glm.num_cpus", "greater than 0"]),
+        (_set("models", "glm", "num_gpus", 9), ["args.models.glm.num_gpus", "8"]),
+        (_set("models", "kimi", "task", "translate"), ["args.models.kimi.task", "'chat'"]),
+        (_set("accelerator", "tpu"), ["args.accelerator", "'auto'", "'cpu'", "'gpu'"]),
+        (_set("bogus", 1), ["args.bogus", "Extra inputs are not permitted"]),
+        (_set("router", "timeout", 5), ["args.router.timeout", "Extra inputs are not permitted"]),
+        (_set("models", "glm", "gpus", 1), ["args.models.glm.gpus", "not permitted"]),
+        (_set("edge", "latency", "jitter_ms", -1), ["args.edge.latency.jitter_ms", "0"]),
+        (_set("edge", "faults", {"XXX": [{"down": True}]}), ["args.edge", "XXX"]),
+    ],
+)
+def test_a_bad_value_names_its_field_and_the_allowed_values(
+    args: dict[str, Any], change: Callable[[dict[str, Any]], None], expected: list[str]
+):
+    change(args)
+    message = config_error(args)
+    assert message.startswith("invalid serve_config.yaml")
+    for fragment in expected:
+        assert fragment in message
+
+
+def test_every_problem_is_listed(args: dict[str, Any]):
+    args["router"]["max_body_bytes"] = 10
+    args["accelerator"] = "tpu"
+    message = config_error(args)
+    assert "args.router.max_body_bytes" in message and "args.accelerator" in message
+
+
+@pytest.mark.parametrize("name", ["router", "glm v2", "glm.v2", "glm/2", ""])
+def test_a_model_name_that_cannot_be_a_deployment_name_is_refused(args: dict[str, Any], name: str):
+    args["models"][name] = dict(args["models"]["glm"])
+    assert repr(name) in config_error(args)
+
+
+@pytest.mark.parametrize("name", ["glm-v2", "glm_v2", "GLM2"])
+def test_dashes_and_underscores_are_allowed_in_model_names(args: dict[str, Any], name: str):
+    args["models"][name] = dict(args["models"]["glm"])
+    assert name in parse_app_config(args).models
+
+
+def test_a_model_named_router_is_refused_as_reserved(args: dict[str, Any]):
+    args["models"]["router"] = dict(args["models"]["glm"])
+    message = config_error(args)
+    assert "args.models" in message and "reserved" in message
+    assert "alphanumeric" not in message  # it is: the name is taken by the ingress
+
+
+def test_at_least_one_model_is_served(args: dict[str, Any]):
+    args["models"] = {}
+    assert "at least one model" in config_error(args)
+
+
+def test_a_config_error_is_a_value_error_without_the_pydantic_chain(args: dict[str, Any]):
+    args["accelerator"] = "tpu"
+    with pytest.raises(ValueError) as caught:
+        parse_app_config(args)
+    assert isinstance(caught.value, ConfigError)
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+# ---- model paths -------------------------------------------------------------------------------
+
+
+def test_relative_model_dirs_resolve_under_the_project_root(
+    args: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.chdir(tmp_path)  # Ray starts replicas in some other directory
+    config = parse_app_config(args)
+    assert Path(__file__).resolve().parents[2] == PROJECT_ROOT
+    for name, model in args["models"].items():
+        path = config.model_path(name)
+        assert path.is_absolute()
+        assert path == PROJECT_ROOT / args["models_dir"] / model["model_dir"]
+
+
+def test_an_absolute_models_dir_is_used_as_is(args: dict[str, Any], tmp_path: Path):
+    args["models_dir"] = str(tmp_path)
+    assert parse_app_config(args).model_path("glm") == tmp_path / args["models"]["glm"]["model_dir"]
+
+
+def test_an_absolute_model_dir_ignores_models_dir(args: dict[str, Any], tmp_path: Path):
+    args["models"]["glm"]["model_dir"] = str(tmp_path / "elsewhere")
+    assert parse_app_config(args).model_path("glm") == tmp_path / "elsewhere"
+
+
+# ---- the Ray Serve deployments section ---------------------------------------------------------
+
+
+def test_deployment_sections_name_the_models_and_the_router(application: dict[str, Any]):
+    names = [deployment["name"] for deployment in application["deployments"]]
+    assert len(names) == len(set(names))
+    assert set(names) == {*application["args"]["models"], "router"}
+
+
+def test_every_model_deployment_scales_to_zero(application: dict[str, Any]):
+    models = application["args"]["models"]
+    for deployment in application["deployments"]:
+        if deployment["name"] not in models:
+            continue
+        autoscaling = deployment["autoscaling_config"]
+        assert autoscaling["min_replicas"] == 0, deployment["name"]
+        assert autoscaling["max_replicas"] >= max(1, autoscaling.get("initial_replicas", 0))
+
+
+def test_a_model_is_warm_exactly_as_long_as_its_replicas_outlive_traffic(
+    application: dict[str, Any],
+):
+    # The router's warm window stands for "the replica has not scaled to zero yet".
+    warm_window_s = application["args"]["router"]["warm_window_s"]
+    for deployment in application["deployments"]:
+        if deployment["name"] in application["args"]["models"]:
+            delay = deployment["autoscaling_config"]["downscale_to_zero_delay_s"]
+            assert delay == warm_window_s, deployment["name"]
+
+
+def test_every_shipped_user_config_validates_as_batching_config(application: dict[str, Any]):
+    models = application["args"]["models"]
+    for deployment in application["deployments"]:
+        if deployment["name"] in models:
+            assert "user_config" in deployment, deployment["name"]
+        if "user_config" in deployment:
+            batching = BatchingConfig.model_validate(deployment["user_config"])
+            assert batching.max_batch_size == deployment["user_config"]["max_batch_size"]
+
+
+def test_no_deployment_section_sets_ray_actor_options(application: dict[str, Any]):
+    # It would replace the resource shares build_app derives from args (and the accelerator).
+    for deployment in application["deployments"]:
+        assert "ray_actor_options" not in deployment, deployment["name"]
+
+
+def test_batching_config_refuses_out_of_range_and_unknown_fields():
+    with pytest.raises(ValueError, match="max_batch_size"):
+        BatchingConfig.model_validate({"max_batch_size": 0})
+    with pytest.raises(ValueError, match="batch_wait_timeout_s"):
+        BatchingConfig.model_validate({"batch_wait_timeout_s": 2})
+    with pytest.raises(ValueError, match="max_batch"):
+        BatchingConfig.model_validate({"max_batch": 8})

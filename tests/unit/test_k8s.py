@@ -1,0 +1,348 @@
+"""The Kubernetes manifests in k8s/: valid against KubeRay's own CRD schemas, shaped as the
+README promises (GPU work on the GPU group only, scale to zero, read-only models), and the
+RayService never drifting from serve_config.yaml."""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from deployments import k8s
+from deployments.config import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+K8S = REPO / "k8s"
+# CI clones the repository next to a copy of shared/, so it is always <repo>/../shared.
+CRD_DIR = REPO.parent / "shared" / "kuberay-crds"
+GPU = "nvidia.com/gpu"
+ZERO_DOWNTIME_UPGRADES = {"NewCluster", "NewClusterWithIncrementalUpgrade"}
+
+
+def _load(path: Path) -> dict[str, Any]:
+    return yaml.load(path.read_text(), Loader=yaml.CSafeLoader)
+
+
+@pytest.fixture(scope="module")
+def crd_schemas() -> dict[str, dict[str, Any]]:
+    """kind -> the v1 openAPIV3Schema of KubeRay's CRD for it."""
+    if not CRD_DIR.is_dir():
+        pytest.fail(f"KubeRay CRD schemas not found at {CRD_DIR}: shared/ must sit beside the repo")
+    schemas = {}
+    for path in sorted(CRD_DIR.glob("ray.io_*.yaml")):
+        crd = _load(path)
+        (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+        schemas[crd["spec"]["names"]["kind"]] = v1["schema"]["openAPIV3Schema"]
+    assert {"RayService", "RayCluster"} <= schemas.keys(), f"incomplete CRDs in {CRD_DIR}"
+    return schemas
+
+
+def _k8s_files() -> list[Path]:
+    return sorted(K8S.rglob("*.yaml"))
+
+
+def _documents_of_kind(kind: str) -> list[dict[str, Any]]:
+    return [doc for doc in map(_load, _k8s_files()) if doc.get("kind") == kind]
+
+
+@pytest.fixture(scope="module")
+def rayservice() -> dict[str, Any]:
+    return _load(K8S / "rayservice.yaml")
+
+
+@pytest.fixture(scope="module")
+def serve_config(rayservice: dict[str, Any]) -> dict[str, Any]:
+    return yaml.safe_load(rayservice["spec"]["serveConfigV2"])
+
+
+@pytest.fixture(scope="module")
+def source_config() -> dict[str, Any]:
+    return yaml.safe_load((REPO / "serve_config.yaml").read_text())
+
+
+def _pinned_ray_version() -> str:
+    match = re.search(r'"ray\[serve\]==([^"]+)"', (REPO / "pyproject.toml").read_text())
+    assert match, "pyproject.toml must pin ray[serve]==X"
+    return match.group(1)
+
+
+def _schema_errors(document: Any, schema: dict[str, Any]) -> list[str]:
+    validator = jsonschema.Draft7Validator(schema)
+    return [
+        f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+        for e in validator.iter_errors(document)
+    ]
+
+
+def _unknown_fields(value: Any, schema: dict[str, Any], path: str = "") -> list[str]:
+    """Fields the schema does not know: Kubernetes silently prunes them, so a typo such as
+    `idleTimeoutSecond` would vanish on apply instead of failing."""
+    if isinstance(value, list):
+        items = schema.get("items", {})
+        return [e for i, v in enumerate(value) for e in _unknown_fields(v, items, f"{path}[{i}]")]
+    if not isinstance(value, dict) or schema.get("x-kubernetes-preserve-unknown-fields"):
+        return []
+    properties = schema.get("properties")
+    if properties is None:  # a free-form map: check its values against additionalProperties
+        values = schema.get("additionalProperties")
+        if not isinstance(values, dict):
+            return []
+        return [e for k, v in value.items() for e in _unknown_fields(v, values, f"{path}.{k}")]
+    unknown = [f"{path}.{key}" for key in value if key not in properties]
+    return unknown + [
+        e
+        for key, v in value.items()
+        if key in properties
+        for e in _unknown_fields(v, properties[key], f"{path}.{key}")
+    ]
+
+
+def _groups(rayservice: dict[str, Any]) -> list[dict[str, Any]]:
+    cluster = rayservice["spec"]["rayClusterConfig"]
+    return [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+
+
+def _containers(group: dict[str, Any]) -> list[dict[str, Any]]:
+    return group["template"]["spec"]["containers"]
+
+
+def _gpus(group: dict[str, Any]) -> int:
+    resources = [c.get("resources", {}) for c in _containers(group)]
+    return sum(
+        int(r.get(kind, {}).get(GPU, 0)) for r in resources for kind in ("limits", "requests")
+    )
+
+
+def _largest_delay_in(config: dict[str, Any]) -> float:
+    return max(
+        d["autoscaling_config"].get(key, 0)
+        for app in config["applications"]
+        for d in app["deployments"]
+        if "autoscaling_config" in d
+        for key in ("downscale_delay_s", "downscale_to_zero_delay_s")
+    )
+
+
+# --- every file ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", _k8s_files(), ids=lambda p: str(p.relative_to(K8S)))
+def test_every_k8s_file_is_a_named_kubernetes_object(path: Path) -> None:
+    document = _load(path)
+    assert isinstance(document, dict), f"{path}: one YAML document expected"
+    assert document.get("apiVersion") and document.get("kind"), path
+    assert document.get("metadata", {}).get("name"), f"{path}: metadata.name missing"
+
+
+def test_applying_the_k8s_folder_applies_one_rayservice_the_generated_one() -> None:
+    # `kubectl apply -f k8s/` does not descend into templates/.
+    kinds = {p.name: _load(p)["kind"] for p in K8S.glob("*.yaml")}
+    assert [name for name, kind in kinds.items() if kind == "RayService"] == ["rayservice.yaml"]
+    assert {"PersistentVolumeClaim", "Job"} <= set(kinds.values())
+
+
+@pytest.mark.parametrize("kind", ["RayService", "RayCluster"])
+def test_ray_objects_validate_against_the_kuberay_crd(
+    kind: str, crd_schemas: dict[str, dict[str, Any]]
+) -> None:
+    for document in _documents_of_kind(kind):
+        assert _schema_errors(document, crd_schemas[kind]) == []
+        assert _unknown_fields(document, crd_schemas[kind]) == []
+        if kind == "RayService":  # its cluster is a RayCluster spec: check it as one too
+            cluster = document["spec"]["rayClusterConfig"]
+            spec_schema = crd_schemas["RayCluster"]["properties"]["spec"]
+            assert _schema_errors(cluster, spec_schema) == []
+            assert _unknown_fields(cluster, spec_schema) == []
+
+
+def test_schema_checks_catch_a_wrong_type_and_a_misspelt_field(
+    rayservice: dict[str, Any], crd_schemas: dict[str, dict[str, Any]]
+) -> None:
+    schema = crd_schemas["RayService"]
+    broken = copy.deepcopy(rayservice)
+    broken["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]["minReplicas"] = "zero"
+    options = broken["spec"]["rayClusterConfig"]["autoscalerOptions"]
+    options["idleTimeoutSecond"] = options.pop("idleTimeoutSeconds")
+    assert any("minReplicas" in e for e in _schema_errors(broken, schema))
+    assert _unknown_fields(broken, schema) == [
+        ".spec.rayClusterConfig.autoscalerOptions.idleTimeoutSecond"
+    ]
+
+
+# --- the RayService --------------------------------------------------------------------------
+
+
+def test_gpu_work_runs_on_the_gpu_group_only(rayservice: dict[str, Any]) -> None:
+    head, *workers = _groups(rayservice)
+    assert head["rayStartParams"]["num-gpus"] == "0"
+    assert head["rayStartParams"]["num-cpus"] == "0", "no Serve replica may land on the head"
+    assert _gpus(head) == 0
+    gpu_groups = [g for g in workers if _gpus(g) > 0]
+    assert len(gpu_groups) == 1, "exactly one worker group requests GPUs"
+    (gpu_group,) = gpu_groups
+    for container in _containers(gpu_group):
+        assert int(container["resources"]["limits"][GPU]) >= 1
+    pod = gpu_group["template"]["spec"]
+    assert any(t["key"] == GPU and t["effect"] == "NoSchedule" for t in pod["tolerations"])
+    assert pod["nodeSelector"], "GPU pods must select GPU nodes"
+    assert gpu_group["minReplicas"] == 0, "GPU nodes scale to zero with the models"
+    assert gpu_group["maxReplicas"] >= 1
+    cpu_groups = [g for g in workers if g is not gpu_group]
+    assert cpu_groups and all(g["minReplicas"] >= 1 for g in cpu_groups), "the router's nodes"
+
+
+def test_autoscaler_keeps_nodes_as_long_as_serve_keeps_replicas(
+    rayservice: dict[str, Any], source_config: dict[str, Any]
+) -> None:
+    cluster = rayservice["spec"]["rayClusterConfig"]
+    assert cluster["enableInTreeAutoscaling"] is True
+    assert cluster["autoscalerOptions"]["upscalingMode"] == "Default"
+    idle_s = cluster["autoscalerOptions"]["idleTimeoutSeconds"]
+    assert idle_s >= _largest_delay_in(source_config)
+
+
+def test_idle_timeout_falls_back_to_serves_default_downscale_delay() -> None:
+    from ray.serve.config import AutoscalingConfig
+
+    serve_default_s = AutoscalingConfig.model_fields["downscale_delay_s"].default
+    config = {"applications": [{"deployments": [{"name": "m", "autoscaling_config": {}}]}]}
+    assert k8s.largest_downscale_delay_s(config) == serve_default_s
+    config["applications"][0]["deployments"][0]["autoscaling_config"] = {
+        "downscale_delay_s": 30,
+        "downscale_to_zero_delay_s": 900,
+    }
+    assert k8s.autoscaler_idle_timeout_s(config) >= 900
+
+
+def test_upgrades_bring_up_a_new_cluster_before_switching(rayservice: dict[str, Any]) -> None:
+    assert rayservice["spec"]["upgradeStrategy"]["type"] in ZERO_DOWNTIME_UPGRADES
+
+
+def test_serve_config_is_serve_config_yaml_with_only_the_k8s_overrides(
+    rayservice: dict[str, Any], serve_config: dict[str, Any], source_config: dict[str, Any]
+) -> None:
+    models_dir = k8s.models_mount_path(rayservice)
+    assert serve_config["http_options"]["host"] == "0.0.0.0"
+    restored = copy.deepcopy(serve_config)
+    source_http = source_config.get("http_options", {})
+    if "host" in source_http:
+        restored["http_options"]["host"] = source_http["host"]
+    else:
+        del restored["http_options"]["host"]
+    if not restored["http_options"] and "http_options" not in source_config:
+        del restored["http_options"]
+    for app, source_app in zip(
+        restored["applications"], source_config["applications"], strict=True
+    ):
+        assert app["args"]["accelerator"] == "gpu"
+        assert app["args"]["models_dir"] == models_dir == "/models"
+        for key in ("accelerator", "models_dir"):
+            app["args"][key] = source_app["args"][key]
+    assert restored == source_config, "serveConfigV2 must be serve_config.yaml, overrides aside"
+
+
+def test_models_volume_is_mounted_read_only_in_every_ray_pod(
+    rayservice: dict[str, Any], serve_config: dict[str, Any]
+) -> None:
+    (pvc,) = _documents_of_kind("PersistentVolumeClaim")
+    for group in _groups(rayservice):
+        pod = group["template"]["spec"]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == k8s.MODELS_VOLUME]
+        assert volume["persistentVolumeClaim"] == {
+            "claimName": pvc["metadata"]["name"],
+            "readOnly": True,
+        }
+        for container in pod["containers"]:
+            (mount,) = [m for m in container["volumeMounts"] if m["name"] == k8s.MODELS_VOLUME]
+            assert mount["readOnly"] is True
+            assert mount["mountPath"] == serve_config["applications"][0]["args"]["models_dir"]
+
+
+def test_images_and_ray_version_follow_the_pinned_ray(rayservice: dict[str, Any]) -> None:
+    ray_version = _pinned_ray_version()
+    assert rayservice["spec"]["rayClusterConfig"]["rayVersion"] == ray_version
+    for group in _groups(rayservice):
+        for container in _containers(group):
+            assert container["image"].endswith(f"-ray{ray_version}-gpu"), container["image"]
+    (job,) = _documents_of_kind("Job")
+    for container in job["spec"]["template"]["spec"]["containers"]:
+        assert container["image"].endswith(f"-ray{ray_version}-cpu"), container["image"]
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert f"ARG RAY_VERSION={ray_version}\n" in dockerfile
+    bases = re.findall(r"^FROM (\S+)", dockerfile, flags=re.MULTILINE)
+    assert bases == [
+        "rayproject/ray:${RAY_VERSION}-py311",
+        "rayproject/ray:${RAY_VERSION}-py311-gpu",
+    ]
+
+
+# --- model storage ---------------------------------------------------------------------------
+
+
+def test_models_job_fills_the_shared_volume_once(rayservice: dict[str, Any]) -> None:
+    (pvc,) = _documents_of_kind("PersistentVolumeClaim")
+    assert {"ReadWriteMany", "ReadOnlyMany"} & set(pvc["spec"]["accessModes"])
+    (job,) = _documents_of_kind("Job")
+    pod = job["spec"]["template"]["spec"]
+    (volume,) = pod["volumes"]
+    assert volume["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+    (container,) = pod["containers"]
+    (mount,) = container["volumeMounts"]
+    assert mount["name"] == volume["name"] and not mount.get("readOnly", False)
+    command = container["command"]
+    assert command[:3] == ["python", "-m", "deployments.export"]
+    assert command[command.index("--out") + 1] == mount["mountPath"]
+    assert mount["mountPath"] == k8s.models_mount_path(rayservice)
+
+
+# --- the render ------------------------------------------------------------------------------
+
+
+def test_committed_manifest_is_a_fresh_render(capsys: pytest.CaptureFixture[str]) -> None:
+    sources = k8s.RenderSources.of_repo(REPO)
+    assert sources.output.read_text() == k8s.render(sources), (
+        "k8s/rayservice.yaml is stale: run `python -m deployments.k8s render`"
+    )
+    assert k8s.main(["render", "--check"]) == 0
+
+
+def test_check_fails_when_serve_config_yaml_changes(
+    tmp_path: Path, source_config: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    changed = copy.deepcopy(source_config)
+    first = changed["applications"][0]["deployments"][0]
+    first["autoscaling_config"]["max_replicas"] += 1
+    config = tmp_path / "serve_config.yaml"
+    config.write_text(yaml.safe_dump(changed, sort_keys=False))
+
+    assert k8s.main(["render", "--check", "--config", str(config)]) == 1
+    diff = capsys.readouterr().out
+    replicas = first["autoscaling_config"]["max_replicas"]
+    assert re.search(rf"^-\s+max_replicas: {replicas - 1}$", diff, flags=re.MULTILINE)
+    assert re.search(rf"^\+\s+max_replicas: {replicas}$", diff, flags=re.MULTILINE)
+
+    out = tmp_path / "rayservice.yaml"
+    assert k8s.main(["render", "--config", str(config), "--out", str(out)]) == 0
+    assert k8s.main(["render", "--check", "--config", str(config), "--out", str(out)]) == 0
+
+
+def test_render_is_the_same_bytes_every_time() -> None:
+    sources = k8s.RenderSources.of_repo(REPO)
+    assert k8s.render(sources) == k8s.render(sources)
+
+
+def test_render_refuses_an_invalid_app_config(
+    tmp_path: Path, source_config: dict[str, Any]
+) -> None:
+    broken = copy.deepcopy(source_config)
+    next(iter(broken["applications"][0]["args"]["models"].values()))["num_gpus"] = 0
+    config = tmp_path / "serve_config.yaml"
+    config.write_text(yaml.safe_dump(broken, sort_keys=False))
+    sources = k8s.RenderSources.of_repo(REPO)
+    with pytest.raises(ConfigError, match="num_gpus"):
+        k8s.render(k8s.RenderSources(config, sources.template, sources.pyproject, sources.output))
