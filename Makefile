@@ -31,6 +31,7 @@ test: install models lint
 	$(PY) -m pytest tests; rc=$$?; if [ $$rc -eq 5 ]; then rc=0; fi; exit $$rc
 
 serve: install models
+	@echo "Router: http://127.0.0.1:8000  (OpenAI SDK: base_url=http://127.0.0.1:8000/v1; docs: /docs)"
 	$(VENV)/bin/serve run serve_config.yaml
 
 bench: install models
