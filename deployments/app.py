@@ -1,5 +1,6 @@
 """`deployments.app:build_app` - the application behind serve_config.yaml: one deployment per
-model (named after it, so the file's `deployments:` section overrides it by name) and the router."""
+model (named after it, so the file's `deployments:` section overrides it by name), the router, and
+`edge-control`, where the router replicas share fault drills."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from ray import serve
 from ray.serve import Application
 
 from deployments.config import AppConfig, parse_app_config
+from deployments.edge_control import EdgeControl
 from deployments.runtime.session import SessionConfig
 from deployments.servers.batched import EmbeddingServer, ModerationServer
 from deployments.servers.chat import ChatServer
@@ -49,7 +51,12 @@ def build_app(args: dict[str, Any]) -> Application:
 
     from deployments.router import RouterIngress  # FastAPI app: only where the router runs
 
+    control = (
+        serve.deployment(EdgeControl)
+        .options(name="edge-control", num_replicas=1, ray_actor_options={"num_cpus": 0.01})
+        .bind()
+    )
     router = serve.deployment(RouterIngress).options(
         name="router", ray_actor_options={"num_cpus": config.router.num_cpus}
     )
-    return router.bind(config.model_dump(mode="json"), servers)
+    return router.bind(config.model_dump(mode="json"), servers, control)

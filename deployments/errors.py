@@ -6,6 +6,8 @@ into an OpenAI-shaped JSON body with `to_error_body`.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 
@@ -65,6 +67,12 @@ class ContextLengthExceededError(InvalidRequestError):
     default_code = "context_length_exceeded"
 
 
+class ContentPolicyViolationError(InvalidRequestError):
+    """The moderation model flagged the request's input."""
+
+    default_code = "content_policy_violation"
+
+
 class WrongTaskError(InvalidRequestError):
     """E.g. an embeddings request naming a chat model."""
 
@@ -85,6 +93,31 @@ class PermissionDeniedError(ServingError):
     status = 403
     error_type = "permission_error"
     default_code = "permission_denied"
+
+
+class RateLimitedError(ServingError):
+    """The key spent its request or token budget; `retry_after_s` says when it has enough again.
+    Not an OverloadedError: the server is fine, this client is over its share."""
+
+    status = 429
+    error_type = "rate_limit_error"
+    default_code = "rate_limit_exceeded"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after_s: float = 1.0,
+        headers: Mapping[str, str] | None = None,
+        **kwargs: Any,
+    ):
+        super().__init__(message, **kwargs)
+        self.retry_after_s = retry_after_s
+        self.headers = dict(headers or {})
+
+    def response_headers(self) -> dict[str, str]:
+        """The x-ratelimit-* state plus Retry-After in whole seconds (at least 1)."""
+        return {**self.headers, "retry-after": str(max(1, math.ceil(self.retry_after_s)))}
 
 
 class ModelNotFoundError(ServingError):

@@ -18,6 +18,7 @@ from deployments.errors import (
     ModelNotFoundError,
     OverloadedError,
     PayloadTooLargeError,
+    RateLimitedError,
     ServingError,
 )
 from deployments.protocol import request_error_from_validation
@@ -29,6 +30,8 @@ def error_response(error: ServingError) -> JSONResponse:
     headers = {}
     if isinstance(error, OverloadedError):
         headers["retry-after"] = str(max(1, math.ceil(error.retry_after_s)))
+    if isinstance(error, RateLimitedError):
+        headers.update(error.response_headers())
     return JSONResponse(error.to_error_body(), status_code=error.status, headers=headers)
 
 

@@ -8,6 +8,7 @@ A request's path: endpoint -> (cache) -> EdgeDispatcher picks a colo and fails o
 import asyncio
 import hashlib
 import hmac
+import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -24,6 +25,7 @@ from sse_starlette import EventSourceResponse
 from deployments.cache import ResponseCache, wants_bypass
 from deployments.config import AppConfig
 from deployments.edge import EdgeDispatcher, EdgeTrace, WarmthTracker
+from deployments.edge_control import SYNC_INTERVAL_S, apply_snapshot
 from deployments.errors import (
     AuthenticationError,
     InvalidRequestError,
@@ -68,7 +70,6 @@ from deployments.runtime.sampling import SamplingParams
 from deployments.servers.base import Reply
 from edge_sim.faults import ColoFault
 from edge_sim.network import EdgeNetwork
-from edge_sim.topology import UnknownColoError
 
 app = FastAPI(
     title="ray-edge-ai",
@@ -80,6 +81,7 @@ install_error_handlers(app)
 app.add_middleware(BodyLimitMiddleware, limit=lambda: app.state.max_body_bytes)
 # Ray Serve's proxy already echoes the client's x-request-id (or makes one) on every response.
 
+log = logging.getLogger("ray.serve")
 DONE = "[DONE]"
 ADMIN_KEY_ENV = "EDGE_ADMIN_KEY"
 T = TypeVar("T")
@@ -128,7 +130,12 @@ async def _resolve(response: Awaitable[T]) -> T:
 
 @serve.ingress(app)
 class RouterIngress:
-    def __init__(self, config: dict[str, Any], servers: Mapping[str, DeploymentHandle]):
+    def __init__(
+        self,
+        config: dict[str, Any],
+        servers: Mapping[str, DeploymentHandle],
+        control: DeploymentHandle | None = None,
+    ):
         self.config = AppConfig.model_validate(config)
         router = self.config.router
         app.state.max_body_bytes = router.max_body_bytes
@@ -146,6 +153,30 @@ class RouterIngress:
         self.cache = ResponseCache(router.cache)
         admin_key = os.environ.get(ADMIN_KEY_ENV)
         self._admin_key_hash = _hash(admin_key) if admin_key else None
+        self._control = control
+        self._fault_version = 0
+        self._sync_task: asyncio.Task[None] | None = None
+
+    # ---- fault drills shared across router replicas -------------------------------------
+
+    def _keep_faults_in_sync(self) -> None:
+        if self._control is not None and (self._sync_task is None or self._sync_task.done()):
+            self._sync_task = asyncio.get_running_loop().create_task(self._sync_faults_forever())
+
+    async def _sync_faults(self) -> None:
+        assert self._control is not None
+        version, faults = await self._control.snapshot.remote()
+        if version != self._fault_version:
+            apply_snapshot(self.network, faults)
+            self._fault_version = version
+
+    async def _sync_faults_forever(self) -> None:
+        while True:
+            try:
+                await self._sync_faults()
+            except Exception:  # noqa: BLE001 - a missed sync is retried; routing goes on
+                log.warning("fault sync with edge-control failed", exc_info=True)
+            await asyncio.sleep(SYNC_INTERVAL_S)
 
     # ---- lookups, edge calls, cache -----------------------------------------------------
 
@@ -165,6 +196,7 @@ class RouterIngress:
     async def _via_edge(
         self, model: ServedModel, request: Request, call: Callable[[], Awaitable[Reply]]
     ) -> tuple[Reply, EdgeTrace]:
+        self._keep_faults_in_sync()
         return await self.edge.dispatch(
             model.name,
             request.headers,
@@ -211,6 +243,7 @@ class RouterIngress:
         self, model: ServedModel, request: Request, chat: ChatCompletionRequest
     ) -> tuple[AsyncIterator[GenerationChunk], EdgeTrace]:
         messages, params = chat_messages_as_dicts(chat), _sampling(chat)
+        self._keep_faults_in_sync()
         (first, stream), trace = await self.edge.dispatch(
             model.name,
             request.headers,
@@ -437,6 +470,8 @@ class RouterIngress:
     @app.get("/admin/colos", include_in_schema=False)
     async def admin_colos(self, request: Request) -> list[dict[str, Any]]:
         self._require_admin(request)
+        if self._control is not None:
+            await self._sync_faults()
         return self.network.colo_states()
 
     @app.post("/admin/colos/{colo_id}/faults", include_in_schema=False)
@@ -444,17 +479,32 @@ class RouterIngress:
         self, colo_id: str, fault: ColoFault, request: Request
     ) -> dict[str, Any]:
         self._require_admin(request)
-        try:
-            scheduled = self.network.set_fault(colo_id.upper(), fault)
-        except UnknownColoError as exc:
-            raise ModelNotFoundError(str(exc), param="colo_id", code="colo_not_found") from None
-        return {"colo": colo_id.upper(), "fault": scheduled.describe(time.monotonic())}
+        colo = self._known_colo(colo_id)
+        if self._control is None:
+            self.network.set_fault(colo, fault)
+        else:
+            await self._control.set_fault.remote(colo, fault.model_dump(mode="json"))
+            await self._sync_faults()
+        return self._colo_state(colo)
 
     @app.delete("/admin/colos/{colo_id}/faults", include_in_schema=False)
     async def admin_clear_faults(self, colo_id: str, request: Request) -> dict[str, Any]:
         self._require_admin(request)
-        try:
-            self.network.clear_faults(colo_id.upper())
-        except UnknownColoError as exc:
-            raise ModelNotFoundError(str(exc), param="colo_id", code="colo_not_found") from None
-        return {"colo": colo_id.upper(), "faults": []}
+        colo = self._known_colo(colo_id)
+        if self._control is None:
+            self.network.clear_faults(colo)
+        else:
+            await self._control.clear_faults.remote(colo)
+            await self._sync_faults()
+        return self._colo_state(colo)
+
+    def _known_colo(self, colo_id: str) -> str:
+        colo = colo_id.upper()
+        if colo not in self.network.topology.ids:
+            raise ModelNotFoundError(
+                f"unknown colo {colo_id!r}", param="colo_id", code="colo_not_found"
+            )
+        return colo
+
+    def _colo_state(self, colo: str) -> dict[str, Any]:
+        return next(state for state in self.network.colo_states() if state["id"] == colo)

@@ -30,6 +30,7 @@ from edge_sim.loadgen.report import write_outputs
 from edge_sim.loadgen.responses import StreamTally, body_error_text
 from edge_sim.loadgen.runner import LoadRunner, RunResult, RunSettings
 from edge_sim.loadgen.scenarios import (
+    Arrival,
     ModelTarget,
     Phase,
     ScenarioConfig,
@@ -44,6 +45,7 @@ from edge_sim.loadgen.serve_state import (
     scale_to_zero_delays_s,
 )
 from edge_sim.loadgen.summary import latency_stats, replica_summary, summarize
+from edge_sim.loadgen.workload import WorkloadSettings, build_request
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = (
@@ -211,6 +213,36 @@ def test_colo_outage_sets_and_clears_a_fault_inside_the_run() -> None:
         config(scenario="colo-outage")
     with pytest.raises(ValueError, match="must end within duration_s"):
         config(scenario="colo-outage", fault_colo="FRA", duration_s=10, outage_start_s=8)
+
+
+def test_each_task_and_api_gets_its_endpoint_body_and_headers() -> None:
+    def arrival(model: ModelTarget, api: str) -> Arrival:
+        return Arrival(seq=7, at_s=0.0, model=model, api=api, region=region_named("asia-east"),
+                       prompt=1)  # fmt: skip
+
+    glm, _, embedding, moderation = MODELS
+    chat = build_request(arrival(glm, "openai"), WorkloadSettings(max_tokens=5), "r")
+    assert (chat.path, chat.endpoint, chat.stream) == ("/v1/chat/completions",) * 2 + (True,)
+    assert chat.body["stream_options"] == {"include_usage": True}
+    assert (chat.body["model"], chat.body["max_tokens"]) == ("glm", 5)
+    assert chat.headers == {
+        "x-client-geo": "31.2304,121.4737",
+        "x-request-id": "r-7",
+        "x-edge-cache": "bypass",
+    }
+    workers = build_request(arrival(glm, "workers"), WorkloadSettings(), "r")
+    assert (workers.path, workers.endpoint) == ("/ai/run/glm", "/ai/run/{model}")
+    assert workers.body["stream"] is True and "prompt" in workers.body
+    vectors = build_request(arrival(embedding, "openai"), WorkloadSettings(), "r")
+    assert (vectors.path, vectors.stream, vectors.body["model"]) == (
+        "/v1/embeddings",
+        False,
+        "embedding",
+    )
+    keyed = WorkloadSettings(api_key="k", cache="allow")
+    checked = build_request(arrival(moderation, "workers"), keyed, "r")
+    assert (checked.path, set(checked.body)) == ("/ai/run/moderation", {"text"})
+    assert checked.headers["authorization"] == "Bearer k" and "x-edge-cache" not in checked.headers
 
 
 # ---- reading answers ------------------------------------------------------------------------
@@ -532,6 +564,7 @@ class FakeRouter:
         self.warm: set[str] = set()
         self.admin_calls: list[tuple[str, str, Any]] = []
         self.request_ids: list[str] = []
+        self.cache_headers: set[str | None] = set()
 
     async def __call__(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
@@ -543,6 +576,7 @@ class FakeRouter:
         body = json.loads(request.content)
         model = body.get("model") or path.rsplit("/", 1)[-1]
         self.request_ids.append(request.headers["x-request-id"])
+        self.cache_headers.add(request.headers.get("x-edge-cache"))
         assert request.headers["x-client-geo"]
         tried = ["FRA"] if "FRA" not in self.down else ["FRA", "AMS"]
         headers = {
@@ -623,6 +657,7 @@ def test_colo_outage_run_writes_every_output_and_moves_traffic(tmp_path: Path) -
         rows = list(csv.DictReader(handle))
     assert len(rows) == summary["requests"]["scheduled"] == summary["requests"]["recorded"] > 20
     assert sorted(router.request_ids) == sorted(f"run-{row['seq']}" for row in rows)
+    assert router.cache_headers == {"bypass"}  # the models are measured, not the cache
     assert {row["region"] for row in rows} == {"eu-central"}
     assert [e["status"] for e in summary["admin_events"]] == [200, 200]
 
@@ -720,6 +755,30 @@ def test_timeouts_transport_errors_and_unfinished_requests_are_recorded() -> Non
     assert len(unfinished.records) == len(schedule.arrivals)
     assert {r.error_kind for r in unfinished.records} == {"cancelled"}
     assert unfinished.elapsed_s < 2.0
+
+
+def test_an_interrupted_run_keeps_its_records_and_clears_its_fault() -> None:
+    router = FakeRouter(delay_s=0.05)
+    schedule = build_schedule(
+        config(scenario="colo-outage", rate_rps=50, duration_s=30, fault_colo="FRA",
+               outage_start_s=0.05, outage_s=20)
+    )  # fmt: skip
+    runner = LoadRunner(
+        RunSettings("http://x", admin_key=ADMIN_KEY), transport=httpx.MockTransport(router)
+    )
+
+    async def interrupt_after_a_while() -> RunResult:
+        run = asyncio.create_task(runner.run_async(schedule))
+        await asyncio.sleep(0.4)
+        run.cancel()  # what asyncio.run does on Ctrl-C
+        return await run
+
+    result = asyncio.run(interrupt_after_a_while())
+    assert result.interrupted and result.elapsed_s < 5
+    assert 0 < len(result.records) < len(schedule.arrivals)
+    assert [e.label for e in result.admin_events] == ["fault injected", "fault cleared (early)"]
+    assert router.admin_calls[-1] == ("DELETE", "FRA", None) and router.down == set()
+    assert json.loads(json.dumps(summarize(result, {})))["interrupted"] is True
 
 
 def test_cli_refuses_what_it_cannot_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

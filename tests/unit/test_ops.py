@@ -128,18 +128,19 @@ def row(text: str, first_cell: str) -> str:
 def test_status_shows_replicas_queues_and_cold_starts() -> None:
     readyz = {
         "glm": {"status": "UPSCALING", "running_replicas": 1, "in_flight": 3, "queued": 5,
-                "last_cold_start_unix_s": NOW_UNIX_S - 42, "last_cold_start_ms": 4200.0},
-        "kimi": {"status": "HEALTHY", "running_replicas": 0},
+                "last_cold_start": {"at_unix": NOW_UNIX_S - 42, "wait_ms": 4200.0,
+                                    "replica_load_s": 3.1, "phases": None}},
+        "kimi": {"status": "HEALTHY", "running_replicas": 0, "last_cold_start": None},
     }  # fmt: skip
     code, text = run_ops(router(readyz))
     assert code == 0
     assert "Application edge: RUNNING" in text
     glm = row(text, "glm")
     for cell in ("UPSCALING", "1 / 2", "RUNNING 1, STARTING 1", "in flight 3, queued 5",
-                 "42 s ago, took 4.2 s"):  # fmt: skip
+                 "42 s ago, waited 4.2 s (model load 3.1 s)"):  # fmt: skip
         assert cell in glm
     kimi = row(text, "kimi")
-    assert "0 / 0" in kimi and "none" in kimi and "n/a" in kimi and "unknown" in kimi
+    assert "0 / 0" in kimi and "n/a" in kimi and "none since the router started" in kimi
     assert "1 / 1" in row(text, "router")
     assert "last cold start unknown" not in text
 
@@ -153,8 +154,9 @@ def test_status_shows_colo_health_faults_and_traffic() -> None:
     assert "+150 ms 25% errors in 30 s" in ams and "7 / 64" in ams and "glm, embedding" in ams
     assert "ejected, 12 s left" in nrt
     assert "1/3 colos healthy, 9 requests in flight" in text
-    # The router does not report cold starts yet: said once, not guessed.
-    assert "last cold start unknown: the router does not report it yet" in text
+    # A router that does not report cold starts: said once, not guessed.
+    assert "last cold start unknown: this router does not report it" in text
+    assert "unknown" in row(text, "glm")
 
 
 def test_status_renders_the_admin_state_the_edge_network_produces() -> None:
@@ -183,7 +185,7 @@ def test_status_renders_the_admin_state_the_edge_network_produces() -> None:
 
 def test_status_explains_every_source_it_could_not_read() -> None:
     failing = ServeStatusError("serve status exited 1: ConnectionError")
-    readyz = {"glm": {"last_cold_start_unix_s": NOW_UNIX_S - 3 * 3600}}
+    readyz = {"glm": {"last_cold_start": {"at_unix": NOW_UNIX_S - 3 * 3600}}}
     code, text = run_ops(router(readyz), admin_key="wrong", status=failing)
     assert code == 1
     assert "replicas unknown: serve status exited 1: ConnectionError" in text

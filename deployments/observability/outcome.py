@@ -1,0 +1,49 @@
+"""What happened to one request, as the router saw it: the single input of its metrics and its
+access-log line, so the two can never disagree."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from deployments.errors import ServingError
+
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first"
+
+
+def error_status(error: BaseException) -> int:
+    """The HTTP status an error stands for."""
+    if isinstance(error, ServingError):
+        return error.status
+    if isinstance(error, asyncio.CancelledError):
+        return CLIENT_CLOSED_REQUEST
+    return 500
+
+
+@dataclass(frozen=True)
+class RequestOutcome:
+    endpoint: str  # the URL path
+    model: str | None  # as the client named it; None when it named none
+    status: int  # HTTP status sent
+    latency_s: float  # arrival -> last byte sent
+    stream: bool = False
+    colo: str | None = None  # the colo that answered (None: never routed)
+    route_reason: str | None = None
+    tried: tuple[str, ...] = ()  # colos in the order tried; the last one answered
+    cold_start_ms: float | None = None
+    cache: str | None = None  # HIT / MISS; None when not cacheable
+    ttft_s: float | None = None  # streams: arrival -> first token sent
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    finish_reason: str | None = None
+    flagged_categories: tuple[str, ...] = ()  # moderation categories flagged, over all inputs
+    error_type: str | None = None
+
+    @property
+    def failover(self) -> bool:
+        return self.route_reason == "failover"
+
+    @property
+    def failed_colos(self) -> tuple[str, ...]:
+        """Colos that failed this request before the one that answered."""
+        return self.tried[:-1] if self.failover else ()

@@ -1,0 +1,57 @@
+"""The router's security layer, free of Ray and HTTP: API keys, per-key rate limits, request
+limits and the moderation gate of chat models."""
+
+from deployments.errors import ContentPolicyViolationError, RateLimitedError
+from deployments.security.config import (
+    ModerationGateConfig,
+    ParamRange,
+    RateLimits,
+    RequestLimits,
+    SecurityConfig,
+)
+from deployments.security.keys import (
+    ADMIN_KEY_ENV,
+    API_KEYS_ENV,
+    API_KEYS_FILE_ENV,
+    KeyConfigError,
+    KeyStore,
+    Principal,
+    bearer_token,
+)
+from deployments.security.moderation_gate import Classify, ModerationGate
+from deployments.security.rate_limit import (
+    RateLimiter,
+    Reservation,
+    estimate_chat_tokens,
+    estimate_text_tokens,
+    format_reset,
+    metered_stream,
+)
+from deployments.security.request_limits import check_chat, check_texts
+
+__all__ = [
+    "ADMIN_KEY_ENV",
+    "API_KEYS_ENV",
+    "API_KEYS_FILE_ENV",
+    "Classify",
+    "ContentPolicyViolationError",
+    "KeyConfigError",
+    "KeyStore",
+    "ModerationGate",
+    "ModerationGateConfig",
+    "ParamRange",
+    "Principal",
+    "RateLimits",
+    "RateLimitedError",
+    "RateLimiter",
+    "RequestLimits",
+    "Reservation",
+    "SecurityConfig",
+    "bearer_token",
+    "check_chat",
+    "check_texts",
+    "estimate_chat_tokens",
+    "estimate_text_tokens",
+    "format_reset",
+    "metered_stream",
+]

@@ -1,0 +1,104 @@
+"""The `security:` settings of the router: per-key rate limits, request limits and the moderation
+gate. Proposed as `AppConfig.security` (serve_config.yaml `args.security`)."""
+
+from __future__ import annotations
+
+from typing import Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# Past this a chat request's output alone could fill any context we serve; a cap keeps one request
+# from reserving a whole minute of a key's token budget by accident.
+DEFAULT_MAX_COMPLETION_TOKENS = 4096
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RateLimits(_Strict):
+    """One API key's budget, each refilled continuously; null means unlimited."""
+
+    requests_per_minute: int | None = Field(default=None, ge=1, le=10_000_000)
+    tokens_per_minute: int | None = Field(default=None, ge=1, le=10_000_000_000)
+
+
+class ParamRange(_Strict):
+    """Inclusive bounds for a sampling parameter; they can only narrow what the protocol allows."""
+
+    min: float
+    max: float
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must not exceed max ({self.max})")
+        return self
+
+    def __contains__(self, value: float) -> bool:
+        return self.min <= value <= self.max
+
+
+class RequestLimits(_Strict):
+    """Bounds on one request's size, checked by the router before any model is called. The body
+    size is `router.max_body_bytes` (413); input tokens per model are each model's context, which
+    its runtime enforces (400 context_length_exceeded) since only it holds the tokenizer."""
+
+    max_messages: int = Field(default=128, ge=1, le=100_000)
+    max_input_chars: int = Field(
+        default=200_000, ge=1, description="all messages' text of one chat request together"
+    )
+    max_completion_tokens: int = Field(default=DEFAULT_MAX_COMPLETION_TOKENS, ge=1)
+    max_batch_items: int = Field(
+        default=256, ge=1, le=2048, description="texts in one embeddings/moderation request"
+    )
+    max_item_chars: int = Field(default=8192, ge=1, description="characters in one of those texts")
+    temperature: ParamRange = ParamRange(min=0.0, max=2.0)
+    top_p: ParamRange = ParamRange(min=0.0, max=1.0)
+
+
+class ModerationGateConfig(_Strict):
+    """Which chat models have their input and output checked by the moderation model."""
+
+    models: list[str] = Field(default_factory=list, description="chat models behind the gate")
+    moderation_model: str = Field(default="moderation", min_length=1)
+    check_input: bool = True
+    check_output: bool = True
+    window_chars: int = Field(
+        default=200, ge=1, le=100_000, description="output is checked, and streamed, in windows"
+    )
+    overlap_chars: int = Field(
+        default=32,
+        ge=0,
+        description="tail of the previous window classified with each window, so a word cut by "
+        "a window boundary is still seen whole",
+    )
+    refusal_text: str = Field(
+        default="I can't help with that.", description="replaces a flagged non-streamed answer"
+    )
+
+    @model_validator(mode="after")
+    def _overlap_smaller_than_window(self) -> Self:
+        if self.overlap_chars >= self.window_chars:
+            raise ValueError(
+                f"overlap_chars ({self.overlap_chars}) must be smaller than "
+                f"window_chars ({self.window_chars})"
+            )
+        return self
+
+
+class SecurityConfig(_Strict):
+    default_limits: RateLimits = RateLimits()
+    per_key: dict[str, RateLimits] = Field(
+        default_factory=dict,
+        description="overrides by key id; a field left out keeps the default, null is unlimited",
+    )
+    request_limits: RequestLimits = RequestLimits()
+    moderation_gate: ModerationGateConfig = ModerationGateConfig()
+
+    def limits_for(self, key_id: str) -> RateLimits:
+        override = self.per_key.get(key_id)
+        if override is None:
+            return self.default_limits
+        given = {name: getattr(override, name) for name in override.model_fields_set}
+        return self.default_limits.model_copy(update=given)
