@@ -5,6 +5,7 @@ model (named after it, so the file's `deployments:` section overrides it by name
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import ray
@@ -13,6 +14,7 @@ from ray.serve import Application
 
 from deployments.config import AppConfig, parse_app_config
 from deployments.edge_control import EdgeControl
+from deployments.observability.config import resolve_tracing_config
 from deployments.runtime.session import SessionConfig
 from deployments.servers.batched import EmbeddingServer, ModerationServer
 from deployments.servers.chat import ChatServer
@@ -32,6 +34,11 @@ def uses_gpu(config: AppConfig) -> bool:
 
 def build_app(args: dict[str, Any]) -> Application:
     config = parse_app_config(args)
+    # EDGE_TRACES_FILE is read here, where `serve run` starts: replicas on any node get the path.
+    observability = config.observability.model_copy(
+        update={"tracing": resolve_tracing_config(config.observability.tracing, os.environ)}
+    )
+    config = config.model_copy(update={"observability": observability})
     gpu = uses_gpu(config)
     servers = {}
     for name, model in config.models.items():
@@ -47,7 +54,12 @@ def build_app(args: dict[str, Any]) -> Application:
         deployment = serve.deployment(SERVER_BY_TASK[model.task]).options(
             name=name, ray_actor_options=actor_options
         )
-        servers[name] = deployment.bind(str(path), session)
+        servers[name] = deployment.bind(
+            str(path),
+            session,
+            observability=observability.model_dump(mode="json"),
+            model_name=name,
+        )
 
     from deployments.router import RouterIngress  # FastAPI app: only where the router runs
 

@@ -9,9 +9,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from deployments.observability.config import ObservabilityConfig
 from deployments.runtime.manifest import Task
+from deployments.security.config import SecurityConfig
 from edge_sim.config import EdgeConfig
 
 Accelerator = Literal["auto", "cpu", "gpu"]
@@ -71,6 +80,23 @@ class AppConfig(_Strict):
     models: dict[str, ModelConfig]
     router: RouterConfig = RouterConfig()
     edge: EdgeConfig = Field(default_factory=EdgeConfig)
+    security: SecurityConfig = SecurityConfig()
+    observability: ObservabilityConfig = ObservabilityConfig()
+
+    @model_validator(mode="after")
+    def _gate_names_served_models(self) -> AppConfig:
+        gate = self.security.moderation_gate
+        for name in gate.models:
+            if self.models.get(name) is None or self.models[name].task != "chat":
+                raise ValueError(f"security.moderation_gate.models: {name!r} is not a chat model")
+        if gate.models and getattr(self.models.get(gate.moderation_model), "task", None) != (
+            "moderation"
+        ):
+            raise ValueError(
+                f"security.moderation_gate.moderation_model: {gate.moderation_model!r} "
+                "is not a moderation model"
+            )
+        return self
 
     @field_validator("models")
     @classmethod
@@ -111,3 +137,36 @@ def describe_validation_error(exc: ValidationError, prefix: str) -> str:
         where = ".".join(str(p) for p in (prefix, *err["loc"]))
         lines.append(f"{where}: {err['msg']}")
     return "invalid serve_config.yaml: " + "; ".join(lines)
+
+
+def check_serve_config(path: str | Path) -> list[str]:
+    """Everything wrong with a serve_config.yaml, as `where: what` lines (empty when valid):
+    Ray Serve's own schema, then our `args` for every application built by build_app."""
+    import yaml
+    from ray.serve.schema import ServeDeploySchema
+
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+        schema = ServeDeploySchema.model_validate(raw)
+    except (OSError, yaml.YAMLError) as exc:
+        return [f"{path}: {exc}"]
+    except ValidationError as exc:
+        return [describe_validation_error(exc, prefix="serve_config")]
+    problems = []
+    for app in schema.applications:
+        if app.import_path == "deployments.app:build_app":
+            try:
+                parse_app_config(app.args or {})
+            except ConfigError as exc:
+                problems.append(f"application {app.name!r}: {exc}")
+    return problems
+
+
+if __name__ == "__main__":
+    import sys
+
+    # `python -m deployments.config serve_config.yaml`: check before `serve deploy`.
+    target = sys.argv[1] if len(sys.argv) > 1 else "serve_config.yaml"
+    found = check_serve_config(target)
+    print("\n".join(found) if found else f"{target}: OK")
+    sys.exit(1 if found else 0)

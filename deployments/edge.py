@@ -16,7 +16,7 @@ from deployments.errors import (
     ServingError,
 )
 from deployments.servers.base import Reply
-from edge_sim.geo import BadHeaderError
+from edge_sim.geo import BadHeaderError, ClientLocation
 from edge_sim.network import EdgeNetwork
 from edge_sim.routing import NoColoAvailableError, RouteCandidate
 
@@ -37,6 +37,7 @@ class EdgeTrace:
     tried: list[str] = field(default_factory=list)
     cold_start_ms: float | None = None
     cache: str | None = None
+    client: ClientLocation | None = None
 
     def headers(self) -> dict[str, str]:
         headers = {
@@ -134,9 +135,12 @@ class EdgeDispatcher(Generic[T]):
         self, model: str, headers: Mapping[str, str], client_ip: str | None
     ) -> EdgeTrace:
         """The colo that answers from its cache: the first choice, with its RTT acted out."""
-        first = self.plan(model, headers, client_ip).candidates[0]
+        plan = self.plan(model, headers, client_ip)
+        first = plan.candidates[0]
         await asyncio.sleep(self.network.delay_s(first))
-        return EdgeTrace(first.colo_id, first.rtt_ms, first.reason, [first.colo_id])
+        return EdgeTrace(
+            first.colo_id, first.rtt_ms, first.reason, [first.colo_id], client=plan.client
+        )
 
     async def dispatch(
         self,
@@ -191,6 +195,7 @@ class EdgeDispatcher(Generic[T]):
                 "failover" if failed else self._reason(candidate, plan.candidates[0]),
                 tried,
                 self.warmth.record(candidate.colo_id, model, reply, arrived_at),
+                client=plan.client,
             )
             return result, trace
         if last_error is not None:

@@ -26,12 +26,17 @@ from deployments.protocol import request_error_from_validation
 log = logging.getLogger("ray.serve")
 
 
-def error_response(error: ServingError) -> JSONResponse:
-    headers = {}
-    if isinstance(error, OverloadedError):
-        headers["retry-after"] = str(max(1, math.ceil(error.retry_after_s)))
+def error_headers(error: ServingError) -> dict[str, str]:
+    """Retry-After for 503s, and the x-ratelimit-* state with it for 429s."""
     if isinstance(error, RateLimitedError):
-        headers.update(error.response_headers())
+        return error.response_headers()
+    if isinstance(error, OverloadedError):
+        return {"retry-after": str(max(1, math.ceil(error.retry_after_s)))}
+    return {}
+
+
+def error_response(error: ServingError) -> JSONResponse:
+    headers = error_headers(error)
     return JSONResponse(error.to_error_body(), status_code=error.status, headers=headers)
 
 

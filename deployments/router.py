@@ -6,8 +6,7 @@ A request's path: endpoint -> (cache) -> EdgeDispatcher picks a colo and fails o
 """
 
 import asyncio
-import hashlib
-import hmac
+import dataclasses
 import logging
 import os
 import time
@@ -15,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
-from fastapi import Body, FastAPI, Request, Response
+from fastapi import Body, Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from ray import serve
@@ -27,13 +26,20 @@ from deployments.config import AppConfig
 from deployments.edge import EdgeDispatcher, EdgeTrace, WarmthTracker
 from deployments.edge_control import SYNC_INTERVAL_S, apply_snapshot
 from deployments.errors import (
-    AuthenticationError,
     InvalidRequestError,
     ModelNotFoundError,
     ServingError,
     WrongTaskError,
 )
-from deployments.http import BodyLimitMiddleware, as_serving_error, install_error_handlers
+from deployments.http import (
+    BodyLimitMiddleware,
+    as_serving_error,
+    error_headers,
+    install_error_handlers,
+)
+from deployments.observability import RouterObservability, TelemetryMiddleware
+from deployments.observability.middleware import request_telemetry
+from deployments.observability.router_telemetry import RequestTelemetry
 from deployments.protocol import (
     WORKERS_INPUT_BY_TASK,
     ChatCompletion,
@@ -65,8 +71,20 @@ from deployments.protocol import (
     workers_chat_to_chat_request,
 )
 from deployments.protocol.models import Task
-from deployments.runtime.llm import GenerationChunk
+from deployments.runtime.llm import DEFAULT_MAX_NEW_TOKENS, Completion, GenerationChunk
 from deployments.runtime.sampling import SamplingParams
+from deployments.security import (
+    KeyStore,
+    ModerationGate,
+    Principal,
+    RateLimiter,
+    Reservation,
+    check_chat,
+    check_texts,
+    estimate_chat_tokens,
+    estimate_text_tokens,
+    metered_stream,
+)
 from deployments.servers.base import Reply
 from edge_sim.faults import ColoFault
 from edge_sim.network import EdgeNetwork
@@ -78,12 +96,24 @@ app = FastAPI(
 )
 app.state.max_body_bytes = 1 << 20
 install_error_handlers(app)
+app.state.observability = None
 app.add_middleware(BodyLimitMiddleware, limit=lambda: app.state.max_body_bytes)
-# Ray Serve's proxy already echoes the client's x-request-id (or makes one) on every response.
+# Outermost, so a 413 is measured too. Ray Serve's proxy already echoes the client's
+# x-request-id (or makes one) on every response.
+app.add_middleware(TelemetryMiddleware, observability=lambda: app.state.observability)
+
+
+def authenticated(request: Request) -> Principal:
+    """FastAPI dependency: the caller of a model endpoint (401 before the body is validated)."""
+    principal = request.app.state.keys.authenticate(request.headers.get("authorization"))
+    request_telemetry(request).authenticated(principal.key_id)
+    return principal
+
+
+Caller = Annotated[Principal, Depends(authenticated)]
 
 log = logging.getLogger("ray.serve")
 DONE = "[DONE]"
-ADMIN_KEY_ENV = "EDGE_ADMIN_KEY"
 T = TypeVar("T")
 
 
@@ -114,8 +144,22 @@ def _client_ip(request: Request) -> str | None:
     return request.client.host if request.client else None
 
 
-def _hash(secret: str) -> bytes:
-    return hashlib.sha256(secret.encode()).digest()
+async def _observed(
+    chunks: AsyncIterator[GenerationChunk], telemetry: RequestTelemetry
+) -> AsyncIterator[GenerationChunk]:
+    """Pass a stream through, telling the request's telemetry its usage or its failure."""
+    try:
+        async for chunk in chunks:
+            if chunk.finish_reason is not None:
+                telemetry.usage(
+                    input_tokens=chunk.prompt_tokens,
+                    output_tokens=chunk.completion_tokens,
+                    finish_reason=chunk.finish_reason,
+                )
+            yield chunk
+    except Exception as exc:
+        telemetry.failed(exc)
+        raise
 
 
 async def _resolve(response: Awaitable[T]) -> T:
@@ -151,8 +195,13 @@ class RouterIngress:
             self.network, self.warmth, router.failover_attempts
         )
         self.cache = ResponseCache(router.cache)
-        admin_key = os.environ.get(ADMIN_KEY_ENV)
-        self._admin_key_hash = _hash(admin_key) if admin_key else None
+        security = self.config.security
+        self.keys = KeyStore.from_env(os.environ, security, log)
+        app.state.keys = self.keys
+        self.limiter = RateLimiter()
+        self.limits = security.request_limits
+        self.gate = ModerationGate(security.moderation_gate, self._flags)
+        app.state.observability = RouterObservability(self.config.observability, self.models)
         self._control = control
         self._fault_version = 0
         self._sync_task: asyncio.Task[None] | None = None
@@ -178,7 +227,7 @@ class RouterIngress:
                 log.warning("fault sync with edge-control failed", exc_info=True)
             await asyncio.sleep(SYNC_INTERVAL_S)
 
-    # ---- lookups, edge calls, cache -----------------------------------------------------
+    # ---- lookups, admission, edge calls, cache ------------------------------------------
 
     def _model(self, name: str, task: Task) -> ServedModel:
         model = self.models.get(name)
@@ -193,11 +242,32 @@ class RouterIngress:
             )
         return model
 
+    def _admit_chat(
+        self, chat: ChatCompletionRequest, principal: Principal
+    ) -> tuple[list[dict[str, Any]], SamplingParams, Reservation]:
+        """Request limits, then the key's rate limit (429) with the request's estimated tokens."""
+        check_chat(chat, self.limits)
+        messages, params = chat_messages_as_dicts(chat), _sampling(chat)
+        estimate = estimate_chat_tokens(
+            [m["content"] for m in messages], chat.effective_max_tokens, DEFAULT_MAX_NEW_TOKENS
+        )
+        return messages, params, self.limiter.reserve(principal, estimate)
+
+    def _admit_texts(self, texts: list[str], principal: Principal) -> Reservation:
+        check_texts(texts, self.limits)
+        return self.limiter.reserve(principal, estimate_text_tokens(texts))
+
+    async def _flags(self, texts: list[str]) -> list[bool]:
+        """The moderation gate's classifier: the moderation deployment, called directly."""
+        moderation = self.models[self.config.security.moderation_gate.moderation_model]
+        reply = await _resolve(moderation.handle.classify.remote(texts))
+        return [result.flagged for result in reply.value]
+
     async def _via_edge(
         self, model: ServedModel, request: Request, call: Callable[[], Awaitable[Reply]]
     ) -> tuple[Reply, EdgeTrace]:
         self._keep_faults_in_sync()
-        return await self.edge.dispatch(
+        reply, trace = await self.edge.dispatch(
             model.name,
             request.headers,
             _client_ip(request),
@@ -205,54 +275,119 @@ class RouterIngress:
             reply_of=lambda reply: reply,
             deadline_s=self.timeout_s,
         )
+        request_telemetry(request).routed(trace, trace.client)
+        return reply, trace
 
     async def _cached(
-        self, endpoint: str, model: ServedModel, body: BaseModel, request: Request
+        self, endpoint: str, model: ServedModel, body: BaseModel, request: Request, key_id: str
     ) -> tuple[str | None, Any, EdgeTrace | None]:
         """(cache key or None when not caching, cached response or None, trace of a hit)."""
         if wants_bypass(request.headers):
             return None, None, None
-        key = self.cache.key(endpoint, body, request.headers.get("authorization"))
+        key = self.cache.key(endpoint, body, key_id)
         hit = self.cache.get(key)
         if hit is None:
             return key, None, None
         trace = await self.edge.nearest(model.name, request.headers, _client_ip(request))
         trace.cache = "HIT"
+        request_telemetry(request).routed(trace, trace.client)
         return key, hit, trace
 
-    def _answer(self, response: Response, trace: EdgeTrace, key: str | None, value: Any) -> Any:
+    def _answer(
+        self,
+        response: Response,
+        trace: EdgeTrace,
+        quota: Reservation,
+        key: str | None,
+        value: Any,
+    ) -> Any:
         if key is not None and trace.cache is None:
             self.cache.put(key, value)
             trace.cache = "MISS"
-        response.headers.update(trace.headers())
+        response.headers.update({**trace.headers(), **quota.headers})
         return value
 
+    # ---- chat generation (both APIs) ----------------------------------------------------
+
+    async def _generate(
+        self,
+        model: ServedModel,
+        messages: list[dict[str, Any]],
+        params: SamplingParams,
+        request: Request,
+        quota: Reservation,
+    ) -> tuple[Completion, EdgeTrace]:
+        telemetry = request_telemetry(request)
+        gated = self.gate.applies_to(model.name)
+        try:
+            if gated:
+                await self.gate.check_input(messages)
+            reply, trace = await self._via_edge(
+                model,
+                request,
+                lambda: model.handle.complete.remote(messages, params, telemetry.traceparent),
+            )
+            done: Completion = reply.value
+            if gated:
+                text, finish = await self.gate.filter_output(done.text, done.finish_reason)
+                done = dataclasses.replace(done, text=text, finish_reason=finish)
+        except BaseException:
+            quota.settle(0)
+            raise
+        quota.settle(done.prompt_tokens + done.completion_tokens)
+        telemetry.usage(
+            input_tokens=done.prompt_tokens,
+            output_tokens=done.completion_tokens,
+            finish_reason=done.finish_reason,
+        )
+        return done, trace
+
+    async def _generate_stream(
+        self,
+        model: ServedModel,
+        messages: list[dict[str, Any]],
+        params: SamplingParams,
+        request: Request,
+        quota: Reservation,
+    ) -> tuple[AsyncIterator[GenerationChunk], EdgeTrace]:
+        telemetry = request_telemetry(request)
+        gated = self.gate.applies_to(model.name)
+        try:
+            if gated:
+                await self.gate.check_input(messages)
+            self._keep_faults_in_sync()
+            (first, stream), trace = await self.edge.dispatch(
+                model.name,
+                request.headers,
+                _client_ip(request),
+                lambda: _resolve(self._open_stream(model, messages, params, telemetry.traceparent)),
+                reply_of=lambda opened: opened[0],
+                deadline_s=self.timeout_s,
+            )
+        except BaseException:
+            quota.settle(0)
+            raise
+        telemetry.routed(trace, trace.client)
+        chunks = self._rest(first, stream)
+        if gated:
+            chunks = self.gate.guard_stream(chunks)
+        return metered_stream(_observed(chunks, telemetry), quota), trace
+
     async def _open_stream(
-        self, model: ServedModel, messages: list[dict[str, Any]], params: SamplingParams
+        self,
+        model: ServedModel,
+        messages: list[dict[str, Any]],
+        params: SamplingParams,
+        traceparent: str | None,
     ) -> tuple[Reply, DeploymentResponseGenerator]:
         """Start generation and wait for the first chunk: until then the edge may fail over and
         errors still get a real status; after it, they become an error event."""
-        stream = model.handle.options(stream=True).stream.remote(messages, params)
+        stream = model.handle.options(stream=True).stream.remote(messages, params, traceparent)
         try:
             return await stream.__anext__(), stream
         except BaseException:
             stream.cancel()
             raise
-
-    async def _stream_via_edge(
-        self, model: ServedModel, request: Request, chat: ChatCompletionRequest
-    ) -> tuple[AsyncIterator[GenerationChunk], EdgeTrace]:
-        messages, params = chat_messages_as_dicts(chat), _sampling(chat)
-        self._keep_faults_in_sync()
-        (first, stream), trace = await self.edge.dispatch(
-            model.name,
-            request.headers,
-            _client_ip(request),
-            lambda: _resolve(self._open_stream(model, messages, params)),
-            reply_of=lambda opened: opened[0],
-            deadline_s=self.timeout_s,
-        )
-        return self._rest(first, stream), trace
 
     async def _rest(
         self, first: Reply, stream: DeploymentResponseGenerator
@@ -289,7 +424,7 @@ class RouterIngress:
         return {"ready": ready, "models": models}
 
     @app.get("/v1/models", response_model=ModelList)
-    async def list_models(self) -> ModelList:
+    async def list_models(self, principal: Caller) -> ModelList:
         return ModelList(
             data=[
                 ModelCard(id=m.name, created=self.created, task=m.task, family=m.family)
@@ -301,22 +436,31 @@ class RouterIngress:
 
     @app.post("/v1/chat/completions", response_model=ChatCompletion)
     async def chat_completions(
-        self, body: ChatCompletionRequest, request: Request, response: Response
+        self, body: ChatCompletionRequest, request: Request, response: Response, principal: Caller
     ) -> Any:
+        telemetry = request_telemetry(request)
+        telemetry.request(
+            task="chat",
+            model=body.model,
+            stream=body.stream,
+            max_tokens=body.effective_max_tokens,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            seed=body.seed,
+            prompt=chat_messages_as_dicts(body),
+        )
         model = self._model(body.model, "chat")
+        messages, params, quota = self._admit_chat(body, principal)
         if body.stream:
-            chunks, trace = await self._stream_via_edge(model, request, body)
+            chunks, trace = await self._generate_stream(model, messages, params, request, quota)
             events = self._openai_chunks(model.name, chunks, body)
-            return EventSourceResponse(events, ping=15, headers=trace.headers())
+            headers = {**trace.headers(), **quota.headers}
+            return EventSourceResponse(events, ping=15, headers=headers)
         key, hit, trace = (None, None, None)
         if _is_deterministic(body):
-            key, hit, trace = await self._cached("chat", model, body, request)
+            key, hit, trace = await self._cached("chat", model, body, request, principal.key_id)
         if hit is None:
-            messages, params = chat_messages_as_dicts(body), _sampling(body)
-            reply, trace = await self._via_edge(
-                model, request, lambda: model.handle.complete.remote(messages, params)
-            )
-            done = reply.value
+            done, trace = await self._generate(model, messages, params, request, quota)
             hit = ChatCompletion(
                 id=chat_completion_id(),
                 created=created_timestamp(),
@@ -330,7 +474,14 @@ class RouterIngress:
                 ],
                 usage=Usage.from_counts(done.prompt_tokens, done.completion_tokens),
             )
-        return self._answer(response, trace, key, hit)
+        else:
+            quota.settle(hit.usage.total_tokens)
+            telemetry.usage(
+                input_tokens=hit.usage.prompt_tokens,
+                output_tokens=hit.usage.completion_tokens,
+                finish_reason=hit.choices[0].finish_reason,
+            )
+        return self._answer(response, trace, quota, key, hit)
 
     async def _openai_chunks(
         self, model: str, chunks: AsyncIterator[GenerationChunk], request: ChatCompletionRequest
@@ -355,14 +506,23 @@ class RouterIngress:
 
     @app.post("/v1/embeddings", response_model=CreateEmbeddingResponse)
     async def embeddings(
-        self, body: EmbeddingRequest, request: Request, response: Response
+        self, body: EmbeddingRequest, request: Request, response: Response, principal: Caller
     ) -> CreateEmbeddingResponse:
+        telemetry = request_telemetry(request)
+        telemetry.request(task="embedding", model=body.model, prompt=body.texts)
         model = self._model(body.model, "embedding")
-        key, hit, trace = await self._cached("embeddings", model, body, request)
+        quota = self._admit_texts(body.texts, principal)
+        key, hit, trace = await self._cached("embeddings", model, body, request, principal.key_id)
         if hit is None:
-            reply, trace = await self._via_edge(
-                model, request, lambda: model.handle.embed.remote(body.texts)
-            )
+            try:
+                reply, trace = await self._via_edge(
+                    model,
+                    request,
+                    lambda: model.handle.embed.remote(body.texts, telemetry.traceparent),
+                )
+            except BaseException:
+                quota.settle(0)
+                raise
             result = reply.value
             dimension = result.vectors.shape[1]
             if body.dimensions is not None and body.dimensions != dimension:
@@ -381,17 +541,24 @@ class RouterIngress:
                     prompt_tokens=result.total_tokens, total_tokens=result.total_tokens
                 ),
             )
-        return self._answer(response, trace, key, hit)
+        quota.settle(hit.usage.total_tokens)
+        telemetry.usage(input_tokens=hit.usage.prompt_tokens)
+        return self._answer(response, trace, quota, key, hit)
 
     @app.post("/v1/moderations", response_model=ModerationCreateResponse)
     async def moderations(
-        self, body: ModerationRequest, request: Request, response: Response
+        self, body: ModerationRequest, request: Request, response: Response, principal: Caller
     ) -> ModerationCreateResponse:
+        telemetry = request_telemetry(request)
+        telemetry.request(task="moderation", model=body.model, prompt=body.texts)
         model = self._model(body.model, "moderation")
-        key, hit, trace = await self._cached("moderations", model, body, request)
+        quota = self._admit_texts(body.texts, principal)
+        key, hit, trace = await self._cached("moderations", model, body, request, principal.key_id)
         if hit is None:
             reply, trace = await self._via_edge(
-                model, request, lambda: model.handle.classify.remote(body.texts)
+                model,
+                request,
+                lambda: model.handle.classify.remote(body.texts, telemetry.traceparent),
             )
             hit = ModerationCreateResponse(
                 id=moderation_id(),
@@ -400,7 +567,10 @@ class RouterIngress:
                     Moderation.from_scores(r.category_scores, r.categories) for r in reply.value
                 ],
             )
-        return self._answer(response, trace, key, hit)
+        telemetry.flagged(
+            name for result in hit.results for name, on in result.categories.items() if on
+        )
+        return self._answer(response, trace, quota, key, hit)
 
     # ---- Workers-AI-style API -----------------------------------------------------------
 
@@ -410,42 +580,49 @@ class RouterIngress:
     ) -> Any:
         """Run any model with its task's natural input; answers in a Workers-AI envelope."""
         try:
+            principal = authenticated(request)
             model = self.models.get(model_name)
             if model is None:
                 raise ModelNotFoundError(f"the model {model_name!r} does not exist", param="model")
+            request_telemetry(request).request(task=model.task, model=model.name)
             try:
                 task_input = WORKERS_INPUT_BY_TASK[model.task].model_validate(body)
             except ValidationError as exc:
                 raise request_error_from_validation(exc.errors()) from None
-            return await self._run_task(model, task_input, request)
+            return await self._run_task(model, task_input, request, principal)
         except ServingError as error:
-            return JSONResponse(error_envelope(error.status, error.message), error.status)
+            return JSONResponse(
+                error_envelope(error.status, error.message), error.status, error_headers(error)
+            )
 
-    async def _run_task(self, model: ServedModel, task_input: Any, request: Request) -> Any:
+    async def _run_task(
+        self, model: ServedModel, task_input: Any, request: Request, principal: Principal
+    ) -> Any:
+        telemetry = request_telemetry(request)
         if model.task == "chat":
             chat = workers_chat_to_chat_request(model.name, task_input)
+            messages, params, quota = self._admit_chat(chat, principal)
             if chat.stream:
-                chunks, trace = await self._stream_via_edge(model, request, chat)
-                events = self._workers_chunks(chunks)
-                return EventSourceResponse(events, ping=15, headers=trace.headers())
-            messages, params = chat_messages_as_dicts(chat), _sampling(chat)
-            reply, trace = await self._via_edge(
-                model, request, lambda: model.handle.complete.remote(messages, params)
-            )
-            done = reply.value
+                chunks, trace = await self._generate_stream(model, messages, params, request, quota)
+                headers = {**trace.headers(), **quota.headers}
+                return EventSourceResponse(self._workers_chunks(chunks), ping=15, headers=headers)
+            done, trace = await self._generate(model, messages, params, request, quota)
             usage = Usage.from_counts(done.prompt_tokens, done.completion_tokens)
             result: Any = WorkersChatResult(response=done.text, usage=usage)
-        elif model.task == "embedding":
-            reply, trace = await self._via_edge(
-                model, request, lambda: model.handle.embed.remote(task_input.texts)
-            )
-            result = WorkersEmbeddingResult.from_vectors(reply.value.vectors)
         else:
+            quota = self._admit_texts(task_input.texts, principal)
+            method = model.handle.embed if model.task == "embedding" else model.handle.classify
             reply, trace = await self._via_edge(
-                model, request, lambda: model.handle.classify.remote(task_input.texts)
+                model, request, lambda: method.remote(task_input.texts, telemetry.traceparent)
             )
-            result = [Moderation.from_scores(r.category_scores, r.categories) for r in reply.value]
-        return JSONResponse(ok_envelope(result), headers=trace.headers())
+            if model.task == "embedding":
+                quota.settle(reply.value.total_tokens)
+                result = WorkersEmbeddingResult.from_vectors(reply.value.vectors)
+            else:
+                result = [
+                    Moderation.from_scores(r.category_scores, r.categories) for r in reply.value
+                ]
+        return JSONResponse(ok_envelope(result), headers={**trace.headers(), **quota.headers})
 
     async def _workers_chunks(self, chunks: AsyncIterator[GenerationChunk]) -> AsyncIterator[str]:
         try:
@@ -459,13 +636,7 @@ class RouterIngress:
     # ---- admin API (fault drills) -------------------------------------------------------
 
     def _require_admin(self, request: Request) -> None:
-        if self._admin_key_hash is None:  # no admin key configured: the API does not exist
-            raise ModelNotFoundError(f"no route {request.url.path}", code="route_not_found")
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            _hash(token.strip()), self._admin_key_hash
-        ):
-            raise AuthenticationError("a valid admin key is required (Authorization: Bearer ...)")
+        self.keys.authorize_admin(request.headers.get("authorization"), request.url.path)
 
     @app.get("/admin/colos", include_in_schema=False)
     async def admin_colos(self, request: Request) -> list[dict[str, Any]]:

@@ -23,13 +23,14 @@ from deployments.errors import (
     InternalServerError,
     ServingError,
 )
+from deployments.observability.timings import InferenceTimings
 from deployments.runtime.decoder import DecoderGraph, KVCache, PaddedBatch
 from deployments.runtime.manifest import ModelManifest
 from deployments.runtime.sampling import SamplingParams, StopStringMatcher, sample_token
 from deployments.runtime.session import SessionConfig, open_session
 from deployments.runtime.tokenizer import ChatTokenizer, IncrementalDetokenizer
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "content_filter"]
 DEFAULT_MAX_NEW_TOKENS = 256
 
 
@@ -66,6 +67,7 @@ class _Sequence:
     text: str = ""
     emitted_chars: int = 0
     cache: KVCache | None = None
+    timings: InferenceTimings = field(default_factory=InferenceTimings)
     finished: bool = False
     cancelled: bool = False
 
@@ -170,11 +172,16 @@ class LLMRuntime:
         return prompt, params.max_tokens or min(room, self.default_max_tokens)
 
     async def stream(
-        self, messages: Sequence[Mapping[str, Any]], params: SamplingParams
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        params: SamplingParams,
+        timings: InferenceTimings | None = None,
     ) -> AsyncIterator[GenerationChunk]:
         """Yield text as it is generated. Invalid requests raise before the first chunk."""
         prompt, max_tokens = self.prepare(messages, params)
         seq = _Sequence(prompt, params, max_tokens, self._eos, self.tokenizer)
+        if timings is not None:
+            seq.timings = timings
         self._waiting.append(seq)
         self._kick()
         try:
@@ -189,11 +196,14 @@ class LLMRuntime:
             seq.cancelled = True  # a consumer that stops early frees its batch slot
 
     async def complete(
-        self, messages: Sequence[Mapping[str, Any]], params: SamplingParams
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        params: SamplingParams,
+        timings: InferenceTimings | None = None,
     ) -> Completion:
         parts: list[str] = []
         last: GenerationChunk | None = None
-        async for chunk in self.stream(messages, params):
+        async for chunk in self.stream(messages, params, timings):
             parts.append(chunk.text)
             last = chunk
         assert last is not None and last.finish_reason is not None
@@ -229,6 +239,7 @@ class LLMRuntime:
             while self._waiting and len(self._running) + len(admitted) < self.max_batch_size:
                 seq = self._waiting.popleft()
                 if not seq.cancelled:
+                    seq.timings.admitted()
                     admitted.append(seq)
             batch = self._running + admitted
             if not batch:
@@ -251,13 +262,19 @@ class LLMRuntime:
     def _step(self, admitted: list[_Sequence], running: list[_Sequence]) -> list[GenerationChunk]:
         """Runs in the executor thread: one batched decode step, then prefill newcomers."""
         chunks: list[GenerationChunk] = []
+        size = len(running) + len(admitted)
         if running:
             batch = self._batch_for(running)
+            started = time.perf_counter()
             logits = batch.step([s.generated[-1] for s in running])
+            seconds = time.perf_counter() - started
             for seq, row in zip(running, logits, strict=True):
+                seq.timings.decoded(seconds, size)
                 chunks.append(seq.accept(row))
         for seq in admitted:
+            started = time.perf_counter()
             logits, seq.cache = self.graph.prefill(seq.prompt)
+            seq.timings.prefilled(time.perf_counter() - started, size)
             chunks.append(seq.accept(logits))
         self.steps += 1
         self.max_batch_seen = max(self.max_batch_seen, len(running))

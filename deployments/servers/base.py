@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 from deployments.config import BatchingConfig
+from deployments.observability import ModelObservability, ObservabilityConfig
 from deployments.runtime.session import SessionConfig
 
 
@@ -61,7 +62,16 @@ class ModelServer(Generic[R]):
     """Base of the model deployments. The runtime class is a constructor argument, so tests can
     serve a fake without Ray Serve knowing the difference."""
 
-    def __init__(self, model_dir: str, session: SessionConfig, runtime_factory: RuntimeFactory):
+    TASK = "chat"
+
+    def __init__(
+        self,
+        model_dir: str,
+        session: SessionConfig,
+        runtime_factory: RuntimeFactory,
+        observability: dict[str, Any] | None = None,
+        model_name: str | None = None,
+    ):
         process_s = process_age_s()
         started = time.perf_counter()
         self.model_dir = Path(model_dir)
@@ -78,6 +88,11 @@ class ModelServer(Generic[R]):
         )
         self.batching = BatchingConfig()
         self.pid = os.getpid()
+        self.observability = ModelObservability(
+            ObservabilityConfig.model_validate(observability or {}),
+            model_name or self.model_dir.name,
+            self.TASK,
+        )
 
     def reply(self, value: T) -> Reply[T]:
         return Reply(value, self.ready_at, self.load_s, self.phases)

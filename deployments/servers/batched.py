@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from ray import serve
 
 from deployments.config import BatchingConfig
+from deployments.observability.model_telemetry import ModelCall
 from deployments.runtime.embedding import EmbeddingResult, EmbeddingRuntime
 from deployments.runtime.moderation import ModerationResult, ModerationRuntime
 from deployments.runtime.session import SessionConfig
@@ -22,17 +24,23 @@ def _count_texts(batch: list[list[str]]) -> int:
 class BatchedTextServer(ModelServer[Any]):
     """Texts in, one result per text out; `_infer` is the only model-specific part."""
 
-    async def _submit(self, texts: list[str]) -> list[Any]:
-        return await self._run_batch(texts)
+    async def _submit(self, texts: list[str], call: ModelCall) -> list[Any]:
+        rows, (started, seconds, batch_size) = await self._run_batch(texts)
+        call.timings.forwarded(started, seconds, batch_size)
+        return rows
 
     # The batch size counts texts, not requests, so a 32-text request fills a batch of 32.
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005, batch_size_fn=_count_texts)
-    async def _run_batch(self, batch: list[list[str]]) -> list[list[Any]]:
+    async def _run_batch(
+        self, batch: list[list[str]]
+    ) -> list[tuple[list[Any], tuple[float, float, int]]]:
         flat = [text for texts in batch for text in texts]
+        started = time.perf_counter()
         results = await in_thread(self._infer, flat)
+        run = (started, time.perf_counter() - started, len(flat))
         out, start = [], 0
         for texts in batch:
-            out.append(results[start : start + len(texts)])
+            out.append((results[start : start + len(texts)], run))
             start += len(texts)
         return out
 
@@ -45,35 +53,51 @@ class BatchedTextServer(ModelServer[Any]):
 
 
 class EmbeddingServer(BatchedTextServer):
+    TASK = "embedding"
+
     def __init__(
         self,
         model_dir: str,
         session: SessionConfig,
         runtime_factory: RuntimeFactory = EmbeddingRuntime,
+        observability: dict[str, Any] | None = None,
+        model_name: str | None = None,
     ):
-        super().__init__(model_dir, session, runtime_factory)
+        super().__init__(model_dir, session, runtime_factory, observability, model_name)
 
-    async def embed(self, texts: list[str]) -> Reply[EmbeddingResult]:
+    async def embed(
+        self, texts: list[str], traceparent: str | None = None
+    ) -> Reply[EmbeddingResult]:
         self.runtime.check(texts)
-        rows = await self._submit(texts)
-        return self.reply(EmbeddingResult.concat(rows))
+        with self.observability.call(traceparent) as call:
+            result = EmbeddingResult.concat(await self._submit(texts, call))
+            call.usage(input_tokens=result.total_tokens)
+        return self.reply(result)
 
     def _infer(self, texts: list[str]) -> list[EmbeddingResult]:
         return self.runtime.embed(texts).split()
 
 
 class ModerationServer(BatchedTextServer):
+    TASK = "moderation"
+
     def __init__(
         self,
         model_dir: str,
         session: SessionConfig,
         runtime_factory: RuntimeFactory = ModerationRuntime,
+        observability: dict[str, Any] | None = None,
+        model_name: str | None = None,
     ):
-        super().__init__(model_dir, session, runtime_factory)
+        super().__init__(model_dir, session, runtime_factory, observability, model_name)
 
-    async def classify(self, texts: list[str]) -> Reply[list[ModerationResult]]:
+    async def classify(
+        self, texts: list[str], traceparent: str | None = None
+    ) -> Reply[list[ModerationResult]]:
         self.runtime.check(texts)
-        return self.reply(await self._submit(texts))
+        with self.observability.call(traceparent) as call:
+            results = await self._submit(texts, call)
+        return self.reply(results)
 
     def _infer(self, texts: list[str]) -> list[ModerationResult]:
         return self.runtime.classify(texts)

@@ -20,9 +20,18 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 # Ray 2.60 turns token auth on for local clusters; the CLI needs to be told to use it.
 RAY_ENV = {**os.environ, "RAY_AUTH_MODE": "token"}
-# Replicas inherit the environment `ray start` was given: this enables the admin API.
+# Replicas inherit the environment `ray start` was given: API keys and the admin API.
 ADMIN_KEY = "test-admin-key"
+USER_KEY, OTHER_KEY, LIMITED_KEY = "sk-user-1234", "sk-other-5678", "sk-limited-9999"
 RAY_ENV["EDGE_ADMIN_KEY"] = ADMIN_KEY
+RAY_ENV["EDGE_API_KEYS"] = f"user:{USER_KEY},other:{OTHER_KEY},limited:{LIMITED_KEY}"
+USER = {"authorization": f"Bearer {USER_KEY}"}
+LIMITED_RPM = 3
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked `disruptive` leave the cluster in a state others must not inherit: last."""
+    items.sort(key=lambda item: item.get_closest_marker("disruptive") is not None)
 
 
 def wait_until(check: Callable[[], Any], timeout_s: float, what: str, every_s: float = 0.5) -> Any:
@@ -83,6 +92,7 @@ def scaled_down(config: dict[str, Any], models_root: Path) -> dict[str, Any]:
     app = config["applications"][0]
     app["args"]["models_dir"] = str(models_root)
     app["args"]["edge"]["latency"]["real_delay_scale"] = 0
+    app["args"]["security"]["per_key"] = {"limited": {"requests_per_minute": LIMITED_RPM}}
     for deployment in app["deployments"]:
         scaling = deployment.get("autoscaling_config")
         if scaling:

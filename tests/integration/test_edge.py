@@ -6,7 +6,7 @@ import asyncio
 
 import httpx
 import pytest
-from conftest import ADMIN_KEY, wait_until
+from conftest import ADMIN_KEY, OTHER_KEY, USER, wait_until
 
 LONDON, TOKYO, SAO_PAULO = "51.5,-0.12", "35.68,139.69", "-23.55,-46.63"
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
@@ -14,7 +14,7 @@ ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 
 @pytest.fixture(scope="module")
 def http(serve_cluster) -> httpx.Client:
-    with httpx.Client(base_url=serve_cluster.base_url, timeout=120) as client:
+    with httpx.Client(base_url=serve_cluster.base_url, timeout=120, headers=USER) as client:
         yield client
 
 
@@ -70,7 +70,8 @@ def test_country_header_and_bad_geo_header(http):
 
 
 def test_admin_api_requires_the_admin_key(http):
-    assert http.get("/admin/colos").status_code == 401
+    assert http.get("/admin/colos", headers={"authorization": ""}).status_code == 401
+    assert http.get("/admin/colos").status_code == 403  # a user key is not an admin key
     assert http.get("/admin/colos", headers={"authorization": "Bearer wrong"}).status_code == 401
     assert (
         http.post("/admin/colos/XXX/faults", json={"down": True}, headers=ADMIN).status_code == 404
@@ -96,7 +97,7 @@ def test_colo_down_mid_load_loses_no_request_and_traffic_returns(serve_cluster, 
     async def load() -> tuple[list[tuple[float, httpx.Response]], float]:
         limits = httpx.Limits(max_connections=16)
         async with httpx.AsyncClient(
-            base_url=serve_cluster.base_url, timeout=120, limits=limits
+            base_url=serve_cluster.base_url, timeout=120, limits=limits, headers=USER
         ) as client:
             results: list[tuple[float, httpx.Response]] = []
             marked_at: list[float] = []
@@ -178,7 +179,9 @@ def test_cache_hit_on_repeat_and_bypass(http):
     )
     assert hit.json()["data"] == first.json()["data"]
     other_key = http.post(
-        "/v1/embeddings", json=body, headers={"x-client-geo": LONDON, "authorization": "Bearer k2"}
+        "/v1/embeddings",
+        json=body,
+        headers={"x-client-geo": LONDON, "authorization": f"Bearer {OTHER_KEY}"},
     )
     assert other_key.headers["x-edge-cache"] == "MISS"  # never shared across credentials
     bypass = http.post("/v1/embeddings", json=body, headers={"x-edge-cache": "bypass"})

@@ -4,11 +4,14 @@ cluster; healthy replicas of unchanged models keep running and no request is dro
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 import threading
 
 import httpx
+import pytest
 import yaml
-from conftest import cli, serve_status, wait_until
+from conftest import USER, cli, serve_status, wait_until
 
 
 def replica_actors() -> dict[str, set[str]]:
@@ -53,7 +56,7 @@ def test_live_autoscaling_change_keeps_replicas_and_requests(serve_cluster):
 
     def keep_asking() -> None:
         nonlocal sent
-        with httpx.Client(base_url=serve_cluster.base_url, timeout=60) as client:
+        with httpx.Client(base_url=serve_cluster.base_url, timeout=60, headers=USER) as client:
             while not stop.is_set():
                 response = client.post(
                     "/v1/embeddings",
@@ -86,10 +89,28 @@ def test_live_autoscaling_change_keeps_replicas_and_requests(serve_cluster):
     assert sent > 0 and failures == []
 
 
-def test_invalid_config_is_rejected_naming_the_field(serve_cluster):
-    good = serve_cluster.config
+def bad_config(good: dict) -> dict:
     bad = copy.deepcopy(good)
     bad["applications"][0]["args"]["router"]["max_body_bytes"] = 10
+    return bad
+
+
+def test_config_check_names_the_bad_field_before_deploying(serve_cluster, tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(bad_config(serve_cluster.config)))
+    check = subprocess.run(
+        [sys.executable, "-m", "deployments.config", str(path)], capture_output=True, text=True
+    )
+    assert check.returncode == 1
+    assert "args.router.max_body_bytes" in check.stdout and "1024" in check.stdout
+
+
+# Ray 2.60: after a failed deploy, re-deploying the last good config leaves deployments at zero
+# replicas unable to scale up (their autoscaling state is dropped), hence `disruptive`: last.
+@pytest.mark.disruptive
+def test_invalid_config_is_rejected_naming_the_field(serve_cluster):
+    good = serve_cluster.config
+    bad = bad_config(good)
     try:
         serve_cluster.deploy(bad)
         status = wait_until(

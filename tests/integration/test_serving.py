@@ -8,19 +8,19 @@ import httpx
 import numpy as np
 import openai
 import pytest
-from conftest import running_replicas
+from conftest import USER, USER_KEY, running_replicas
 
 CHAT_MODELS = ["glm", "kimi"]
 
 
 @pytest.fixture(scope="module")
 def client(serve_cluster) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{serve_cluster.base_url}/v1", api_key="unused", max_retries=0)
+    return openai.OpenAI(base_url=f"{serve_cluster.base_url}/v1", api_key=USER_KEY, max_retries=0)
 
 
 @pytest.fixture(scope="module")
 def http(serve_cluster) -> httpx.Client:
-    with httpx.Client(base_url=serve_cluster.base_url, timeout=120) as c:
+    with httpx.Client(base_url=serve_cluster.base_url, timeout=120, headers=USER) as c:
         yield c
 
 
