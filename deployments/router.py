@@ -140,6 +140,14 @@ def _is_deterministic(request: ChatCompletionRequest) -> bool:
     return not request.stream and (request.temperature == 0 or request.seed is not None)
 
 
+def _router_replicas() -> int:
+    """How many router replicas share each key's rate limit (1 outside Ray Serve)."""
+    try:
+        return max(1, int(serve.get_replica_context().world_size or 1))
+    except (RuntimeError, AttributeError, TypeError):
+        return 1
+
+
 def _client_ip(request: Request) -> str | None:
     return request.client.host if request.client else None
 
@@ -198,7 +206,7 @@ class RouterIngress:
         security = self.config.security
         self.keys = KeyStore.from_env(os.environ, security, log)
         app.state.keys = self.keys
-        self.limiter = RateLimiter()
+        self.limiter = RateLimiter(share=1 / _router_replicas())
         self.limits = security.request_limits
         self.gate = ModerationGate(security.moderation_gate, self._flags)
         app.state.observability = RouterObservability(self.config.observability, self.models)

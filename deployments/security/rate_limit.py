@@ -127,10 +127,16 @@ class Reservation:
 
 
 class RateLimiter:
-    """One request bucket and one token bucket per key id, created on first use."""
+    """One request bucket and one token bucket per key id, created on first use.
 
-    def __init__(self, clock: Clock = time.monotonic):
+    `share` is this limiter's part of each limit: a router of N replicas gives each 1/N, so the
+    key's budget holds across replicas without a shared counter on the request path."""
+
+    def __init__(self, clock: Clock = time.monotonic, share: float = 1.0):
+        if not 0 < share <= 1:
+            raise ValueError(f"share must be in (0, 1], got {share}")
         self._clock = clock
+        self._share = share
         self._keys: dict[str, _KeyBuckets] = {}
 
     def _buckets(self, principal: Principal) -> _KeyBuckets:
@@ -146,7 +152,9 @@ class RateLimiter:
         return buckets
 
     def _bucket(self, per_minute: int | None) -> TokenBucket | None:
-        return None if per_minute is None else TokenBucket(per_minute, self._clock)
+        if per_minute is None:
+            return None
+        return TokenBucket(max(1, math.ceil(per_minute * self._share)), self._clock)
 
     def reserve(self, principal: Principal, estimated_tokens: int) -> Reservation:
         """Admit one request that may use `estimated_tokens`, or raise RateLimitedError (429).

@@ -140,8 +140,14 @@ async def plan(
     args: argparse.Namespace, transport: httpx.AsyncBaseTransport | None
 ) -> ScenarioConfig:
     """The scenario as the running router and the config file define it."""
+    # /v1/models needs the API key when the router has keys configured.
+    auth = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     async with httpx.AsyncClient(
-        base_url=args.url, transport=transport, timeout=DISCOVERY_TIMEOUT_S, trust_env=False
+        base_url=args.url,
+        transport=transport,
+        timeout=DISCOVERY_TIMEOUT_S,
+        trust_env=False,
+        headers=auth,
     ) as client:
         try:
             served = await fetch_models(client)

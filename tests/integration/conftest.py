@@ -27,6 +27,11 @@ RAY_ENV["EDGE_ADMIN_KEY"] = ADMIN_KEY
 RAY_ENV["EDGE_API_KEYS"] = f"user:{USER_KEY},other:{OTHER_KEY},limited:{LIMITED_KEY}"
 USER = {"authorization": f"Bearer {USER_KEY}"}
 LIMITED_RPM = 3
+# Every process appends its finished spans here (read where build_app runs: the cluster).
+TRACES_FILE = Path(os.environ.get("TMPDIR", "/tmp")) / f"edge-traces-{os.getpid()}.jsonl"
+RAY_ENV["EDGE_TRACES_FILE"] = str(TRACES_FILE)
+METRICS_PORT = 8089  # outside the worker port range (10002-19999)
+KIMI_TO_ZERO_S = 3  # the test config's scale-to-zero delay for kimi
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -87,17 +92,24 @@ class ServeCluster:
 
 
 def scaled_down(config: dict[str, Any], models_root: Path) -> dict[str, Any]:
-    """The shipped config with one replica per model at most; kimi starts at zero; the
-    simulated RTT is reported but not slept, so tests run at full speed."""
+    """The shipped config with one replica per model at most; kimi starts at zero and goes back
+    to zero after a few idle seconds; the simulated RTT is reported but not slept."""
     app = config["applications"][0]
     app["args"]["models_dir"] = str(models_root)
     app["args"]["edge"]["latency"]["real_delay_scale"] = 0
+    # Warm-colo preference depends on what each router replica has seen; it is unit-tested
+    # (tests/unit/test_edge_dispatch.py). Here routing is by distance alone, so it is exact.
+    app["args"]["edge"]["routing"]["max_extra_rtt_ms"] = 0
     app["args"]["security"]["per_key"] = {"limited": {"requests_per_minute": LIMITED_RPM}}
+    app["args"]["observability"]["access_log_path"] = str(TRACES_FILE.with_suffix(".access.log"))
     for deployment in app["deployments"]:
         scaling = deployment.get("autoscaling_config")
         if scaling:
             scaling["max_replicas"] = 1
             scaling["initial_replicas"] = 0 if deployment["name"] == "kimi" else 1
+            if deployment["name"] == "kimi":
+                scaling["downscale_delay_s"] = KIMI_TO_ZERO_S
+                scaling["downscale_to_zero_delay_s"] = KIMI_TO_ZERO_S
     return config
 
 
@@ -106,7 +118,17 @@ def serve_cluster(
     models_root: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServeCluster]:
     cli("ray", "stop", "--force")  # a cluster left by an earlier run would hold the port
-    cli("ray", "start", "--head", "--disable-usage-stats", "--num-cpus", "4")
+    TRACES_FILE.unlink(missing_ok=True)
+    cli(
+        "ray",
+        "start",
+        "--head",
+        "--disable-usage-stats",
+        "--num-cpus",
+        "4",
+        "--metrics-export-port",
+        str(METRICS_PORT),
+    )
     try:
         config = scaled_down(yaml.safe_load((REPO / "serve_config.yaml").read_text()), models_root)
         cluster = ServeCluster(

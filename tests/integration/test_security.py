@@ -34,12 +34,15 @@ def test_missing_or_unknown_key_is_401_in_openai_shape(http, serve_cluster):
 
 def test_rate_limit_exhaustion_gives_429_with_headers(http):
     limited = {"authorization": f"Bearer {LIMITED_KEY}", "x-edge-cache": "bypass"}
-    statuses = [
+    responses = [
         http.post("/v1/moderations", json={"input": f"n {i}"}, headers=limited)
-        for i in range(LIMITED_RPM + 2)
+        for i in range(2 * LIMITED_RPM + 2)
     ]
-    ok, refused = statuses[0], statuses[-1]
-    assert ok.status_code == 200 and ok.headers["x-ratelimit-limit-requests"] == str(LIMITED_RPM)
+    ok = [r for r in responses if r.status_code == 200]
+    # Each of the 2 router replicas enforces its share of the limit (rounded up).
+    assert 1 <= len(ok) <= LIMITED_RPM + 1
+    assert int(ok[0].headers["x-ratelimit-limit-requests"]) <= LIMITED_RPM
+    refused = next(r for r in responses if r.status_code != 200)
     assert refused.status_code == 429
     assert refused.json()["error"]["type"] == "rate_limit_error"
     assert int(refused.headers["retry-after"]) >= 1

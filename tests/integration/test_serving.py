@@ -8,7 +8,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
-from conftest import USER, USER_KEY, running_replicas
+from conftest import USER, USER_KEY, running_replicas, wait_until
 
 CHAT_MODELS = ["glm", "kimi"]
 
@@ -25,8 +25,8 @@ def http(serve_cluster) -> httpx.Client:
 
 
 def test_a_model_at_zero_replicas_scales_up_for_a_request(http):
-    # The scaled-down config starts kimi with no replica, and no earlier test calls it.
-    assert running_replicas("kimi") == 0
+    # The test config sends kimi back to zero a few seconds after its last request.
+    wait_until(lambda: running_replicas("kimi") == 0, 90, "kimi at zero replicas")
     response = http.post(
         "/v1/chat/completions",
         json={
