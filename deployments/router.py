@@ -265,6 +265,29 @@ class RouterIngress:
         check_texts(texts, self.limits)
         return self.limiter.reserve(principal, estimate_text_tokens(texts))
 
+    async def _begin_texts(
+        self, task: Task, body: BaseModel, texts: list[str], request: Request, principal: Principal
+    ) -> tuple[ServedModel, Reservation, str | None, Any, EdgeTrace | None]:
+        """An embeddings or moderations request up to the cache: (model, quota, cache key,
+        cached response or None, trace of a hit)."""
+        model_name = body.model
+        request_telemetry(request).request(task=task, model=model_name, prompt=texts)
+        model = self._model(model_name, task)
+        quota = self._admit_texts(texts, principal)
+        key, hit, trace = await self._cached(task, model, body, request, principal.key_id)
+        return model, quota, key, hit, trace
+
+    async def _call_texts(
+        self, model: ServedModel, texts: list[str], request: Request, quota: Reservation
+    ) -> tuple[Reply, EdgeTrace]:
+        method = model.handle.embed if model.task == "embedding" else model.handle.classify
+        traceparent = request_telemetry(request).traceparent
+        try:
+            return await self._via_edge(model, request, lambda: method.remote(texts, traceparent))
+        except BaseException:
+            quota.settle(0)
+            raise
+
     async def _flags(self, texts: list[str]) -> list[bool]:
         """The moderation gate's classifier: the moderation deployment, called directly."""
         moderation = self.models[self.config.security.moderation_gate.moderation_model]
@@ -516,21 +539,11 @@ class RouterIngress:
     async def embeddings(
         self, body: EmbeddingRequest, request: Request, response: Response, principal: Caller
     ) -> CreateEmbeddingResponse:
-        telemetry = request_telemetry(request)
-        telemetry.request(task="embedding", model=body.model, prompt=body.texts)
-        model = self._model(body.model, "embedding")
-        quota = self._admit_texts(body.texts, principal)
-        key, hit, trace = await self._cached("embeddings", model, body, request, principal.key_id)
+        model, quota, key, hit, trace = await self._begin_texts(
+            "embedding", body, body.texts, request, principal
+        )
         if hit is None:
-            try:
-                reply, trace = await self._via_edge(
-                    model,
-                    request,
-                    lambda: model.handle.embed.remote(body.texts, telemetry.traceparent),
-                )
-            except BaseException:
-                quota.settle(0)
-                raise
+            reply, trace = await self._call_texts(model, body.texts, request, quota)
             result = reply.value
             dimension = result.vectors.shape[1]
             if body.dimensions is not None and body.dimensions != dimension:
@@ -550,24 +563,18 @@ class RouterIngress:
                 ),
             )
         quota.settle(hit.usage.total_tokens)
-        telemetry.usage(input_tokens=hit.usage.prompt_tokens)
+        request_telemetry(request).usage(input_tokens=hit.usage.prompt_tokens)
         return self._answer(response, trace, quota, key, hit)
 
     @app.post("/v1/moderations", response_model=ModerationCreateResponse)
     async def moderations(
         self, body: ModerationRequest, request: Request, response: Response, principal: Caller
     ) -> ModerationCreateResponse:
-        telemetry = request_telemetry(request)
-        telemetry.request(task="moderation", model=body.model, prompt=body.texts)
-        model = self._model(body.model, "moderation")
-        quota = self._admit_texts(body.texts, principal)
-        key, hit, trace = await self._cached("moderations", model, body, request, principal.key_id)
+        model, quota, key, hit, trace = await self._begin_texts(
+            "moderation", body, body.texts, request, principal
+        )
         if hit is None:
-            reply, trace = await self._via_edge(
-                model,
-                request,
-                lambda: model.handle.classify.remote(body.texts, telemetry.traceparent),
-            )
+            reply, trace = await self._call_texts(model, body.texts, request, quota)
             hit = ModerationCreateResponse(
                 id=moderation_id(),
                 model=model.name,
@@ -575,7 +582,7 @@ class RouterIngress:
                     Moderation.from_scores(r.category_scores, r.categories) for r in reply.value
                 ],
             )
-        telemetry.flagged(
+        request_telemetry(request).flagged(
             name for result in hit.results for name, on in result.categories.items() if on
         )
         return self._answer(response, trace, quota, key, hit)
@@ -606,7 +613,6 @@ class RouterIngress:
     async def _run_task(
         self, model: ServedModel, task_input: Any, request: Request, principal: Principal
     ) -> Any:
-        telemetry = request_telemetry(request)
         if model.task == "chat":
             chat = workers_chat_to_chat_request(model.name, task_input)
             messages, params, quota = self._admit_chat(chat, principal)
@@ -619,10 +625,7 @@ class RouterIngress:
             result: Any = WorkersChatResult(response=done.text, usage=usage)
         else:
             quota = self._admit_texts(task_input.texts, principal)
-            method = model.handle.embed if model.task == "embedding" else model.handle.classify
-            reply, trace = await self._via_edge(
-                model, request, lambda: method.remote(task_input.texts, telemetry.traceparent)
-            )
+            reply, trace = await self._call_texts(model, task_input.texts, request, quota)
             if model.task == "embedding":
                 quota.settle(reply.value.total_tokens)
                 result = WorkersEmbeddingResult.from_vectors(reply.value.vectors)
