@@ -85,7 +85,11 @@ def test_live_autoscaling_change_keeps_replicas_and_requests(serve_cluster):
     applied = applied_deployment("embedding")
     assert applied["autoscaling_config"]["target_ongoing_requests"] == 16
     assert applied["user_config"]["max_batch_size"] == 16
-    assert replica_actors() == before  # no replica restarted, not even the changed one
+    after = replica_actors()
+    # No replica restarted, not even the changed one's. (kimi is left out: the test config
+    # scales it to zero seconds after its last request, so it may come or go meanwhile.)
+    steady = sorted(set(before) - {"kimi"})
+    assert {d: after.get(d) for d in steady} == {d: before[d] for d in steady}
     assert sent > 0 and failures == []
 
 
