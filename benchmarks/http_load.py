@@ -1,24 +1,36 @@
-"""Client-side load for the HTTP benchmarks: timed requests (interleaved sequential, concurrent,
-closed-loop throughput), timed SSE chat streams, and percentile summaries."""
+"""Client-side load for the serving benchmarks: timed HTTP requests (interleaved sequential,
+concurrent), closed-loop throughput of any async call, timed SSE chat streams, percentiles."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
 import json
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import numpy as np
 
 Clock = Callable[[], float]
-BodyFor = Callable[[int], dict[str, Any]]
+Send = Callable[[int], Awaitable[Any]]
 
 
 class BadResponseError(RuntimeError):
     """A benchmark request that did not succeed: the numbers would be about errors, not work."""
+
+    def __init__(self, message: str, status_code: int | None = None):
+        super().__init__(message)
+        self.status_code = status_code
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a request goes, and the headers that come with it."""
+
+    url: str
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 def async_client(connections: int, timeout_s: float = 120.0) -> httpx.AsyncClient:
@@ -39,39 +51,42 @@ def latency_summary(latencies_s: Sequence[float]) -> dict[str, Any]:
 
 
 async def timed_post(
-    client: httpx.AsyncClient, url: str, body: dict[str, Any], clock: Clock
+    client: httpx.AsyncClient, endpoint: Endpoint, body: dict[str, Any], clock: Clock
 ) -> float:
     """Seconds from send to the whole response read; a non-200 answer is an error, not a sample."""
     started = clock()
-    response = await client.post(url, json=body)
+    response = await client.post(endpoint.url, json=body, headers=dict(endpoint.headers))
     elapsed = clock() - started
     if response.status_code != 200:
-        raise BadResponseError(f"POST {url}: {response.status_code} {response.text[:300]}")
+        raise BadResponseError(
+            f"POST {endpoint.url}: {response.status_code} {response.text[:300]}",
+            response.status_code,
+        )
     return elapsed
 
 
 async def interleaved_latencies(
     client: httpx.AsyncClient,
-    urls: Mapping[str, str],
+    endpoints: Mapping[str, Endpoint],
     body: dict[str, Any],
     rounds: int,
     clock: Clock,
 ) -> dict[str, list[float]]:
     """One request at a time, rotating through the targets, so a burst of load from whatever
     else shares the machine lands on every target alike."""
-    latencies: dict[str, list[float]] = {name: [] for name in urls}
-    names = sorted(urls)
+    latencies: dict[str, list[float]] = {name: [] for name in endpoints}
+    names = sorted(endpoints)
     for round_index in range(rounds):
         # Rotate the start too: no target always follows the same one.
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
-            latencies[name].append(await timed_post(client, urls[name], body, clock))
+            latencies[name].append(await timed_post(client, endpoints[name], body, clock))
     return latencies
 
 
 async def concurrent_latencies(
     client: httpx.AsyncClient,
-    url: str,
+    endpoint: Endpoint,
     body: dict[str, Any],
     clients: int,
     requests_per_client: int,
@@ -81,7 +96,7 @@ async def concurrent_latencies(
     and the wall time of the whole run."""
 
     async def one_client() -> list[float]:
-        return [await timed_post(client, url, body, clock) for _ in range(requests_per_client)]
+        return [await timed_post(client, endpoint, body, clock) for _ in range(requests_per_client)]
 
     started = clock()
     per_client = await asyncio.gather(*(one_client() for _ in range(clients)))
@@ -90,16 +105,15 @@ async def concurrent_latencies(
 
 
 async def closed_loop_throughput(
-    client: httpx.AsyncClient,
-    url: str,
-    body_for: BodyFor,
+    send: Send,
     clients: int,
     warmup_s: float,
     measure_s: float,
     clock: Clock,
 ) -> dict[str, Any]:
-    """`clients` loops sending back to back; requests/s counts the responses that finished inside
-    the measuring window (after `warmup_s`, for `measure_s`), so start-up ramps are left out."""
+    """`clients` loops each awaiting `send(n)` back to back (n numbers the requests); requests/s
+    counts those that finished inside the measuring window (after `warmup_s`, for `measure_s`),
+    so start-up ramps are left out."""
     started = clock()
     window_start, window_end = started + warmup_s, started + warmup_s + measure_s
     finished: list[float] = []
@@ -108,8 +122,10 @@ async def closed_loop_throughput(
 
     async def one_client() -> None:
         while clock() < window_end:
-            latency = await timed_post(client, url, body_for(next(sequence)), clock)
+            sent = clock()
+            await send(next(sequence))
             now = clock()
+            latency = now - sent
             if window_start <= now <= window_end:
                 finished.append(now)
                 latencies.append(latency)
@@ -125,19 +141,17 @@ async def closed_loop_throughput(
 
 @dataclass(frozen=True)
 class StreamTiming:
-    """One SSE chat stream, timed from the moment the request was sent."""
+    """One chat stream, timed from the moment the request was sent."""
 
-    ttft_s: float  # first chunk whose delta carries text
-    total_s: float  # until `data: [DONE]`
-    completion_tokens: int  # from the usage chunk
+    ttft_s: float  # first chunk that carries text
+    total_s: float  # until the stream ended
+    completion_tokens: int
 
     @property
-    def decode_tokens_per_s(self) -> float | None:
-        """Tokens after the first over the time after the first: the steady decoding rate."""
-        decode_s = self.total_s - self.ttft_s
-        if self.completion_tokens < 2 or decode_s <= 0:
-            return None
-        return (self.completion_tokens - 1) / decode_s
+    def tokens_per_s(self) -> float:
+        """Over the whole stream: text released in bursts (moderation windows) makes a rate
+        after the first token meaningless."""
+        return self.completion_tokens / self.total_s
 
 
 async def timed_chat_stream(
@@ -151,7 +165,9 @@ async def timed_chat_stream(
     async with client.stream("POST", url, json=body) as response:
         if response.status_code != 200:
             text = (await response.aread()).decode(errors="replace")
-            raise BadResponseError(f"POST {url}: {response.status_code} {text[:300]}")
+            raise BadResponseError(
+                f"POST {url}: {response.status_code} {text[:300]}", response.status_code
+            )
         async for line in response.aiter_lines():
             if not line.startswith("data:"):
                 continue
@@ -171,12 +187,3 @@ async def timed_chat_stream(
     if first_text_at is None or completion_tokens is None:
         raise BadResponseError(f"stream from {url} ended without text or usage")
     return StreamTiming(first_text_at - started, done_at - started, completion_tokens)
-
-
-async def concurrent_chat_streams(
-    client: httpx.AsyncClient, url: str, bodies: Sequence[dict[str, Any]], clock: Clock
-) -> tuple[list[StreamTiming], float]:
-    """All `bodies` streamed at once: each stream's timing and the wall time of them all."""
-    started = clock()
-    timings = await asyncio.gather(*(timed_chat_stream(client, url, b, clock) for b in bodies))
-    return list(timings), clock() - started

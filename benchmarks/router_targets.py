@@ -1,8 +1,8 @@
 """The ingresses our router is compared with in the router suite: a pass-through with the same two
 hops and no logic (FastAPI, and plain `__call__`), and the moderation model as its own ingress."""
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: FastAPI must see `Request` itself in the signatures
+# Ray Serve rewrites for the class-based ingress, not the string "Request".
 from dataclasses import asdict
 from typing import Any
 
@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse
 
 from deployments.runtime.moderation import ModerationResult
 from deployments.runtime.session import SessionConfig
+from deployments.servers.base import Reply
 from deployments.servers.batched import ModerationServer
 
 # The router's share of a node in serve_config.yaml: the baselines get the same.
@@ -28,8 +29,8 @@ def _texts(body: dict[str, Any]) -> list[str]:
     return [value] if isinstance(value, str) else list(value)
 
 
-def _results_body(results: list[ModerationResult]) -> JSONResponse:
-    return JSONResponse({"results": [asdict(result) for result in results]})
+def _results_body(reply: Reply[list[ModerationResult]]) -> JSONResponse:
+    return JSONResponse({"results": [asdict(result) for result in reply.value]})
 
 
 def _moderation_handle(app_name: str, deployment: str) -> DeploymentHandle:
