@@ -1,0 +1,131 @@
+"""Security benchmarks, each feature measured against the same requests with it off, in one run:
+the per-request cost of auth + rate limit + request-limit checks (in-process, microseconds), and
+the moderation gate's added latency on a live cluster (gate on, then off, same chat requests)."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import sys
+import time
+import timeit
+from typing import Any
+
+import httpx
+import numpy as np
+import yaml
+
+from benchmarks.private_serve import apply_applications, private_serve
+from deployments.protocol import ChatCompletionRequest
+from deployments.security import (
+    KeyStore,
+    RateLimiter,
+    SecurityConfig,
+    check_chat,
+    estimate_chat_tokens,
+)
+
+PORT = 8126
+BODY = {
+    "model": "glm",
+    "messages": [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "Summarise the history of Paris in three sentences."},
+    ],
+    "max_tokens": 32,
+    "temperature": 0,
+}
+
+
+def admission_cost_us(repeat: int) -> dict[str, float]:
+    """Microseconds per request for each admission step the router runs before any model call."""
+    keys = KeyStore.from_env({"EDGE_API_KEYS": "bench:sk-bench-0123456789"}, SecurityConfig())
+    open_keys = KeyStore.from_env({}, SecurityConfig())
+    limits = SecurityConfig().request_limits
+    unlimited = SecurityConfig.model_validate(
+        {"default_limits": {"requests_per_minute": 10**7, "tokens_per_minute": 10**9}}
+    )
+    limited_keys = KeyStore.from_env({"EDGE_API_KEYS": "bench:sk-bench-0123456789"}, unlimited)
+    limiter = RateLimiter()
+    header = "Bearer sk-bench-0123456789"
+
+    def parse() -> ChatCompletionRequest:
+        return ChatCompletionRequest.model_validate(BODY)
+
+    def features_off() -> None:
+        parse()
+        open_keys.authenticate(None)
+
+    def features_on() -> None:
+        request = parse()
+        principal = limited_keys.authenticate(header)
+        check_chat(request, limits)
+        texts = [m.text for m in request.messages]
+        limiter.reserve(principal, estimate_chat_tokens(texts, request.max_tokens, 256)).settle(40)
+
+    def per_call(fn) -> float:
+        return min(timeit.repeat(fn, number=repeat, repeat=5)) / repeat * 1e6
+
+    keys.authenticate(header)  # warm
+    off, on = per_call(features_off), per_call(features_on)
+    return {
+        "features_off_us": off,
+        "features_on_us": on,
+        "added_us": on - off,
+        "auth_only_us": per_call(lambda: keys.authenticate(header)),
+    }
+
+
+def _app(gate_models: list[str]) -> dict[str, Any]:
+    with open("serve_config.yaml") as f:
+        app = copy.deepcopy(yaml.safe_load(f)["applications"][0])
+    args = app["args"]
+    args["models_dir"] = os.path.abspath(args["models_dir"])
+    args["accelerator"] = "cpu"
+    args["edge"]["latency"]["real_delay_scale"] = 0
+    args["security"]["moderation_gate"]["models"] = gate_models
+    for deployment in app["deployments"]:
+        scaling = deployment.get("autoscaling_config")
+        if scaling:
+            scaling.update(min_replicas=1, initial_replicas=1, max_replicas=1)
+    return app
+
+
+def gate_latency(requests: int) -> dict[str, Any]:
+    """Chat p50/p99 with the gate on glm, then with no gate: only the router is rebuilt."""
+    out: dict[str, Any] = {}
+    with private_serve(num_cpus=4, http_port=PORT):
+        for label, models in (("gate_on", ["glm"]), ("gate_off", [])):
+            apply_applications([_app(models)], PORT, timeout_s=240)
+            with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=120) as client:
+                headers = {"x-edge-cache": "bypass"}
+                for _ in range(5):  # warm-up
+                    client.post("/v1/chat/completions", json=BODY, headers=headers)
+                samples = []
+                for i in range(requests):
+                    body = {**BODY, "seed": i}
+                    started = time.perf_counter()
+                    response = client.post("/v1/chat/completions", json=body, headers=headers)
+                    samples.append(time.perf_counter() - started)
+                    if response.status_code != 200:
+                        raise RuntimeError(f"{label}: {response.status_code} {response.text[:200]}")
+            ms = np.asarray(samples) * 1000
+            out[label] = {
+                "requests": requests,
+                "p50_ms": float(np.percentile(ms, 50)),
+                "p99_ms": float(np.percentile(ms, 99)),
+            }
+            print(f"security: {label} {out[label]}", file=sys.stderr)
+    out["added_p50_ms"] = out["gate_on"]["p50_ms"] - out["gate_off"]["p50_ms"]
+    return out
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    admission = admission_cost_us(repeat=2_000 if args.quick else 20_000)
+    print(f"security: admission {admission}", file=sys.stderr)
+    gate = gate_latency(requests=20 if args.quick else 80)
+    return {
+        "admission": admission,
+        "moderation_gate": gate,
+    }
