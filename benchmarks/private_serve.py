@@ -35,6 +35,11 @@ def private_serve(num_cpus: int, http_port: int) -> Iterator[None]:
             include_dashboard=False,
             log_to_driver=False,  # replica access logs would drown the progress lines
         )
+    except BaseException:
+        signal.signal(signal.SIGTERM, previous_handler)
+        raise
+    # Only once our own Ray is up: serve.shutdown() without it would attach to another cluster.
+    try:
         serve.start(http_options={"host": "127.0.0.1", "port": http_port})
         yield
     finally:

@@ -1,0 +1,57 @@
+"""A Ray Serve deployment with no model: what a bare replica costs to start from zero replicas, the
+baseline a model replica's cold start is compared with. It imports nothing of ours on purpose, and
+is woken the way a model is: by a handle call from an always-running ingress, like our router."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from ray import serve
+from ray.serve import Application
+from ray.serve.handle import DeploymentHandle
+
+EMPTY_DEPLOYMENT = "empty"
+EMPTY_INGRESS = "empty-ingress"
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux /proc), None where unknown. The same measure as
+    deployments.servers.base.process_age_s, not imported from there: that module pulls in ONNX
+    Runtime, which is exactly the cost this replica must not pay."""
+    try:
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+            return float(uptime.read().split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class EmptyReplica:
+    """Answers every request with when it became ready and how old its process was then."""
+
+    def __init__(self) -> None:
+        self.process_s = process_age_s()
+        self.ready_at = time.time()
+
+    async def describe(self) -> dict[str, Any]:
+        return {"replica_ready_at": self.ready_at, "process_s": self.process_s, "pid": os.getpid()}
+
+
+class EmptyIngress:
+    """The router's stand-in: one replica that forwards each request to `EmptyReplica` through a
+    handle, so a request at zero replicas is queued (and reported) by a handle in a replica."""
+
+    def __init__(self, replica: DeploymentHandle) -> None:
+        self.replica = replica
+
+    async def __call__(self, request: Any) -> dict[str, Any]:
+        return await self.replica.describe.remote()
+
+
+def build_empty_app(args: dict[str, Any]) -> Application:
+    """`import_path: benchmarks.coldstart_empty:build_empty_app`; the Serve options come from the
+    config's `deployments:` section, like the models'."""
+    replica = serve.deployment(EmptyReplica).options(name=EMPTY_DEPLOYMENT).bind()
+    return serve.deployment(EmptyIngress).options(name=EMPTY_INGRESS).bind(replica)
