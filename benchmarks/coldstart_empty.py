@@ -1,6 +1,6 @@
 """A Ray Serve deployment with no model: what a bare replica costs to start from zero replicas, the
-baseline a model replica's cold start is compared with. It imports nothing of ours on purpose, and
-is woken the way a model is: by a handle call from an always-running ingress, like our router."""
+baseline a model replica's cold start is compared with. It imports nothing heavy of ours on
+purpose, and is woken the way a model is: by a handle call from an always-running ingress."""
 
 from __future__ import annotations
 
@@ -12,20 +12,11 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.handle import DeploymentHandle
 
+# Only this light module of ours: the model servers' imports are the cost this replica must not pay.
+from deployments.servers.process import process_age_s
+
 EMPTY_DEPLOYMENT = "empty"
 EMPTY_INGRESS = "empty-ingress"
-
-
-def process_age_s() -> float | None:
-    """Seconds since this process started (Linux /proc), None where unknown. The same measure as
-    deployments.servers.base.process_age_s, not imported from there: that module pulls in ONNX
-    Runtime, which is exactly the cost this replica must not pay."""
-    try:
-        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
-            start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
-            return float(uptime.read().split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 class EmptyReplica:

@@ -13,6 +13,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from deployments.config import BatchingConfig
 from deployments.observability import ModelObservability, ObservabilityConfig
 from deployments.runtime.session import SessionConfig
+from deployments.servers.process import process_age_s
 
 
 class Runtime(Protocol):
@@ -46,16 +47,6 @@ class Reply(Generic[T]):
     replica_ready_at: float  # unix time
     replica_load_s: float
     phases: StartPhases | None = None
-
-
-def process_age_s() -> float | None:
-    """Seconds since this process started (Linux /proc), None where that is unknown."""
-    try:
-        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
-            start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
-            return float(uptime.read().split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 class ModelServer(Generic[R]):
