@@ -7,7 +7,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -25,7 +24,7 @@ from edge_sim.health import OutlierDetectionConfig
 from edge_sim.latency import LatencyModel
 from edge_sim.routing import RoutingConfig
 from edge_sim.topology import Colo, Topology
-from edge_sim.validation import EdgeConfigError, describe, in_range
+from edge_sim.validation import EdgeConfigError, describe, in_range, load_yaml_mapping
 
 
 def _base_dir(info: ValidationInfo) -> Path:
@@ -136,14 +135,5 @@ class EdgeConfig(BaseModel):
     @classmethod
     def from_yaml(cls, path: str | Path) -> EdgeConfig:
         path = Path(path)
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise EdgeConfigError(f"edge config file not found: {path}") from None
-        except yaml.YAMLError as error:
-            raise EdgeConfigError(f"{path}: not valid YAML: {error}") from None
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            raise EdgeConfigError(f"{path}: expected a mapping at the top level")
+        data = load_yaml_mapping(path, "edge config", empty_ok=True)
         return cls.from_mapping(data, base_dir=path.parent)

@@ -7,11 +7,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from edge_sim.validation import EdgeConfigError, describe, in_range
+from edge_sim.validation import EdgeConfigError, describe, in_range, load_yaml_mapping
 
 ColoStatus = Literal["active", "maintenance"]
 ALL_MODELS: Literal["*"] = "*"
@@ -116,15 +115,7 @@ class Topology(BaseModel):
     @classmethod
     def from_yaml(cls, path: str | Path) -> Topology:
         path = Path(path)
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise EdgeConfigError(f"topology file not found: {path}") from None
-        except yaml.YAMLError as error:
-            raise EdgeConfigError(f"{path}: not valid YAML: {error}") from None
-        if not isinstance(data, dict):
-            raise EdgeConfigError(f"{path}: expected a mapping with a 'colos' list")
-        return cls.from_mapping(data, source=str(path))
+        return cls.from_mapping(load_yaml_mapping(path, "topology"), source=str(path))
 
     @classmethod
     def default(cls) -> Topology:

@@ -1,9 +1,12 @@
-"""Turn pydantic validation errors into one line per problem, e.g. `colos[3].lat: must be ...`."""
+"""Config errors with one line per problem (e.g. `colos[3].lat: must be ...`), and YAML loading."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
+import yaml
 from pydantic import ValidationError
 from pydantic_core import PydanticCustomError
 
@@ -44,3 +47,18 @@ def in_range(value: float, low: float, high: float) -> float:
     if not low <= value <= high:
         raise PydanticCustomError("range", f"must be between {low:g} and {high:g}, got {value:g}")
     return value
+
+
+def load_yaml_mapping(path: Path, what: str, *, empty_ok: bool = False) -> dict[str, Any]:
+    """A YAML file's top-level mapping, or EdgeConfigError naming the file and the problem."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise EdgeConfigError(f"{what} file not found: {path}") from None
+    except yaml.YAMLError as error:
+        raise EdgeConfigError(f"{path}: not valid YAML: {error}") from None
+    if data is None and empty_ok:
+        return {}
+    if not isinstance(data, dict):
+        raise EdgeConfigError(f"{path}: expected a mapping at the top level")
+    return data
