@@ -24,7 +24,13 @@ from edge_sim.health import OutlierDetectionConfig
 from edge_sim.latency import LatencyModel
 from edge_sim.routing import RoutingConfig
 from edge_sim.topology import Colo, Topology
-from edge_sim.validation import EdgeConfigError, describe, in_range, load_yaml_mapping
+from edge_sim.validation import (
+    EdgeConfigError,
+    Latitude,
+    Longitude,
+    describe,
+    load_yaml_mapping,
+)
 
 
 def _base_dir(info: ValidationInfo) -> Path:
@@ -69,19 +75,9 @@ class ClientPoint(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    lat: float = 50.1109
-    lon: float = 8.6821
+    lat: Latitude = 50.1109
+    lon: Longitude = 8.6821
     country: str | None = "DE"
-
-    @field_validator("lat")
-    @classmethod
-    def _lat_range(cls, value: float) -> float:
-        return in_range(value, -90, 90)
-
-    @field_validator("lon")
-    @classmethod
-    def _lon_range(cls, value: float) -> float:
-        return in_range(value, -180, 180)
 
     def location(self) -> ClientLocation:
         return ClientLocation(self.lat, self.lon, "default", self.country)

@@ -10,7 +10,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from edge_sim.validation import EdgeConfigError, describe, in_range, load_yaml_mapping
+from edge_sim.validation import (
+    EdgeConfigError,
+    Latitude,
+    Longitude,
+    describe,
+    load_yaml_mapping,
+)
 
 ColoStatus = Literal["active", "maintenance"]
 ALL_MODELS: Literal["*"] = "*"
@@ -32,8 +38,8 @@ class Colo(BaseModel):
     id: str = Field(description="IATA-style code, 3 upper-case letters")
     city: str = Field(min_length=1)
     country: str = Field(description="ISO-3166 alpha-2 code")
-    lat: float
-    lon: float
+    lat: Latitude
+    lon: Longitude
     models: list[str] | Literal["*"] = ALL_MODELS
     capacity: int = Field(default=32, gt=0, description="max concurrent requests")
     status: ColoStatus = "active"
@@ -53,16 +59,6 @@ class Colo(BaseModel):
                 "country", f"must be an ISO-3166 alpha-2 code like 'DE', got {value!r}"
             )
         return value
-
-    @field_validator("lat")
-    @classmethod
-    def _lat_range(cls, value: float) -> float:
-        return in_range(value, -90, 90)
-
-    @field_validator("lon")
-    @classmethod
-    def _lon_range(cls, value: float) -> float:
-        return in_range(value, -180, 180)
 
     @field_validator("models")
     @classmethod

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import AfterValidator, ValidationError
 from pydantic_core import PydanticCustomError
 
 
@@ -47,6 +47,10 @@ def in_range(value: float, low: float, high: float) -> float:
     if not low <= value <= high:
         raise PydanticCustomError("range", f"must be between {low:g} and {high:g}, got {value:g}")
     return value
+
+
+Latitude = Annotated[float, AfterValidator(lambda value: in_range(value, -90, 90))]
+Longitude = Annotated[float, AfterValidator(lambda value: in_range(value, -180, 180))]
 
 
 def load_yaml_mapping(path: Path, what: str, *, empty_ok: bool = False) -> dict[str, Any]:
