@@ -23,9 +23,15 @@ RAY_ENV = {**os.environ, "RAY_AUTH_MODE": "token"}
 # Replicas inherit the environment `ray start` was given: API keys and the admin API.
 ADMIN_KEY = "test-admin-key"
 USER_KEY, OTHER_KEY, LIMITED_KEY = "sk-user-1234", "sk-other-5678", "sk-limited-9999"
+# Load tests send more than the default 600 requests a minute: as an operator would, they get a
+# key without rate limits, so a 429 never passes for a lost request.
+LOAD_KEY = "sk-load-0000"
 RAY_ENV["EDGE_ADMIN_KEY"] = ADMIN_KEY
-RAY_ENV["EDGE_API_KEYS"] = f"user:{USER_KEY},other:{OTHER_KEY},limited:{LIMITED_KEY}"
+RAY_ENV["EDGE_API_KEYS"] = (
+    f"user:{USER_KEY},other:{OTHER_KEY},limited:{LIMITED_KEY},load:{LOAD_KEY}"
+)
 USER = {"authorization": f"Bearer {USER_KEY}"}
+LOAD = {"authorization": f"Bearer {LOAD_KEY}"}
 LIMITED_RPM = 3
 # Every process appends its finished spans here (read where build_app runs: the cluster).
 TRACES_FILE = Path(os.environ.get("TMPDIR", "/tmp")) / f"edge-traces-{os.getpid()}.jsonl"
@@ -100,7 +106,10 @@ def scaled_down(config: dict[str, Any], models_root: Path) -> dict[str, Any]:
     # Warm-colo preference depends on what each router replica has seen; it is unit-tested
     # (tests/unit/test_edge_dispatch.py). Here routing is by distance alone, so it is exact.
     app["args"]["edge"]["routing"]["max_extra_rtt_ms"] = 0
-    app["args"]["security"]["per_key"] = {"limited": {"requests_per_minute": LIMITED_RPM}}
+    app["args"]["security"]["per_key"] = {
+        "limited": {"requests_per_minute": LIMITED_RPM},
+        "load": {"requests_per_minute": None, "tokens_per_minute": None},
+    }
     app["args"]["observability"]["access_log_path"] = str(TRACES_FILE.with_suffix(".access.log"))
     for deployment in app["deployments"]:
         scaling = deployment.get("autoscaling_config")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import httpx
 import schemathesis
-from conftest import USER
+from conftest import LOAD, USER
 from hypothesis import HealthCheck, given, settings
 
 MAX_EXAMPLES = 25  # per operation: bounded, so CI stays fast
@@ -32,7 +32,7 @@ def test_no_client_input_gets_a_server_error(serve_cluster):
             database=None,
         )
         def no_server_error(case) -> None:
-            headers = {**(case.headers or {}), **USER, "x-edge-cache": "bypass"}
+            headers = {**(case.headers or {}), **LOAD, "x-edge-cache": "bypass"}
             response = case.call(base_url=serve_cluster.base_url, headers=headers, timeout=120)
             where = f"{case.method} {case.formatted_path}"
             assert response.status_code < 500, f"{where}: {response.text[:500]}"
