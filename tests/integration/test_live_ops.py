@@ -11,7 +11,7 @@ import threading
 import httpx
 import pytest
 import yaml
-from conftest import USER, cli, serve_status, wait_until
+from conftest import LOAD, cli, serve_status, wait_until
 
 
 def replica_actors() -> dict[str, set[str]]:
@@ -56,7 +56,7 @@ def test_live_autoscaling_change_keeps_replicas_and_requests(serve_cluster):
 
     def keep_asking() -> None:
         nonlocal sent
-        with httpx.Client(base_url=serve_cluster.base_url, timeout=60, headers=USER) as client:
+        with httpx.Client(base_url=serve_cluster.base_url, timeout=60, headers=LOAD) as client:
             while not stop.is_set():
                 response = client.post(
                     "/v1/embeddings",

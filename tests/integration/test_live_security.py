@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 import yaml
-from conftest import LIMITED_KEY, LIMITED_RPM, USER, cli, running_replicas, wait_until
+from conftest import LIMITED_KEY, LIMITED_RPM, LOAD, USER, cli, running_replicas, wait_until
 
 CHAT = {"model": "glm", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
 
@@ -85,7 +85,7 @@ def test_killing_a_model_replica_mid_load_fails_no_request(serve_cluster):
 
     async def load() -> list[httpx.Response]:
         async with httpx.AsyncClient(
-            base_url=serve_cluster.base_url, timeout=120, headers=USER
+            base_url=serve_cluster.base_url, timeout=120, headers=LOAD
         ) as client:
             gate = asyncio.Semaphore(8)
 
