@@ -1,7 +1,8 @@
 """The cold-start suite: each model from zero replicas to its first response (p50 over cycles, split
 into phases), next to a model-less replica and the in-process load + warm-up measured in the same
-run; then the reaction to a load step (1 -> 2 replicas). The --coldstart-* variants compare the
-settings that could make it faster."""
+run; then the reaction to a load step (1 -> 2 replicas), and a keep-warm window waking a model
+ahead of its first request. The --coldstart-* variants compare the settings that could make it
+faster."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from benchmarks.coldstart_cluster import (
 )
 from benchmarks.coldstart_controller_log import ControllerLog
 from benchmarks.coldstart_imports import replica_import_costs
+from benchmarks.coldstart_keep_warm import run_keep_warm
 from benchmarks.coldstart_probe import (
     EMPTY_TARGET,
     ColdTarget,
@@ -77,6 +79,10 @@ class ColdStartBenchConfig(BaseModel):
     upscale_max_tokens: int = Field(default=32, ge=1)
     warm_pool_workers: int = Field(
         default=0, ge=0, description="experiment: idle pre-imported workers before each cycle"
+    )
+    keep_warm: bool = Field(default=True, description="time a keep-warm window's wake-up")
+    keep_warm_lead_s: float = Field(
+        default=20, gt=0, description="the window opens this long after its deploy is sent"
     )
 
     @classmethod
@@ -181,6 +187,19 @@ def run_coldstart_suite(config: ColdStartBenchConfig) -> dict[str, Any]:
                 config.upscale_max_tokens,
                 config.cycle_timeout_s,
             )
+        keep_warm = None
+        if config.keep_warm:
+            with httpx.Client(
+                base_url=f"http://127.0.0.1:{config.http_port}", timeout=config.cycle_timeout_s
+            ) as client:
+                keep_warm = run_keep_warm(
+                    client,
+                    targets[config.models[0]],
+                    [edge, empty],
+                    config.http_port,
+                    config.deploy_timeout_s,
+                    config.keep_warm_lead_s,
+                )
     cold_starts = {name: summarize_cycles(runs) for name, runs in cycles.items()}
     ratios = overhead_ratios(cold_starts, in_process)
     return {
@@ -190,6 +209,7 @@ def run_coldstart_suite(config: ColdStartBenchConfig) -> dict[str, Any]:
         "in_process_load": in_process,
         "vs_empty_plus_load": ratios,
         "upscale": summarize_upscale(upscale),
+        "keep_warm": summarize_keep_warm(keep_warm, cold_starts),
         "replica_imports": imports,
         "goals": goals(cold_starts, ratios),
     }
@@ -295,6 +315,20 @@ def summarize_upscale(runs: Sequence[Mapping[str, Any]] | None) -> dict[str, Any
         "repetitions": len(runs),
         "p50": {key: _median([run[key] for run in runs]) for key in keys},
         "runs": list(runs),
+    }
+
+
+def summarize_keep_warm(
+    measured: Mapping[str, Any] | None, cold_starts: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any] | None:
+    """The pre-warmed first request next to the same model's cold one (p50) from this run."""
+    if not measured or "model" not in measured:
+        return dict(measured) if measured else None
+    cold_s = cold_starts.get(measured["model"], {}).get("p50", {}).get("total_s")
+    return {
+        **measured,
+        "cold_first_response_p50_s": cold_s,
+        "cold_over_prewarmed": round(cold_s / measured["first_response_s"], 1) if cold_s else None,
     }
 
 

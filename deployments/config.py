@@ -18,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from deployments.keep_warm import KEEP_WARM_POLICY, KeepWarmConfig
 from deployments.observability.config import ObservabilityConfig
 from deployments.runtime.manifest import Task
 from deployments.security.config import SecurityConfig
@@ -159,7 +160,27 @@ def check_serve_config(path: str | Path) -> list[str]:
                 parse_app_config(app.args or {})
             except ConfigError as exc:
                 problems.append(f"application {app.name!r}: {exc}")
+        for deployment in app.deployments:
+            problem = _keep_warm_problem(deployment.name, deployment.autoscaling_config)
+            if problem:
+                problems.append(f"application {app.name!r}: {problem}")
     return problems
+
+
+def _keep_warm_problem(deployment: str, scaling: Any) -> str | None:
+    """Ray Serve builds a custom policy in its controller, where a bad schedule would only show
+    in the controller's log: check the keep-warm schedule here, before deploying."""
+    if hasattr(scaling, "model_dump"):
+        scaling = scaling.model_dump()
+    policy = scaling.get("policy") if isinstance(scaling, dict) else None
+    if not isinstance(policy, dict) or policy.get("policy_function") != KEEP_WARM_POLICY:
+        return None
+    try:
+        KeepWarmConfig.model_validate(policy.get("policy_kwargs") or {})
+    except ValidationError as exc:
+        where = f"deployments.{deployment}.autoscaling_config.policy.policy_kwargs"
+        return describe_validation_error(exc, prefix=where)
+    return None
 
 
 if __name__ == "__main__":

@@ -7,11 +7,14 @@ import copy
 import subprocess
 import sys
 import threading
+import time
 
 import httpx
 import pytest
 import yaml
-from conftest import LOAD, cli, serve_status, wait_until
+from conftest import KIMI_TO_ZERO_S, LOAD, USER, cli, running_replicas, serve_status, wait_until
+
+from deployments.keep_warm import KEEP_WARM_POLICY
 
 
 def replica_actors() -> dict[str, set[str]]:
@@ -91,6 +94,32 @@ def test_live_autoscaling_change_keeps_replicas_and_requests(serve_cluster):
     steady = sorted(set(before) - {"kimi"})
     assert {d: after.get(d) for d in steady} == {d: before[d] for d in steady}
     assert sent > 0 and failures == []
+
+
+def test_a_keep_warm_window_wakes_a_model_before_traffic_and_holds_it_idle(serve_cluster):
+    wait_until(lambda: running_replicas("kimi") == 0, 90, "kimi at zero replicas")
+    good = serve_cluster.config
+    scheduled = copy.deepcopy(good)
+    kimi = next(d for d in scheduled["applications"][0]["deployments"] if d["name"] == "kimi")
+    every_day_all_day: dict = {}
+    kimi["autoscaling_config"]["policy"] = {
+        "policy_function": KEEP_WARM_POLICY,
+        "policy_kwargs": {"windows": [every_day_all_day]},
+    }
+    try:
+        serve_cluster.deploy(scheduled)
+        wait_until(lambda: running_replicas("kimi") == 1, 60, "kimi up with no request sent")
+        chat = {"model": "kimi", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        reply = httpx.post(
+            f"{serve_cluster.base_url}/v1/chat/completions", json=chat, headers=USER, timeout=60
+        )
+        assert reply.status_code == 200, reply.text
+        assert reply.headers["x-edge-cold-start"] == "0"  # the schedule took the cold start
+        time.sleep(KIMI_TO_ZERO_S + 3)  # idle past the delay that takes kimi to zero
+        assert running_replicas("kimi") == 1
+    finally:
+        serve_cluster.deploy(good)
+    wait_until(lambda: running_replicas("kimi") == 0, 60, "kimi at zero without the schedule")
 
 
 def bad_config(good: dict) -> dict:
