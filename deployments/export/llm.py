@@ -36,6 +36,7 @@ from deployments.export.common import (
     fresh_dir,
     strip_trace_metadata,
 )
+from deployments.export.tiktoken_tokenizer import has_tiktoken_tokenizer, kimi_tokenizer
 from deployments.runtime.decoder import DecoderGraph
 from deployments.runtime.manifest import KVCacheLayout, LLMSpec, ModelManifest
 from deployments.runtime.session import SessionConfig, open_session
@@ -272,7 +273,10 @@ def default_model(family: Family, out: Path) -> tuple[PreTrainedModel, dict[str,
 
 def _checkpoint_model(family: Family, source: str, out: Path) -> tuple[PreTrainedModel, dict]:
     model = FAMILIES[family].model_class.from_pretrained(source, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(source)
+    if family == "kimi" and has_tiktoken_tokenizer(source):
+        tokenizer = kimi_tokenizer(source)  # Kimi-K2 ships tiktoken.model, not tokenizer.json
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(source)
     tokenizer.save_pretrained(str(out))
     if not (out / "tokenizer.json").is_file():
         raise ValueError(f"{source}: only fast tokenizers (tokenizer.json) can be served")
