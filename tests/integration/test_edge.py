@@ -79,6 +79,8 @@ def test_colo_down_mid_load_loses_no_request_and_traffic_returns(serve_cluster, 
     )
     # Every router replica applies a fault within two sync intervals of it being set.
     settle_s = 1.5
+    # Counted in requests, not seconds, so a slow machine runs the drill longer, not thinner.
+    enough = 30
 
     async def load() -> tuple[list[tuple[float, httpx.Response]], float, float]:
         limits = httpx.Limits(max_connections=16)
@@ -89,11 +91,17 @@ def test_colo_down_mid_load_loses_no_request_and_traffic_returns(serve_cluster, 
             marked_at: list[float] = []
             marking_from: list[float] = []
             loop = asyncio.get_running_loop()
-            start = loop.time()
+            give_up_at = loop.time() + 120
+
+            def drill_done() -> bool:
+                if not marked_at:
+                    return False
+                settled = marked_at[0] + settle_s
+                return sum(sent > settled for sent, _ in results) >= enough
 
             async def worker(n: int) -> None:
                 i = n
-                while loop.time() - start < 5.0:
+                while not drill_done() and loop.time() < give_up_at:
                     sent = loop.time()
                     response = await client.post(
                         "/v1/moderations",
@@ -104,7 +112,8 @@ def test_colo_down_mid_load_loses_no_request_and_traffic_returns(serve_cluster, 
                     i += 12
 
             async def mark_down() -> None:
-                await asyncio.sleep(1.0)  # the drill starts mid-load
+                while len(results) < enough and loop.time() < give_up_at:  # mid-load
+                    await asyncio.sleep(0.05)
                 marking_from.append(loop.time())
                 marked = await client.post(
                     f"/admin/colos/{home}/faults", json={"down": True}, headers=ADMIN
@@ -117,13 +126,12 @@ def test_colo_down_mid_load_loses_no_request_and_traffic_returns(serve_cluster, 
 
     try:
         results, marking_from, marked_at = asyncio.run(load())
-        assert len(results) >= 200
         failed = [(r.status_code, r.text[:200]) for _, r in results if r.status_code != 200]
         assert not failed, f"{len(failed)} of {len(results)} failed: {failed[:5]}"
         before = [r.headers["x-edge-colo"] for sent, r in results if sent < marking_from]
         after = [r.headers["x-edge-colo"] for sent, r in results if sent > marked_at + settle_s]
         assert before and set(before) == {home}
-        assert len(after) >= 20 and home not in after
+        assert len(after) >= enough and home not in after
         assert len(set(after)) == 1  # all served by the next nearest colo
         states = {c["id"]: c for c in http.get("/admin/colos", headers=ADMIN).json()}
         assert states[home]["healthy"] is False and states[home]["faults"]
