@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
@@ -60,7 +61,7 @@ def kimi_tokenizer(source: str) -> PreTrainedTokenizerFast:
         for i in range(base_vocab_size, base_vocab_size + RESERVED_SPECIAL_TOKENS)
     ]
     converted: Tokenizer = _Converter(
-        ranks_file, pattern=KIMI_PATTERN, extra_special_tokens=specials
+        ranks, pattern=KIMI_PATTERN, extra_special_tokens=specials
     ).converted()
     template_file = _checkpoint_file(source, "chat_template.jinja")
     template = (
@@ -88,11 +89,16 @@ def read_ranks(path: str | Path) -> dict[bytes, int]:
 
 
 class _Converter(TikTokenConverter):
-    # tiktoken's own loader caches a file by its path and would hand back a stale copy of a
-    # tokenizer rewritten in place; and reading it needs no tiktoken.
-    @staticmethod
-    def load_tiktoken_bpe(tiktoken_url: str) -> dict[bytes, int]:
-        return read_ranks(tiktoken_url)
+    """transformers' converter over ranks already read: tiktoken's own loader would read the
+    file a second time, needs tiktoken, and caches files by path (a tokenizer rewritten in place
+    would come back stale)."""
+
+    def __init__(self, ranks: dict[bytes, int], **kwargs: Any):
+        super().__init__(vocab_file=None, **kwargs)
+        self._ranks = ranks
+
+    def load_tiktoken_bpe(self, tiktoken_url: str) -> dict[bytes, int]:  # type: ignore[override]
+        return self._ranks
 
 
 def _token_text(token: str | dict | None) -> str | None:
