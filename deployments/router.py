@@ -187,6 +187,7 @@ class RouterIngress:
         config: dict[str, Any],
         servers: Mapping[str, DeploymentHandle],
         control: DeploymentHandle | None = None,
+        warm_pool: DeploymentHandle | None = None,
     ):
         self.config = AppConfig.model_validate(config)
         router = self.config.router
@@ -211,6 +212,7 @@ class RouterIngress:
         self.gate = ModerationGate(security.moderation_gate, self._flags)
         app.state.observability = RouterObservability(self.config.observability, self.models)
         self._control = control
+        self._warm_pool = warm_pool  # deployments.warm_pool: reported by /readyz
         self._fault_version = 0
         self._sync_task: asyncio.Task[None] | None = None
 
@@ -452,7 +454,8 @@ class RouterIngress:
             for name in self.models
         }
         ready = [name for name, m in models.items() if m["running_replicas"] > 0]
-        return {"ready": ready, "models": models}
+        pool = await self._warm_pool.describe.remote() if self._warm_pool is not None else None
+        return {"ready": ready, "models": models, "warm_pool": pool}
 
     @app.get("/v1/models", response_model=ModelList)
     async def list_models(self, principal: Caller) -> ModelList:
