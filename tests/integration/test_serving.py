@@ -42,6 +42,27 @@ def test_a_model_at_zero_replicas_scales_up_for_a_request(http):
     assert running_replicas("kimi") == 1
 
 
+def _warm_workers(http: httpx.Client) -> int:
+    pool = http.get("/readyz").json()["warm_pool"]
+    return sum(len(node["idle"]) for node in pool["nodes"].values()) if pool else 0
+
+
+def test_a_cold_start_takes_a_prestarted_worker_from_the_warm_pool(http):
+    wait_until(lambda: running_replicas("kimi") == 0, 90, "kimi at zero replicas")
+    wait_until(lambda: _warm_workers(http) >= 1, 90, "a warm worker in the pool")
+    response = http.post(
+        "/v1/chat/completions",
+        json={"model": "kimi", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+    )
+    assert response.status_code == 200
+    assert response.headers["x-edge-cold-start"] == "1"
+    cold = http.get("/readyz").json()["models"]["kimi"]["last_cold_start"]
+    phases = cold["phases"]
+    waited_before_init_s = cold["wait_ms"] / 1000 - phases["init_s"]
+    # The replica's process is older than the request's wait for it: it was started ahead.
+    assert phases["process_s"] > waited_before_init_s, cold
+
+
 def test_models_lists_every_model_with_task_and_family(client):
     cards = {m.id: m for m in client.models.list().data}
     assert set(cards) == {"glm", "kimi", "embedding", "moderation"}
