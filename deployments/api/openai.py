@@ -1,7 +1,7 @@
 """The OpenAI-compatible API: /v1/models, /v1/chat/completions, /v1/embeddings, /v1/moderations."""
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: FastAPI reads the routes' annotations at runtime,
+# and `Authenticated` is local to the router factory.
 from collections.abc import AsyncIterator
 from typing import Annotated
 

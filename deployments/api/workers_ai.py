@@ -1,8 +1,8 @@
 """The Workers-AI-style API: `POST /ai/run/{model}` runs any model with its task's natural input
 and answers in Cloudflare's `{result, success, errors, messages}` envelope, errors included."""
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: FastAPI reads the routes' annotations at runtime,
+# and `Authenticated` is local to the router factory.
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
