@@ -4,6 +4,7 @@ made and stored; `x-edge-cache` (on the trace) says which."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from pydantic import BaseModel
@@ -17,10 +18,10 @@ from deployments.serving.edge_calls import EdgeCalls
 T = TypeVar("T")
 
 
+@dataclass(frozen=True)
 class CachedAnswers:
-    def __init__(self, cache: ResponseCache, edge: EdgeCalls):
-        self.cache = cache
-        self.edge = edge
+    cache: ResponseCache
+    edge: EdgeCalls
 
     async def get_or_make(
         self,

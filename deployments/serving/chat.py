@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from deployments.edge import EdgeTrace
@@ -23,12 +24,10 @@ from deployments.runtime.llm import Completion, GenerationChunk
 from deployments.runtime.sampling import SamplingParams
 from deployments.security import ModerationGate, metered_stream
 from deployments.servers.base import Reply
-from deployments.serving.admission import Admission
 from deployments.serving.answer import Answer
-from deployments.serving.caching import CachedAnswers
+from deployments.serving.base import ModelService
 from deployments.serving.context import RequestContext
-from deployments.serving.edge_calls import EdgeCalls
-from deployments.serving.models import ModelCatalogue, ServedModel
+from deployments.serving.models import ServedModel
 
 # An opened stream: its first reply (proof the colo answered) and the generator of the rest.
 OpenedStream = tuple[Reply[GenerationChunk], Any]
@@ -55,20 +54,9 @@ def chat_completion(model: str, done: Completion) -> ChatCompletion:
     )
 
 
-class ChatService:
-    def __init__(
-        self,
-        catalogue: ModelCatalogue,
-        admission: Admission,
-        gate: ModerationGate,
-        cached: CachedAnswers,
-        edge: EdgeCalls,
-    ):
-        self.catalogue = catalogue
-        self.admission = admission
-        self.gate = gate
-        self.cached = cached
-        self.edge = edge
+@dataclass(frozen=True)
+class ChatService(ModelService):
+    gate: ModerationGate
 
     def _begin(self, chat: ChatCompletionRequest, telemetry: RequestTelemetry) -> ServedModel:
         telemetry.request(

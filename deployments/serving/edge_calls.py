@@ -4,6 +4,7 @@ request's deadline, and, for a cached answer, through the colo that would have s
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from deployments.edge import EdgeDispatcher, EdgeTrace
@@ -19,10 +20,10 @@ def _same(reply: Any) -> Reply[Any]:
     return reply  # type: ignore[no-any-return]
 
 
+@dataclass(frozen=True)
 class EdgeCalls:
-    def __init__(self, dispatcher: EdgeDispatcher[Any], deadline_s: float):
-        self.dispatcher = dispatcher
-        self.deadline_s = deadline_s
+    dispatcher: EdgeDispatcher[Any]
+    deadline_s: float  # per request, across failovers and cold starts
 
     async def call(
         self,

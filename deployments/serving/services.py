@@ -85,12 +85,13 @@ def build_services(
         reply = await resolve(moderation.handle.classify.remote(texts))
         return [result.flagged for result in reply.value]
 
+    path = (catalogue, admission, cached, edge)  # what every service's request path goes through
     return RouterServices(
         keys=keys,
         catalogue=catalogue,
-        chat=ChatService(catalogue, admission, ModerationGate(gate_config, flags), cached, edge),
-        embeddings=EmbeddingService(catalogue, admission, cached, edge),
-        moderations=ModerationService(catalogue, admission, cached, edge),
+        chat=ChatService(*path, gate=ModerationGate(gate_config, flags)),
+        embeddings=EmbeddingService(*path),
+        moderations=ModerationService(*path),
         drills=FaultDrills(network, control),
         warmth=warmth,
         deployment_states=deployment_states,

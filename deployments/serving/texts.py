@@ -23,34 +23,20 @@ from deployments.protocol import (
 from deployments.protocol.models import Task
 from deployments.runtime.embedding import EmbeddingResult
 from deployments.servers.base import Reply
-from deployments.serving.admission import Admission
 from deployments.serving.answer import Answer
-from deployments.serving.caching import CachedAnswers
+from deployments.serving.base import ModelService
 from deployments.serving.context import RequestContext
-from deployments.serving.edge_calls import EdgeCalls
-from deployments.serving.models import ModelCatalogue, ServedModel
+from deployments.serving.models import ServedModel
 
 T = TypeVar("T")
 # A model call, made at the colo the edge picked.
 ModelCall = Callable[[ServedModel, list[str], RequestContext], Awaitable[Reply[Any]]]
 
 
-class TextService:
+class TextService(ModelService):
     """One text task's request path; subclasses name the task and how to call and count it."""
 
     task: ClassVar[Task]
-
-    def __init__(
-        self,
-        catalogue: ModelCatalogue,
-        admission: Admission,
-        cached: CachedAnswers,
-        edge: EdgeCalls,
-    ):
-        self.catalogue = catalogue
-        self.admission = admission
-        self.cached = cached
-        self.edge = edge
 
     async def _serve(
         self,
