@@ -1,4 +1,5 @@
-"""Unit tests never start Ray: any attempt fails loudly."""
+"""Unit tests never start Ray: any attempt fails loudly. They run as off Kubernetes, even in a CI
+pod: the router's open-mode refusal there is tested with an explicit environment."""
 
 from __future__ import annotations
 
@@ -15,3 +16,10 @@ def _forbid_ray_init(monkeypatch: pytest.MonkeyPatch) -> None:
     except ImportError:  # pragma: no cover - ray is a hard dependency
         return
     monkeypatch.setattr(ray, "init", _refuse)
+
+
+@pytest.fixture(autouse=True)
+def _off_kubernetes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from deployments.security import KUBERNETES_ENV
+
+    monkeypatch.delenv(KUBERNETES_ENV, raising=False)
