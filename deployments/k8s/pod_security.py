@@ -24,8 +24,11 @@ def pod_security_context() -> dict[str, Any]:
         "runAsNonRoot": True,
         "runAsUser": RAY_UID,
         "runAsGroup": RAY_GID,
-        # Group of the mounted Secret files (mode 0440) and of the models volume.
+        # Group of the mounted Secret files (mode 0440) and of the models volume...
         "fsGroup": RAY_GID,
+        # ...changed only when the volume's root is not already ours: a models volume of many
+        # GiB is not walked file by file at every pod start.
+        "fsGroupChangePolicy": "OnRootMismatch",
         "seccompProfile": {"type": "RuntimeDefault"},
     }
 
