@@ -155,6 +155,22 @@ def _label_pods(group: dict[str, Any], labels: dict[str, str]) -> None:
     group["template"] = {"metadata": metadata, **template}
 
 
+def _finish_group(
+    group: dict[str, Any], where: str, *, labels: dict[str, str], kubernetes_api: bool, pins: Pins
+) -> None:
+    """One group's pods: labelled for the NetworkPolicy, hardened, given the API keys where the
+    router may run, on the pinned serving image."""
+    _label_pods(group, labels)
+    pod = group["template"]["spec"]
+    pod_security.require_resources(pod, where)
+    pod_security.secure_pod(pod, kubernetes_api=kubernetes_api)
+    if hosts_replicas(group):
+        secrets.mount_api_keys(pod)
+    for container in pod["containers"]:
+        repository = container["image"].rsplit(":", 1)[0]
+        container["image"] = f"{repository}:{pins.image_tag('gpu')}"
+
+
 def build_rayservice(
     serve_config: dict[str, Any], template: dict[str, Any], pins: Pins
 ) -> dict[str, Any]:
@@ -173,19 +189,12 @@ def build_rayservice(
     autoscaler = cluster["autoscalerOptions"]
     autoscaler["idleTimeoutSeconds"] = autoscaler_idle_timeout_s(serve_config)
     pod_security.secure_autoscaler(autoscaler)
+    # Every group, whether written in the template or generated, is finished the same way.
     labels = ray_pod_labels(rayservice)
     for group in ray_groups(rayservice):
         is_head = group is cluster["headGroupSpec"]
-        _label_pods(group, labels)
-        pod = group["template"]["spec"]
-        where = "the head group" if is_head else f"worker group {group['groupName']!r}"
-        pod_security.require_resources(pod, where)
         # The head's autoscaler sidecar scales the cluster through the Kubernetes API.
         needs_api = is_head and bool(cluster.get("enableInTreeAutoscaling"))
-        pod_security.secure_pod(pod, kubernetes_api=needs_api)
-        if hosts_replicas(group):
-            secrets.mount_api_keys(pod)
-        for container in pod["containers"]:
-            repository = container["image"].rsplit(":", 1)[0]
-            container["image"] = f"{repository}:{pins.image_tag('gpu')}"
+        where = "the head group" if is_head else f"worker group {group['groupName']!r}"
+        _finish_group(group, where, labels=labels, kubernetes_api=needs_api, pins=pins)
     return rayservice
