@@ -82,7 +82,9 @@ class WarmPoolConfig(BaseModel):
         description="how long an unused warm worker is kept from Ray's idle-worker reaper; "
         "the pool replaces it when it is gone",
     )
-    check_interval_s: float = Field(default=1.0, gt=0, le=60)
+    check_interval_s: float = Field(
+        default=2.0, gt=0, le=60, description="one GetNodeStats per node and round"
+    )
     start_grace_s: float = Field(
         default=30.0, gt=0, description="a worker asked for and not seen by then counts as lost"
     )

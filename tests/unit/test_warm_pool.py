@@ -9,8 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
+from benchmarks.coldstart_warm_pool import NO_POOL_ROUTE, no_warm_pool_application
+from deployments.config import PROJECT_ROOT, check_serve_config, parse_app_config
 from deployments.warm_pool import (
     SETUP_HOOK,
     SETUP_HOOK_ENV_VAR,
@@ -144,11 +147,20 @@ def test_the_config_refuses_bad_values(bad: dict[str, Any]):
 
 
 def test_the_shipped_config_enables_the_pool():
-    import yaml
-
-    from deployments.config import PROJECT_ROOT, parse_app_config
-
     shipped = yaml.safe_load((PROJECT_ROOT / "serve_config.yaml").read_text())
     (edge,) = [a for a in shipped["applications"] if a["name"] == "edge"]
     pool = parse_app_config(edge["args"]).warm_pool
     assert pool.enabled and pool.workers_per_node >= 1
+
+
+def test_the_benchmarks_copy_without_the_pool_passes_the_config_check(tmp_path: Path):
+    config = yaml.safe_load((PROJECT_ROOT / "serve_config.yaml").read_text())
+    edge = config["applications"][0]
+    without = no_warm_pool_application(edge)
+    config["applications"].append(without)
+    path = tmp_path / "serve_config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert check_serve_config(path) == []
+    assert without["route_prefix"] == NO_POOL_ROUTE and without["name"] != edge["name"]
+    assert not parse_app_config(without["args"]).warm_pool.enabled
+    assert parse_app_config(edge["args"]).warm_pool.enabled  # the shipped app is left as it was
