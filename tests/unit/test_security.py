@@ -270,7 +270,8 @@ def test_on_kubernetes_keys_from_the_secret_file_or_explicit_consent_start(tmp_p
     path.write_text(f"alice:{ALICE}\n", encoding="utf-8")
     path.chmod(0o440)
     store = store_from({**ON_K8S, "EDGE_API_KEYS_FILE": str(path), "EDGE_ADMIN_KEY": ADMIN})
-    assert store.key_ids == ("alice",) and store.admin_enabled
+    assert store.key_ids == ("alice",)
+    assert store.authorize_admin(f"Bearer {ADMIN}").is_admin
     with caplog.at_level(logging.WARNING, logger="test.security"):
         store = store_from(ON_K8S, config=SecurityConfig(allow_open=True))
     assert store.is_open
