@@ -2,12 +2,12 @@
 already imported, so a model replica started from zero takes one instead of a new process.
 
 How it works (Ray 2.60, measured: README "Operating it"):
-- Each node's raylet is asked (its `PrestartWorkers` RPC, the one Ray's own worker prestart uses)
-  for fresh workers of no job, with the model replicas' runtime_env and a keep-alive, so the
-  raylet's idle-worker reaper leaves them alone. A fresh worker fits any job's actor whose
+- Each node's raylet is asked (its `PrestartWorkers` gRPC, which Ray's Python API does not
+  expose) for fresh workers of no job, with the model replicas' runtime_env and a keep-alive,
+  so the raylet's idle-worker reaper leaves them alone. A fresh worker fits any job's actor whose
   runtime_env is the same (the raylet compares a hash of it); a worker that ran a task does not
   (it is then an actor-less worker of that job), which is why a warm-up *task* cannot do this.
-- The runtime_env carries Ray's worker setup hook, `deployments.warm_pool:preload`, which each
+- The runtime_env carries Ray's worker setup hook, `deployments.warm_pool.preload`, which each
   such worker runs before it takes work: Ray Serve's replica machinery, ONNX Runtime, tokenizers
   and our model servers are imported while the worker idles, not while a request waits.
 - `WarmPool`, a tiny Serve deployment, tops each node up to `workers_per_node` such workers every
