@@ -3,6 +3,8 @@ asks for, and the runtime_env its workers and the model replicas share."""
 
 from __future__ import annotations
 
+import ast
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -164,3 +166,19 @@ def test_the_benchmarks_copy_without_the_pool_passes_the_config_check(tmp_path: 
     assert without["route_prefix"] == NO_POOL_ROUTE and without["name"] != edge["name"]
     assert not parse_app_config(without["args"]).warm_pool.enabled
     assert parse_app_config(edge["args"]).warm_pool.enabled  # the shipped app is left as it was
+
+
+def test_what_the_pool_preloads_pulls_in_no_export_only_packages():
+    # torch and transformers are for export only: a replica (and each idle warm worker) that
+    # imported them would pay seconds and hundreds of MB for nothing.
+    code = (
+        "import sys; from deployments.warm_pool import preload; preload(); "
+        "print(sorted({m.split('.')[0] for m in sys.modules}))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=120
+    )
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    packages = set(ast.literal_eval(loaded.stdout.strip().splitlines()[-1]))
+    assert {"onnxruntime", "tokenizers", "deployments"} <= packages
+    assert not packages & {"torch", "transformers", "onnx"}
