@@ -131,7 +131,10 @@ def run_peers_suite(config: PeersBenchConfig, clock: Clock = time.perf_counter) 
     # The shipped embedding batch size, not the router suite's override.
     edge = _shipped_batching(edge, shipped)
     results: dict[str, Any] = {"config": config.model_dump(mode="json")}
-    with _ingress_env(config.ingress), private_serve(config.ray_num_cpus, config.http_port):
+    with (
+        _ingress_env(config.ingress, config.http_port),
+        private_serve(config.ray_num_cpus, config.http_port),
+    ):
         apply_applications(
             [edge, *peer_applications(edge, config)], config.http_port, config.deploy_timeout_s
         )
@@ -151,9 +154,18 @@ def run_peers_suite(config: PeersBenchConfig, clock: Clock = time.perf_counter) 
 
 
 @contextmanager
-def _ingress_env(ingress: Ingress) -> Iterator[None]:
+def _ingress_env(ingress: Ingress, http_port: int) -> Iterator[None]:
     """The switches must be in the environment Ray's processes inherit from this driver."""
     changes = dict(INGRESS_ENV[ingress])
+    if ingress != "proxy":
+        # Replicas that take HTTP themselves bind ports from a range (30000+ by default, which
+        # another Serve on the machine may hold): ours sit just above our own HTTP port.
+        changes |= {
+            "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(http_port + 100),
+            "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(http_port + 199),
+            "RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT": str(http_port + 200),
+            "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT": str(http_port + 299),
+        }
     if ingress == "haproxy":
         # Per-run paths: Serve's defaults under /tmp/haproxy-serve would collide with any other
         # HAProxy-fronted Serve on the machine.

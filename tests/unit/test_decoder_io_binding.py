@@ -64,7 +64,7 @@ def test_device_cache_matches_the_host_path(graphs) -> None:
 
 
 def test_only_small_tensors_cross_per_step(graphs) -> None:
-    _, device = graphs
+    host, device = graphs
     _, batch = _greedy_batch(device)  # the first step uploads the padded cache once
     transfers = device.session.transfers
     before_up, before_down = transfers.host_to_device, transfers.device_to_host
@@ -79,6 +79,17 @@ def test_only_small_tensors_cross_per_step(graphs) -> None:
     before_up = transfers.host_to_device
     batch.step([4, 5, 6])
     assert transfers.host_to_device - before_up == up + 8 * rows
+    # The host path moves the whole cache both ways every step.
+    _, host_batch = _greedy_batch(host)
+    before_up, before_down = (
+        host.session.transfers.host_to_device,
+        host.session.transfers.device_to_host,
+    )
+    past_bytes = sum(k.nbytes + v.nbytes for k, v in host_batch.past)
+    host_batch.step([4, 5, 6])
+    present_bytes = sum(k.nbytes + v.nbytes for k, v in host_batch.past)
+    assert host.session.transfers.host_to_device - before_up == up + past_bytes
+    assert host.session.transfers.device_to_host - before_down == down + present_bytes
 
 
 def test_runtime_completions_do_not_depend_on_io_binding(models_root) -> None:
