@@ -54,6 +54,12 @@ def worker_pids(title_prefix: str, root: int | None = None) -> list[int]:
     return sorted(p.pid for p in mine if p.title.startswith(title_prefix))
 
 
+def haproxy_pids(root: int | None = None) -> list[int]:
+    """The HAProxy processes Serve started below this process (RAY_SERVE_ENABLE_HA_PROXY)."""
+    mine = descendants(os.getpid() if root is None else root, processes())
+    return sorted(p.pid for p in mine if p.title.split(" ", 1)[0].endswith("/haproxy"))
+
+
 def cpu_seconds(pids: Iterable[int]) -> float:
     """User + system CPU seconds so far, summed over `pids` (10 ms resolution)."""
     total = 0

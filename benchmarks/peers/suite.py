@@ -87,7 +87,7 @@ class PeersBenchConfig(BaseModel):
     ray_num_cpus: int = Field(default=4, ge=1)
     deploy_timeout_s: float = Field(default=600, gt=0)
     ingress: Ingress = "proxy"
-    rounds: int = Field(default=3, ge=1, description="interleaved rounds per comparison")
+    rounds: int = Field(default=4, ge=1, description="interleaved rounds per comparison")
     embedding_clients: tuple[int, ...] = (1, 32)
     warmup_s: float = Field(default=1.0, ge=0)
     measure_s: float = Field(default=5.0, gt=0)
@@ -313,7 +313,8 @@ async def bench_router_cpu(config: PeersBenchConfig, base_url: str) -> dict[str,
     """µs of CPU per request in the router replicas (and the proxy), per endpoint: the process
     counters before and after `cpu_requests` requests, from `cpu_clients` closed loops."""
     routers = cpu.worker_pids(ROUTER_TITLE)
-    proxies = cpu.worker_pids(PROXY_TITLE)
+    # The front: Serve's Python proxy, plus HAProxy when it fronts the replicas.
+    proxies = cpu.worker_pids(PROXY_TITLE) + cpu.haproxy_pids()
     if not routers:
         return {"error": f"no {ROUTER_TITLE} process found below this driver"}
     sentences = benchmark_sentences(256)
@@ -331,7 +332,7 @@ async def bench_router_cpu(config: PeersBenchConfig, base_url: str) -> dict[str,
         "moderations": ("/v1/moderations", lambda n: {"input": sentences[n % len(sentences)]}),
         "chat_completions": ("/v1/chat/completions", lambda n: {**chat_body, "seed": n}),
     }
-    result: dict[str, Any] = {"router_replicas": len(routers), "proxies": len(proxies)}
+    result: dict[str, Any] = {"router_replicas": len(routers), "front_processes": len(proxies)}
     async with async_client(config.cpu_clients) as client:
         for name, (path, body) in endpoints.items():
             endpoint = Endpoint(f"{base_url}{path}", BYPASS_CACHE)
@@ -366,10 +367,10 @@ async def bench_router_cpu(config: PeersBenchConfig, base_url: str) -> dict[str,
                 "requests": requests,
                 "seconds": round(elapsed, 2),
                 "router_cpu_us_per_request": round(max(router_s, 0.0) / requests * 1e6, 1),
-                "proxy_cpu_us_per_request": round(max(proxy_s, 0.0) / requests * 1e6, 1),
+                "front_cpu_us_per_request": round(max(proxy_s, 0.0) / requests * 1e6, 1),
                 "idle_cpu_per_s": {
                     "router": round(idle_rate[0], 4),
-                    "proxy": round(idle_rate[1], 4),
+                    "front": round(idle_rate[1], 4),
                 },
             }
             log.info("router CPU %s: %s", name, result[name])
