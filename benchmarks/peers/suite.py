@@ -87,6 +87,7 @@ class PeersBenchConfig(BaseModel):
     ray_num_cpus: int = Field(default=4, ge=1)
     deploy_timeout_s: float = Field(default=600, gt=0)
     ingress: Ingress = "proxy"
+    router_replicas: int | None = Field(default=None, ge=1, description="None: as shipped")
     rounds: int = Field(default=4, ge=1, description="interleaved rounds per comparison")
     embedding_clients: tuple[int, ...] = (1, 32)
     warmup_s: float = Field(default=1.0, ge=0)
@@ -105,6 +106,7 @@ class PeersBenchConfig(BaseModel):
             models_dir=Path(args.models_dir).resolve(),
             http_port=args.peers_http_port,
             ingress=args.peers_ingress,
+            router_replicas=args.peers_router_replicas,
         )
         return config.model_copy(update=dict(QUICK_SIZES)) if args.quick else config
 
@@ -116,6 +118,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=sorted(INGRESS_ENV),
         default="proxy",
         help="peers suite: Serve's Python proxy, direct ingress, or direct ingress + HAProxy",
+    )
+    parser.add_argument(
+        "--peers-router-replicas",
+        type=int,
+        default=None,
+        help="peers suite: router replicas (default: serve_config.yaml's)",
     )
 
 
@@ -130,6 +138,9 @@ def run_peers_suite(config: PeersBenchConfig, clock: Clock = time.perf_counter) 
     edge = edge_application(shipped, RouterBenchConfig(models_dir=config.models_dir), 32)
     # The shipped embedding batch size, not the router suite's override.
     edge = _shipped_batching(edge, shipped)
+    if config.router_replicas is not None:
+        (router,) = [d for d in edge["deployments"] if d["name"] == "router"]
+        router["num_replicas"] = config.router_replicas
     results: dict[str, Any] = {"config": config.model_dump(mode="json")}
     with (
         _ingress_env(config.ingress, config.http_port),
