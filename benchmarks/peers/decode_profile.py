@@ -54,6 +54,7 @@ async def _profile(runtime: LLMRuntime, new_tokens: int) -> dict[str, Any]:
         return SamplingParams(max_tokens=new_tokens, temperature=0.7, seed=seed)
 
     await runtime.complete(messages, params(0))  # warm-up
+    await asyncio.sleep(ENGINE_SETTLE_S)
     rates: dict[str, list[float]] = {"1_stream": [], f"{CONCURRENT_STREAMS}_streams": []}
     profiles: dict[str, StepProfile] = {name: StepProfile() for name in rates}
     for repetition in range(REPETITIONS):
