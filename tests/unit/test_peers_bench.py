@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from benchmarks.peers import cpu
-from benchmarks.peers.suite import goals
+from benchmarks.peers.verdicts import goals
 
 
 def test_unmeasured_goals_are_misses_with_a_reason() -> None:
