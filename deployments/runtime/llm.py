@@ -175,6 +175,7 @@ class LLMRuntime:
         self.steps = 0
         self.max_batch_seen = 0
         self.profile = StepProfile()
+        self._closing = False  # read by the engine thread between back-to-back steps
 
     # ---- request side -------------------------------------------------------------------
 
@@ -303,8 +304,10 @@ class LLMRuntime:
         batch = running + admitted
         chunks = self._profiled_step(admitted, running)
         loop.call_soon_threadsafe(_deliver, batch, chunks)
-        while not any(s.finished or s.cancelled for s in batch) and not (
-            self._waiting and len(batch) < self.max_batch_size
+        while (
+            not self._closing
+            and not any(s.finished or s.cancelled for s in batch)
+            and not (self._waiting and len(batch) < self.max_batch_size)
         ):
             chunks = self._profiled_step([], batch)
             loop.call_soon_threadsafe(_deliver, batch, chunks)
@@ -353,6 +356,7 @@ class LLMRuntime:
         return self._batch
 
     def close(self) -> None:
+        self._closing = True
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
