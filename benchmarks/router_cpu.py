@@ -55,7 +55,8 @@ from deployments.serving.services import build_services
 DIMENSION = 384  # all-MiniLM-L6-v2, the default embedding model
 USER_KEY = "sk-bench-0123456789abcdef"
 SENTENCE = "The quick brown fox jumps over the lazy dog near the riverbank at dawn."
-# Goal of issue 14: router CPU per embedding request, measured from its process.
+# Issue 14 wants <= 1 ms of router-replica CPU per embedding request; the app's own share must
+# stay well under it, so the in-process figure is held to the same bound.
 EMBEDDING_CPU_GOAL_US = 1000.0
 
 
@@ -335,11 +336,14 @@ def run_router_cpu_suite(
         "endpoints": measured,
         "encoders": encoder_comparison(),
         "goals": {
-            "embedding_router_cpu_us": {
+            "embedding_router_app_cpu_us": {
                 "value": embedding_us,
                 "target": EMBEDDING_CPU_GOAL_US,
                 "met": embedding_us <= EMBEDDING_CPU_GOAL_US,
-                "note": "in-process router app (no Ray replica overhead), 1 text, 384-d floats",
+                "note": (
+                    "the router app alone, in process, 1 text, 384-d floats; the router replica's "
+                    "process adds Ray Serve's per-request work (measured end to end elsewhere)"
+                ),
             }
         },
     }
