@@ -52,7 +52,7 @@ def openai_routes(services: RouterServices) -> APIRouter:
     @routes.post("/v1/embeddings", response_model=CreateEmbeddingResponse)
     async def embeddings(body: EmbeddingRequest, caller: Authenticated) -> Response:
         answer = await services.embeddings.create(body, caller.context, caller.telemetry)
-        return json_response(answer.value, answer.headers)
+        return json_response(answer.value.body(), answer.headers)
 
     @routes.post("/v1/moderations", response_model=ModerationCreateResponse)
     async def moderations(body: ModerationRequest, caller: Authenticated) -> Response:

@@ -1,31 +1,53 @@
-"""JSON bodies, encoded once: our answers are already validated models, so routes return them as
-responses directly instead of letting FastAPI validate them again."""
+"""JSON bodies, encoded once and in one place, by orjson: our answers are already validated models
+or plain data built from them, so routes return them as responses directly instead of letting
+FastAPI validate them again, and numpy vectors are written as they are, never as one Python float
+per dimension."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+import numpy as np
+import orjson
+from starlette.responses import Response
+
+from deployments.protocol import json_ready
+
+# float32 arrays are written as the shortest text that reads back as the same float32.
+OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 
 
-def jsonable(value: Any) -> Any:
-    """A response model (or plain data holding some) as JSON-ready data."""
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json", by_alias=True)
-    if isinstance(value, list):
-        return [jsonable(item) for item in value]
-    return value
+def _default(value: Any) -> Any:
+    """What orjson leaves to us: arrays it will not write as they are (a non-contiguous slice,
+    an unsupported dtype) and numpy scalars of such dtypes."""
+    if isinstance(value, np.ndarray):
+        return np.ascontiguousarray(value).tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def encode_json(body: Any) -> bytes:
+    """`body` (a response model, plain data holding some, numpy arrays) as compact UTF-8 JSON."""
+    return orjson.dumps(json_ready(body), default=_default, option=OPTIONS)
+
+
+class JSONBody(Response):
+    """Starlette's JSONResponse, encoded by `encode_json`."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return encode_json(content)
 
 
 def json_response(
     body: Any, headers: Mapping[str, str] | None = None, status: int = 200
-) -> JSONResponse:
-    return JSONResponse(jsonable(body), status_code=status, headers=dict(headers or {}))
+) -> JSONBody:
+    return JSONBody(body, status_code=status, headers=dict(headers or {}))
 
 
 def json_text(body: Any) -> str:
-    """One SSE event's data, encoded as JSONResponse would encode it."""
-    return json.dumps(jsonable(body), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    """One SSE event's data, encoded as `json_response` encodes a body."""
+    return encode_json(body).decode()

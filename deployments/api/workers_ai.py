@@ -16,11 +16,11 @@ from deployments.errors import ServingError
 from deployments.protocol import (
     WORKERS_INPUT_BY_TASK,
     WorkersChatResult,
-    WorkersEmbeddingResult,
     error_envelope,
     ok_envelope,
     request_error_from_validation,
     workers_chat_to_chat_request,
+    workers_embedding_result,
 )
 from deployments.runtime.llm import GenerationChunk
 from deployments.serving.services import RouterServices
@@ -61,7 +61,7 @@ def workers_ai_routes(services: RouterServices) -> APIRouter:
             )
         elif model.task == "embedding":
             answer = await services.embeddings.embed(model.name, task_input.texts, ctx, telemetry)
-            result = WorkersEmbeddingResult.from_vectors(answer.value.vectors)
+            result = workers_embedding_result(answer.value.vectors)
         else:
             answer = await services.moderations.classify(
                 model.name, task_input.texts, ctx, telemetry

@@ -23,12 +23,14 @@ from deployments.protocol.common import (
     chat_completion_id,
     created_timestamp,
     ensure_utf8,
+    json_ready,
     make_id,
     moderation_id,
 )
 from deployments.protocol.embeddings import (
     CreateEmbeddingResponse,
     Embedding,
+    EmbeddingList,
     EmbeddingRequest,
     EmbeddingUsage,
     encode_embedding_base64,
@@ -56,6 +58,7 @@ from deployments.protocol.workers_ai import (
     error_envelope,
     ok_envelope,
     workers_chat_to_chat_request,
+    workers_embedding_result,
 )
 
 __all__ = [
@@ -70,6 +73,7 @@ __all__ = [
     "ChunkChoice",
     "CreateEmbeddingResponse",
     "Embedding",
+    "EmbeddingList",
     "EmbeddingRequest",
     "EmbeddingUsage",
     "FinishReason",
@@ -100,10 +104,12 @@ __all__ = [
     "describe_validation_error",
     "encode_embedding_base64",
     "ensure_utf8",
+    "json_ready",
     "error_envelope",
     "make_id",
     "moderation_id",
     "ok_envelope",
     "request_error_from_validation",
     "workers_chat_to_chat_request",
+    "workers_embedding_result",
 ]

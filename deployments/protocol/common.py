@@ -177,3 +177,13 @@ def moderation_id(uuid_source: Callable[[], uuid.UUID] = uuid.uuid4) -> str:
 def created_timestamp(clock: Callable[[], float] = time.time) -> int:
     """Unix seconds, as OpenAI's `created` fields are."""
     return int(clock())
+
+
+def json_ready(value: Any) -> Any:
+    """A response model, or plain data holding some (in lists), as data a JSON encoder writes;
+    anything else (dicts, numpy arrays) is left as it is."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", by_alias=True)
+    if isinstance(value, list):
+        return [json_ready(item) for item in value]
+    return value

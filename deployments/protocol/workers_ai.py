@@ -25,6 +25,7 @@ from deployments.protocol.common import (
     Utf8Str,
     as_text_list,
     check_text_inputs,
+    json_ready,
 )
 from deployments.protocol.embeddings import MAX_EMBEDDING_INPUTS
 from deployments.protocol.models import Task
@@ -121,17 +122,19 @@ class WorkersChatResult(ResponseModel):
 
 
 class WorkersEmbeddingResult(ResponseModel):
+    """The documented schema; bodies are built by `workers_embedding_result`."""
+
     shape: list[int]
     data: list[list[float]]
 
-    @classmethod
-    def from_vectors(
-        cls, vectors: np.ndarray | Sequence[Sequence[float]]
-    ) -> WorkersEmbeddingResult:
-        matrix = np.asarray(vectors, dtype=np.float32)
-        if matrix.ndim != 2:
-            raise ValueError(f"expected one vector per text, got an array of shape {matrix.shape}")
-        return cls(shape=list(matrix.shape), data=matrix.tolist())
+
+def workers_embedding_result(vectors: np.ndarray | Sequence[Sequence[float]]) -> dict[str, Any]:
+    """A `WorkersEmbeddingResult` as JSON-ready data: the matrix stays float32 numpy, which the
+    router's encoder writes without a Python float per element."""
+    matrix = np.asarray(vectors, dtype=np.float32)
+    if matrix.ndim != 2:
+        raise ValueError(f"expected one vector per text, got an array of shape {matrix.shape}")
+    return {"shape": list(matrix.shape), "data": matrix}
 
 
 class WorkersError(ResponseModel):
@@ -147,8 +150,9 @@ class WorkersEnvelope(ResponseModel):
 
 
 def ok_envelope(result: Any) -> dict[str, Any]:
-    """The JSON body of a success; `result` may be a model, a list of models or plain data."""
-    return WorkersEnvelope(result=result, success=True).model_dump(mode="json")
+    """The JSON body of a success; `result` may be a model, a list of models or plain data
+    (numpy arrays included). Built as data: the envelope is ours, validating it is waste."""
+    return {"result": json_ready(result), "success": True, "errors": [], "messages": []}
 
 
 def error_envelope(status: int, message: str) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from openai.types.chat import ChatCompletion as SDKChatCompletion
 from openai.types.chat import ChatCompletionChunk as SDKChatCompletionChunk
 from pydantic import BaseModel, ValidationError
 
+from deployments.api.responses import encode_json
 from deployments.errors import EmptyInputError, InvalidRequestError, InvalidUTF8Error
 from deployments.protocol import (
     WORKERS_INPUT_BY_TASK,
@@ -36,9 +37,8 @@ from deployments.protocol import (
     ChoiceDelta,
     ChunkChoice,
     CreateEmbeddingResponse,
-    Embedding,
+    EmbeddingList,
     EmbeddingRequest,
-    EmbeddingUsage,
     ModelCard,
     ModelList,
     Moderation,
@@ -61,6 +61,7 @@ from deployments.protocol import (
     ok_envelope,
     request_error_from_validation,
     workers_chat_to_chat_request,
+    workers_embedding_result,
 )
 
 HELLO = [{"role": "user", "content": "hello"}]
@@ -393,16 +394,17 @@ def test_chunks_parse_with_sdk_types():
 
 
 def test_embedding_response_parses_with_sdk_types():
-    vectors = np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)
+    vectors = np.random.default_rng(0).standard_normal((2, 384)).astype(np.float32)
     for encoding in ("float", "base64"):
-        ours = CreateEmbeddingResponse(
-            data=[Embedding.from_vector(i, v, encoding) for i, v in enumerate(vectors)],
-            model="minilm",
-            usage=EmbeddingUsage(prompt_tokens=6, total_tokens=6),
-        )
-        body = ours.model_dump(mode="json")
+        # The bytes the router sends: the body built from the matrix, encoded by its encoder.
+        body = json.loads(encode_json(EmbeddingList(vectors, "minilm", 6, encoding).body()))
+        CreateEmbeddingResponse.model_validate(body)  # the schema /openapi.json documents
         if encoding == "float":
             sdk = SDKEmbeddingResponse.model_validate(body)
+            # Each float reads back (as float64, then float32) as exactly the replica's value.
+            assert np.array_equal(
+                np.array([d.embedding for d in sdk.data], dtype=np.float32), vectors
+            )
         else:
             # The SDK types `embedding` as list[float] only: strict validation refuses base64, so
             # its client builds the object leniently and then decodes.
@@ -415,6 +417,7 @@ def test_embedding_response_parses_with_sdk_types():
             np.array([d.embedding for d in decoded.data], dtype=np.float32), vectors
         )
         assert [d.index for d in decoded.data] == [0, 1] and decoded.usage.total_tokens == 6
+        assert body["object"] == "list" and body["model"] == "minilm"
 
 
 def test_base64_is_little_endian_float32():
@@ -494,15 +497,11 @@ def fake_server(request: httpx2.Request) -> httpx2.Response:
         )
     if path.endswith("/embeddings"):
         parsed = EmbeddingRequest.model_validate(body)
-        vectors = [np.full(4, len(text), dtype=np.float32) / 3 for text in parsed.texts]
-        response = CreateEmbeddingResponse(
-            data=[
-                Embedding.from_vector(i, v, parsed.encoding_format) for i, v in enumerate(vectors)
-            ],
-            model=parsed.model,
-            usage=EmbeddingUsage(prompt_tokens=2, total_tokens=2),
+        vectors = np.stack([np.full(4, len(text), dtype=np.float32) / 3 for text in parsed.texts])
+        response = EmbeddingList(vectors, parsed.model, 2, parsed.encoding_format)
+        return httpx2.Response(
+            200, content=encode_json(response.body()), headers={"content-type": "application/json"}
         )
-        return httpx2.Response(200, json=response.model_dump(mode="json"))
     if path.endswith("/moderations"):
         ModerationRequest.model_validate(body)
         return httpx2.Response(200, json=a_moderation_response().model_dump(mode="json"))
@@ -678,9 +677,12 @@ def test_workers_inputs_by_task():
 
 
 def test_workers_envelopes():
-    result = WorkersEmbeddingResult.from_vectors(np.ones((2, 3), dtype=np.float32))
-    assert ok_envelope(result) == {
-        "result": {"shape": [2, 3], "data": [[1.0] * 3] * 2},
+    result = workers_embedding_result(np.full((2, 3), 0.1, dtype=np.float32))
+    body = json.loads(encode_json(ok_envelope(result)))
+    WorkersEmbeddingResult.model_validate(body["result"])  # the documented schema
+    assert np.array_equal(np.array(body["result"]["data"], dtype=np.float32), result["data"])
+    assert body == {
+        "result": {"shape": [2, 3], "data": [[0.1] * 3] * 2},
         "success": True,
         "errors": [],
         "messages": [],
@@ -693,7 +695,7 @@ def test_workers_envelopes():
     }
     assert json.dumps(ok_envelope([a_moderation_response().results[0]]))
     with pytest.raises(ValueError):
-        WorkersEmbeddingResult.from_vectors(np.ones(3))
+        workers_embedding_result(np.ones(3))
 
 
 def test_protocol_imports_neither_ray_nor_fastapi():
