@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import llguidance
 import numpy as np
@@ -52,20 +53,32 @@ class GrammarCompiler:
         self.vocab_size = vocab_size
         self.eos_token_ids = tuple(eos_token_ids)
         self.token_bytes = [self.tokenizer.decode_bytes([t]) for t in range(vocab_size)]
-        self.closing_rank = {
-            True: self._closing_rank(CLOSING_IN_STRING),
-            False: self._closing_rank(CLOSING_OUTSIDE_STRING),
-        }
+        self._closing_ranks: dict[tuple[bool, str, str], np.ndarray] = {}
 
-    def _closing_rank(self, preference: Sequence[str]) -> np.ndarray:
-        preferred = {text.encode(): i + 1 for i, text in enumerate(preference)}
-        longest = max(len(b) for b in self.token_bytes)
-        base = len(preference) + 1
-        rank = np.array(
-            [preferred.get(b, base + longest - len(b)) for b in self.token_bytes], np.int64
-        )
-        rank[list(self.eos_token_ids)] = 0
-        return rank
+    def closing_rank(
+        self, in_string: bool, end_text: str = "", repeat_text: str = ""
+    ) -> np.ndarray:
+        """Each token's rank on the closing path (lower first). Pieces of `end_text` that are
+        not pieces of `repeat_text` come before other unlisted tokens: where a grammar may end
+        or repeat (one more tool call), the closing path ends."""
+        key = (in_string, end_text, repeat_text)
+        if key not in self._closing_ranks:
+            preference = CLOSING_IN_STRING if in_string else CLOSING_OUTSIDE_STRING
+            preferred = {text.encode(): i + 1 for i, text in enumerate(preference)}
+            longest = max(len(b) for b in self.token_bytes)
+            ending = (end_text.encode(), repeat_text.encode())
+            base = len(preference) + 1
+
+            def rank(piece: bytes) -> int:
+                if piece in preferred:
+                    return preferred[piece]
+                ends = bool(piece) and piece in ending[0] and piece not in ending[1]
+                return base + longest - len(piece) + (0 if ends else longest + 1)
+
+            table = np.array([rank(b) for b in self.token_bytes], np.int64)
+            table[list(self.eos_token_ids)] = 0
+            self._closing_ranks[key] = table
+        return self._closing_ranks[key]
 
     def json_schema(self, schema: Mapping[str, Any] | None) -> GrammarConstraint:
         """Text that is one JSON value valid against `schema` (None: any JSON object)."""
@@ -75,9 +88,14 @@ class GrammarCompiler:
         )
         return self._constraint(grammar, "response_format")
 
-    def lark(self, grammar: str, param: str) -> GrammarConstraint:
-        """Text in a Lark grammar (llguidance's dialect: `%json{...}` embeds a JSON schema)."""
-        return self._constraint(llguidance.LLMatcher.grammar_from_lark(grammar), param)
+    def lark(
+        self, grammar: str, param: str, end_text: str = "", repeat_text: str = ""
+    ) -> GrammarConstraint:
+        """Text in a Lark grammar (llguidance's dialect: `%json{...}` embeds a JSON schema).
+        `end_text`/`repeat_text`: see `closing_rank`."""
+        constraint = self._constraint(llguidance.LLMatcher.grammar_from_lark(grammar), param)
+        constraint.ending = (end_text, repeat_text)
+        return constraint
 
     def _constraint(self, grammar: str, param: str) -> GrammarConstraint:
         matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
@@ -98,6 +116,8 @@ class GrammarConstraint:
         self._closing_cost: int | None = None
         self._string = _StringState()
         self.closing = False
+        self.ending = ("", "")
+        self._margin = CLOSING_MARGIN_TOKENS
 
     @property
     def done(self) -> bool:
@@ -134,13 +154,14 @@ class GrammarConstraint:
         return steps if probe.is_stopped() else steps + 1  # + the end-of-sequence token
 
     def _near_budget_end(self, tokens_left: int) -> bool:
-        near = self._closing_cost is None or (
-            tokens_left <= self._closing_cost + 2 * CLOSING_MARGIN_TOKENS
-        )
-        if near:
+        if self._closing_cost is None:
             self._closing_cost = self.closing_cost()
-        assert self._closing_cost is not None
-        return tokens_left <= self._closing_cost + CLOSING_MARGIN_TOKENS
+            if self.ending[1]:
+                # One sampled token may start another repetition (a whole tool call): keep room.
+                self._margin += self._closing_cost
+        elif tokens_left <= self._closing_cost + 2 * self._margin:
+            self._closing_cost = self.closing_cost()
+        return tokens_left <= self._closing_cost + self._margin
 
     def _mask(self, matcher: llguidance.LLMatcher) -> np.ndarray:
         fill_next_token_bitmask(matcher, self._bitmask)
@@ -148,7 +169,7 @@ class GrammarConstraint:
         return bits[: self._compiler.vocab_size].astype(bool)
 
     def _best_closer(self, mask: np.ndarray, string: _StringState) -> int:
-        rank = self._compiler.closing_rank[string.inside]
+        rank = self._compiler.closing_rank(string.inside, *self.ending)
         return int(np.argmin(np.where(mask, rank, np.iinfo(np.int64).max)))
 
 
@@ -169,3 +190,20 @@ class _StringState:
                 self.escaped = True
             elif byte == 0x22:  # quote
                 self.inside = not self.inside
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """What a request's output must match, before it is compiled for a model: a JSON schema
+    (None: any JSON object) or a Lark grammar. Plain data, so it crosses a Ray call."""
+
+    kind: Literal["json_schema", "lark"]
+    source: Any = None
+    param: str = "response_format"  # the request field an invalid grammar is blamed on
+    end_text: str = ""  # Lark: the text that ends it, where it may also repeat ...
+    repeat_text: str = ""  # ... this text (see GrammarCompiler.closing_rank)
+
+    def compile(self, compiler: GrammarCompiler) -> GrammarConstraint:
+        if self.kind == "lark":
+            return compiler.lark(str(self.source), self.param, self.end_text, self.repeat_text)
+        return compiler.json_schema(self.source)

@@ -163,8 +163,9 @@ def sample_batch(
         seen = np.zeros((batch, vocab), bool)
         for row, s in enumerate(states):
             if s.output_counts is not None and s.prompt_seen is not None:
-                counts[row] = s.output_counts[:vocab]
-                seen[row] = s.prompt_seen[:vocab]
+                width = min(vocab, len(s.output_counts))
+                counts[row, :width] = s.output_counts[:width]
+                seen[row, :width] = s.prompt_seen[:width]
         seen |= counts > 0
         rep = np.array([p.repetition_penalty for p in params])[:, None]
         # CTRL's rule: shrink a seen token's positive logit, grow its negative one.
