@@ -136,6 +136,10 @@ class GrammarConstraint:
             return only
         return mask
 
+    def first_mask(self) -> np.ndarray:
+        """The allowed tokens now, ignoring the budget."""
+        return self._mask(self._matcher)
+
     def accept(self, token: int) -> None:
         if not self._matcher.consume_token(token):
             raise RuntimeError(f"grammar refused token {token}: {self._matcher.get_error()}")
