@@ -61,7 +61,12 @@ def check_text_inputs(value: Any, *, max_items: int) -> Any:
         raise PydanticCustomError(EMPTY_INPUT, "must not be an empty list")
     is_token_ids = all(isinstance(item, int) and not isinstance(item, bool) for item in value)
     if is_token_ids or all(isinstance(item, list) for item in value):
-        raise PydanticCustomError(UNSUPPORTED_CONTENT, "token arrays are not supported; send text")
+        raise PydanticCustomError(
+            UNSUPPORTED_CONTENT,
+            "token arrays are not supported: they are ids of another model's tokenizer "
+            "(OpenAI's tiktoken), which mean nothing to ours; send the text itself (LangChain: "
+            "OpenAIEmbeddings(..., check_embedding_ctx_length=False))",
+        )
     if len(value) > max_items:
         raise PydanticCustomError(
             "too_long",

@@ -62,6 +62,7 @@ from deployments.protocol import (
     request_error_from_validation,
     workers_chat_to_chat_request,
 )
+from deployments.protocol.moderations import OPENAI_CATEGORIES
 
 HELLO = [{"role": "user", "content": "hello"}]
 LONE_SURROGATE = "ok \ud800"
@@ -245,8 +246,8 @@ def test_embedding_request():
         ("", "empty string", EmptyInputError),
         ([], "empty list", EmptyInputError),
         (["a", ""], "item 1 is empty", EmptyInputError),
-        ([1, 2, 3], "token arrays are not supported; send text", InvalidRequestError),
-        ([[1, 2], [3]], "token arrays are not supported; send text", InvalidRequestError),
+        ([1, 2, 3], "token arrays are not supported", InvalidRequestError),
+        ([[1, 2], [3]], "check_embedding_ctx_length=False", InvalidRequestError),
         (["a", 5], "item 1 must be a string", InvalidRequestError),
         ({"text": "a"}, "a string or a list of strings", InvalidRequestError),
     ],
@@ -446,8 +447,10 @@ def a_moderation_response() -> ModerationCreateResponse:
 def test_moderation_from_scores():
     verdict = Moderation.from_scores({"b": 0.2, "a": 0.7}, {"b": False, "a": True})
     assert verdict.flagged is True
-    assert list(verdict.categories) == ["a", "b"]  # sorted: stable bytes
-    assert verdict.category_applied_input_types == {"a": ["text"], "b": ["text"]}
+    assert list(verdict.categories) == sorted({"a", "b", *OPENAI_CATEGORIES})  # stable bytes
+    applied = verdict.category_applied_input_types or {}
+    assert applied["a"] == applied["b"] == ["text"] and applied["hate"] == []
+    assert verdict.categories["hate"] is False and verdict.category_scores["hate"] == 0.0
     assert Moderation.from_scores({"a": 0.1}, {"a": False}).flagged is False
     with pytest.raises(ValueError):
         Moderation.from_scores({"a": 0.1}, {"b": False})
@@ -461,15 +464,16 @@ def test_moderation_response_parses_as_the_sdk_client_does():
     assert result.flagged is True
     assert result.categories.harassment is True and result.categories.profanity is True
     assert result.category_scores.harassment == pytest.approx(0.9)
-    # OpenAI's categories we do not score come out as None, not False.
-    assert result.categories.hate is None
+    # OpenAI's categories we do not judge are present and false, as the SDK's types require.
+    assert result.categories.hate is False and result.category_scores.hate == 0.0
 
 
-def test_strict_sdk_validation_wants_all_thirteen_openai_categories():
-    with pytest.raises(ValidationError) as caught:
-        SDKModerationResponse.model_validate(a_moderation_response().model_dump(mode="json"))
-    missing = {e["loc"][-1] for e in caught.value.errors() if e["type"] == "missing"}
-    assert {"hate", "self-harm", "violence"} <= missing and "harassment" not in missing
+def test_strict_sdk_validation_finds_all_thirteen_openai_categories():
+    body = a_moderation_response().model_dump(mode="json")
+    result = SDKModerationResponse.model_validate(body).results[0]
+    assert result.categories.self_harm_intent is False
+    assert result.category_applied_input_types.violence == []
+    assert result.category_applied_input_types.harassment == ["text"]
 
 
 # ---- the real SDK client against a fake server built on our types ----------------------------
