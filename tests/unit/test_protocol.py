@@ -120,7 +120,19 @@ def test_chat_request_full():
 @pytest.mark.parametrize(
     ("fields", "param", "fragment"),
     [
-        ({"n": 2}, "n", "only n=1 is supported"),
+        ({"n": 9}, "n", "less than or equal to 8"),
+        ({"audio": {"voice": "x"}}, "audio", "'audio' is an OpenAI parameter"),
+        ({"top_logprobs": 3}, "top_logprobs", "requires logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "less than or equal to 20"),
+        ({"logit_bias": {"abc": 1}}, "logit_bias", "keys must be token ids"),
+        ({"logit_bias": {"5": 101}}, "logit_bias", "between -100 and 100"),
+        ({"frequency_penalty": 3}, "frequency_penalty", "less than or equal to 2"),
+        ({"tool_choice": "required"}, "tool_choice", "only allowed with tools"),
+        (
+            {"response_format": {"type": "json_schema"}},
+            "response_format",
+            "json_schema is required",
+        ),
         ({"temperature": 3}, "temperature", "less than or equal to 2"),
         ({"top_p": 0}, "top_p", "greater than 0"),
         ({"messages": []}, "messages", "at least 1 item"),
@@ -180,20 +192,23 @@ def test_text_parts_are_joined_and_developer_plays_system():
 def test_unknown_fields_are_accepted_ignored_and_reported():
     request = chat(
         user="u-1",
+        store=True,
         logit_bias={"50256": -100},
         frequency_penalty=0.5,
         messages=[{"role": "user", "content": [{"type": "text", "text": "x", "cache": 1}], "x": 1}],
         stream=True,
         stream_options={"include_usage": True, "include_obfuscation": False},
+        vendor_extension={"a": 1},
     )
+    # OpenAI's own fields are honoured (penalties, bias) or ignored on purpose (user, store):
+    # only what OpenAI does not define is reported.
     assert request.ignored_fields() == [
-        "frequency_penalty",
-        "logit_bias",
         "messages.0.content.0.cache",
         "messages.0.x",
         "stream_options.include_obfuscation",
-        "user",
+        "vendor_extension",
     ]
+    assert request.logit_bias == {"50256": -100.0} and request.frequency_penalty == 0.5
     # Ignored means ignored: nothing of them is kept or dumped.
     assert "user" not in request.model_dump()
     assert "x" not in request.messages[0].model_dump()
@@ -587,7 +602,7 @@ def test_openapi_schema_via_fastapi():
         app.post(f"/e{index}", response_model=response_model)(endpoint)
     schemas = app.openapi()["components"]["schemas"]
     chat_schema = schemas["ChatCompletionRequest"]["properties"]
-    assert chat_schema["n"]["maximum"] == 1
+    assert chat_schema["n"]["maximum"] == 8
     assert chat_schema["temperature"]["maximum"] == 2
     assert schemas["ChatCompletionRequest"]["properties"]["messages"]["minItems"] == 1
     assert {"ChatMessage", "TextContentPart", "Usage", "Choice"} <= set(schemas)
@@ -615,20 +630,22 @@ def test_through_fastapi_errors_describe_the_same_way_and_ignored_fields_are_kep
     with TestClient(app) as test_client:
         post = test_client.post
         assert (
-            post("/v1/chat/completions", json={"model": "m", "messages": HELLO, "n": 3}).status_code
+            post(
+                "/v1/chat/completions", json={"model": "m", "messages": HELLO, "n": 30}
+            ).status_code
             == 400
         )
         post("/v1/chat/completions", content=b"{not json", headers=json_body)
         # FastAPI decodes with json.loads, which lets a lone surrogate through to our validator.
         raw = b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}'
         post("/v1/chat/completions", content=raw, headers=json_body)
-        ok = post("/v1/chat/completions", json={"model": "m", "messages": HELLO, "user": "u"})
+        ok = post("/v1/chat/completions", json={"model": "m", "messages": HELLO, "userx": "u"})
         assert ok.status_code == 200
     n_error, json_error, utf8_error = problems
-    assert (n_error.param, n_error.message) == ("n", "n: only n=1 is supported, got 3")
+    assert (n_error.param, n_error.message) == ("n", "n: Input should be less than or equal to 8")
     assert json_error.param is None and "not valid JSON" in json_error.message
     assert isinstance(utf8_error, InvalidUTF8Error) and utf8_error.param == "messages.0.content"
-    assert ignored == [["user"]]
+    assert ignored == [["userx"]]
 
 
 # ---- Workers AI ------------------------------------------------------------------------------
