@@ -16,6 +16,8 @@ from deployments.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChoiceDelta,
+    ChoiceDeltaToolCall,
+    ChoiceLogprobs,
     ChunkChoice,
     CreateEmbeddingResponse,
     EmbeddingRequest,
@@ -65,8 +67,9 @@ def openai_routes(services: RouterServices) -> APIRouter:
 async def openai_chunks(
     chat: ChatCompletionRequest, chunks: AsyncIterator[GenerationChunk]
 ) -> AsyncIterator[str]:
-    """`chat.completion.chunk` events: the assistant role first, then the text, then the usage
-    if the client asked for it."""
+    """`chat.completion.chunk` events: per choice the assistant role first, then the text (with
+    its tokens' logprobs if asked), the tool calls with the last chunk, then the usage if the
+    client asked for it."""
     chunk_id, created = chat_completion_id(), created_timestamp()
 
     def event(choices: list[ChunkChoice], usage: Usage | None = None) -> str:
@@ -74,11 +77,19 @@ async def openai_chunks(
             id=chunk_id, created=created, model=chat.model, choices=choices, usage=usage
         ).model_dump_json()
 
-    yield event([ChunkChoice(index=0, delta=ChoiceDelta(role="assistant", content=""))])
+    for index in range(chat.n):
+        yield event([ChunkChoice(index=index, delta=ChoiceDelta(role="assistant", content=""))])
     last: GenerationChunk | None = None
     async for chunk in chunks:
         last = chunk
-        delta = ChoiceDelta(content=chunk.text)
-        yield event([ChunkChoice(index=0, delta=delta, finish_reason=chunk.finish_reason)])
+        calls = [ChoiceDeltaToolCall.from_call(i, c) for i, c in enumerate(chunk.tool_calls)]
+        delta = ChoiceDelta(
+            content=chunk.text if chunk.text or not calls else None, tool_calls=calls or None
+        )
+        logprobs = ChoiceLogprobs.from_tokens(chunk.logprobs) if chat.logprobs else None
+        choice = ChunkChoice(
+            index=chunk.index, delta=delta, logprobs=logprobs, finish_reason=chunk.finish_reason
+        )
+        yield event([choice])
     if chat.include_usage and last is not None:
         yield event([], Usage.from_counts(last.prompt_tokens, last.completion_tokens))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -94,7 +95,12 @@ class ChatServer(ModelServer[LLMRuntime]):
             chunks = self.runtime.stream(
                 messages, params, timings=call.timings, **self._options(features)
             )
+            # With n > 1, each chunk reports the tokens of all choices so far: what the caller
+            # meters and reports as usage.
+            generated: dict[int, int] = {}
             async for chunk in stream_with_tool_calls(chunks, self.tool_format, features):
+                generated[chunk.index] = chunk.completion_tokens
+                chunk = dataclasses.replace(chunk, completion_tokens=sum(generated.values()))
                 if chunk.finish_reason is not None:
                     call.usage(
                         input_tokens=chunk.prompt_tokens,
