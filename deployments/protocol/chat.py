@@ -276,6 +276,11 @@ class ChatCompletionRequest(OpenAIRequest):
     verbosity: Any = Field(default=None, exclude=True)
     web_search_options: Any = Field(default=None, exclude=True)
     # Extensions (vLLM's and Workers AI's names)
+    raw: bool = Field(
+        default=False,
+        description="Extension (Workers AI): the one user message is the whole prompt, sent "
+        "without the chat template; special-token strings in it stay text.",
+    )
     top_k: int = Field(default=0, ge=0, description="Extension: 0 keeps every token.")
     repetition_penalty: float = Field(
         default=1.0, gt=0.0, le=2.0, description="Extension: 1 is off."
@@ -295,6 +300,16 @@ class ChatCompletionRequest(OpenAIRequest):
     @classmethod
     def _check_logit_bias(cls, value: Any) -> Any:
         return check_logit_bias(value)
+
+    @field_validator("raw")
+    @classmethod
+    def _raw_is_one_prompt(cls, value: bool, info: ValidationInfo) -> bool:
+        messages = info.data.get("messages") or []
+        if value and (len(messages) != 1 or messages[0].role != "user"):
+            raise PydanticCustomError(
+                "raw_prompt", "raw takes exactly one user message (the prompt)"
+            )
+        return value
 
     @field_validator("top_logprobs")
     @classmethod

@@ -23,6 +23,7 @@ class ChatFeatures:
     tool_choice: str = "auto"
     parallel_tool_calls: bool = True
     response_format: Mapping[str, Any] | None = None
+    raw: bool = False  # the last message's content is the whole prompt: no chat template
 
     @property
     def tool_names(self) -> list[str]:

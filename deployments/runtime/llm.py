@@ -232,12 +232,16 @@ class LLMRuntime:
 
     def prepare(
         self,
-        messages: Sequence[Mapping[str, Any]],
+        messages: Sequence[Mapping[str, Any]] | str,
         params: SamplingParams,
         tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> tuple[list[int], int]:
-        """Tokenize and check the context; returns (prompt ids, max new tokens)."""
-        prompt = self.tokenizer.encode_chat(messages, tools=tools)
+        """Tokenize and check the context; returns (prompt ids, max new tokens). A string is a
+        raw prompt: no chat template, and special-token strings in it stay text."""
+        if isinstance(messages, str):
+            prompt = self.tokenizer.encode_text(messages)
+        else:
+            prompt = self.tokenizer.encode_chat(messages, tools=tools)
         room = self.context_length - len(prompt)
         if room <= 0:
             raise ContextLengthExceededError(
@@ -255,7 +259,7 @@ class LLMRuntime:
 
     async def stream(
         self,
-        messages: Sequence[Mapping[str, Any]],
+        messages: Sequence[Mapping[str, Any]] | str,
         params: SamplingParams,
         timings: InferenceTimings | None = None,
         *,
@@ -307,7 +311,7 @@ class LLMRuntime:
 
     async def complete(
         self,
-        messages: Sequence[Mapping[str, Any]],
+        messages: Sequence[Mapping[str, Any]] | str,
         params: SamplingParams,
         timings: InferenceTimings | None = None,
         **options: Any,
@@ -317,7 +321,7 @@ class LLMRuntime:
 
     async def complete_choices(
         self,
-        messages: Sequence[Mapping[str, Any]],
+        messages: Sequence[Mapping[str, Any]] | str,
         params: SamplingParams,
         timings: InferenceTimings | None = None,
         **options: Any,

@@ -119,6 +119,13 @@ class ChatTokenizer:
         flush()
         return ids
 
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of client text outside any template (a raw prompt): never special."""
+        _check_utf8(text, param="prompt")
+        if not text:
+            raise EmptyInputError("the prompt is empty", param="prompt")
+        return self._plain.encode(text, add_special_tokens=False).ids
+
     def encode(self, text: str) -> list[int]:
         """Token ids of trusted text (e.g. a rendered prompt): special-token strings in it become
         their single ids. Use `encode_chat` for anything a client wrote."""

@@ -43,6 +43,12 @@ class ChatServer(ModelServer[LLMRuntime]):
             self.runtime.manifest.family, list(self.runtime.tokenizer.special_tokens)
         )
 
+    @staticmethod
+    def _prompt(
+        messages: Sequence[Mapping[str, Any]], features: ChatFeatures
+    ) -> Sequence[Mapping[str, Any]] | str:
+        return str(messages[-1]["content"]) if features.raw else messages
+
     def _options(self, features: ChatFeatures) -> dict[str, Any]:
         fmt = self.tool_format
         return {
@@ -73,7 +79,10 @@ class ChatServer(ModelServer[LLMRuntime]):
         features = features or ChatFeatures()
         with self._call(traceparent, params, stream=False) as call:
             choices = await self.runtime.complete_choices(
-                messages, params, timings=call.timings, **self._options(features)
+                self._prompt(messages, features),
+                params,
+                timings=call.timings,
+                **self._options(features),
             )
             choices = [with_tool_calls(c, self.tool_format, features) for c in choices]
             call.usage(
@@ -93,7 +102,10 @@ class ChatServer(ModelServer[LLMRuntime]):
         features = features or ChatFeatures()
         with self._call(traceparent, params, stream=True) as call:
             chunks = self.runtime.stream(
-                messages, params, timings=call.timings, **self._options(features)
+                self._prompt(messages, features),
+                params,
+                timings=call.timings,
+                **self._options(features),
             )
             # With n > 1, each chunk reports the tokens of all choices so far: what the caller
             # meters and reports as usage.

@@ -47,6 +47,7 @@ def chat_features(chat: ChatCompletionRequest) -> ChatFeatures:
         tool_choice=chat.tool_choice_name,
         parallel_tool_calls=chat.parallel_tool_calls,
         response_format=chat.response_format.as_dict() if chat.response_format else None,
+        raw=chat.raw,
     )
 
 
