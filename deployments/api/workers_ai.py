@@ -27,6 +27,7 @@ from deployments.protocol import (
 )
 from deployments.protocol.workers_ai import (
     MAX_MODELS_PER_PAGE,
+    WorkersModerationVerdict,
     WorkersToolCall,
     page_envelope,
     unknown_fields_error,
@@ -84,7 +85,7 @@ def workers_ai_routes(services: RouterServices, prefix: str = PREFIX) -> APIRout
             answer = await services.moderations.classify(
                 model.name, task_input.texts, ctx, telemetry
             )
-            result = answer.value
+            result = [WorkersModerationVerdict.of(verdict) for verdict in answer.value]
         return json_response(ok_envelope(result), answer.headers)
 
     @routes.get("/models/search")

@@ -33,7 +33,7 @@ from deployments.protocol.common import (
 )
 from deployments.protocol.embeddings import MAX_EMBEDDING_INPUTS
 from deployments.protocol.models import Task
-from deployments.protocol.moderations import MAX_MODERATION_INPUTS
+from deployments.protocol.moderations import MAX_MODERATION_INPUTS, Moderation
 
 # The fields a Workers chat input shares, by name and meaning, with the OpenAI chat request.
 SHARED_CHAT_FIELDS = frozenset(
@@ -304,3 +304,20 @@ def page_envelope(models: Sequence[WorkersModel], page: int, per_page: int) -> d
         page=page, per_page=per_page, count=len(chosen), total_count=len(models)
     ).model_dump()
     return body
+
+
+class WorkersModerationVerdict(Moderation):
+    """A moderation verdict over Workers AI: OpenAI's fields plus Workers AI's text
+    classification pair (`label`, `score`), so the cloudflare SDK's `TextClassification`
+    type is filled too."""
+
+    label: Literal["FLAGGED", "SAFE"]
+    score: float = Field(description="the highest category score")
+
+    @classmethod
+    def of(cls, verdict: Moderation) -> WorkersModerationVerdict:
+        return cls(
+            **verdict.model_dump(),
+            label="FLAGGED" if verdict.flagged else "SAFE",
+            score=max(verdict.category_scores.values(), default=0.0),
+        )

@@ -180,17 +180,25 @@ def test_a_two_turn_tool_conversation(client: openai.OpenAI, model: str) -> None
 def test_cloudflare_ai_run_chat_plain_and_streamed(cf: cloudflare.Cloudflare) -> None:
     result = cf.ai.run(GLM, account_id=ACCOUNT, prompt="Hello", max_tokens=8)
     assert isinstance(result["response"], str) and result["usage"]["completion_tokens"] <= 8
-    # The SDK hands a stream back as its server-sent events, as it does from Cloudflare.
-    events = cf.ai.run(GLM, account_id=ACCOUNT, prompt="Hello", max_tokens=8, stream=True)
-    data = [line[len("data: ") :] for line in events.splitlines() if line.startswith("data: ")]
+    # A stream is read as the SDK documents it: with_streaming_response, line by line (its
+    # plain `run` cannot unwrap server-sent events, from Cloudflare either).
+    with cf.ai.with_streaming_response.run(
+        GLM, account_id=ACCOUNT, prompt="Hello", max_tokens=8, stream=True
+    ) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        data = [
+            line[len("data: ") :] for line in response.iter_lines() if line.startswith("data: ")
+        ]
     assert data[-1] == "[DONE]" and all("response" in json.loads(d) for d in data[:-1])
 
 
 def test_cloudflare_ai_run_embeddings_and_moderation(cf: cloudflare.Cloudflare) -> None:
     vectors = cf.ai.run(EMBEDDING, account_id=ACCOUNT, text=["a sea", "a coast"])
     assert vectors["shape"] == [2, 384] and len(vectors["data"]) == 2
-    verdicts = cf.ai.run(MODERATION, account_id=ACCOUNT, text="you are a wonderful person")
-    assert verdicts[0]["flagged"] is False
+    # The SDK reads a verdict as its TextClassification (label, score); OpenAI's fields come along.
+    (verdict,) = cf.ai.run(MODERATION, account_id=ACCOUNT, text="you are a wonderful person")
+    assert verdict.label == "SAFE" and 0.0 <= verdict.score <= 1.0
+    assert verdict.flagged is False and verdict.categories["hate"] is False
 
 
 def test_cloudflare_models_list(cf: cloudflare.Cloudflare) -> None:

@@ -34,6 +34,10 @@ def test_workers_ai_run_with_a_catalogue_name(client: TestClient, prefix: str) -
         headers=USER,
     ).json()["result"]
     assert embedded["shape"][0] == 2 and len(embedded["data"]) == 2
+    (verdict,) = client.post(
+        f"{prefix}/run/@cf/ray-edge-ai/profanity-check", json={"text": "darn"}, headers=USER
+    ).json()["result"]
+    assert (verdict["label"], verdict["score"], verdict["flagged"]) == ("FLAGGED", 0.9, True)
 
 
 @pytest.mark.parametrize("prefix", ACCOUNT_PATHS)
