@@ -76,6 +76,11 @@ class ToolCallFormat(ABC):
     def parse(self, text: str, names: Sequence[str]) -> tuple[str, list[ToolCall]]:
         """(content, calls) of a whole answer; text that holds no valid call is all content."""
 
+    def might_call(self, head: str, names: Sequence[str]) -> bool | None:
+        """Whether an answer beginning with `head` holds calls (None: cannot tell yet). By
+        default calls may follow content: they start at `start_marker`."""
+        return self.start_marker in head
+
 
 class Glm4ToolCalls(ToolCallFormat):
     start_marker = ""  # a call starts with a tool name: decided on the first line
@@ -110,7 +115,7 @@ class Glm4ToolCalls(ToolCallFormat):
         return ("", calls) if calls else (text, [])
 
     def might_call(self, head: str, names: Sequence[str]) -> bool | None:
-        """Whether an answer beginning with `head` is a call (None: cannot tell yet)."""
+        # A call starts the answer with a tool's name and a newline; text starts otherwise.
         first, newline, _ = head.partition("\n")
         if newline:
             return first in names
@@ -184,7 +189,7 @@ class ToolCallStream:
         """The content that is safe to pass on after `text`."""
         self._held += text
         if self._calling is None:
-            self._calling = self._decide()
+            self._calling = self._fmt.might_call(self._held, self._names)
         if self._calling is not False:
             return ""
         out, self._held = self._split_safe(self._held)
@@ -194,12 +199,6 @@ class ToolCallStream:
         """The content still held, and the calls."""
         held, self._held = self._held, ""
         return self._fmt.parse(held, self._names)
-
-    def _decide(self) -> bool | None:
-        if isinstance(self._fmt, Glm4ToolCalls):
-            return self._fmt.might_call(self._held, self._names)
-        # Kimi: content may come first; calls begin at the marker.
-        return self._fmt.start_marker in self._held
 
     def _split_safe(self, text: str) -> tuple[str, str]:
         marker = self._fmt.start_marker

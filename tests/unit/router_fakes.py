@@ -185,4 +185,5 @@ def services_for(
     environ: Mapping[str, str] | None = None,
 ) -> RouterServices:
     keys = KeyStore.from_env(environ or {}, config.security)
-    return build_services(config, handles, keys=keys)
+    # A frozen clock: the token buckets never refill during a test, so charges are exact.
+    return build_services(config, handles, keys=keys, clock=lambda: 0.0)
