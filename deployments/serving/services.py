@@ -61,8 +61,7 @@ def build_services(
     clock: Callable[[], float] = time.monotonic,
 ) -> RouterServices:
     """`handles`: one per model deployment, by model name. `rate_limit_share`: this replica's part
-    of each key's budget (1/N with N router replicas). `clock`: the rate limiter's (tests freeze
-    it)."""
+    of each key's budget (1/N with N router replicas). `clock`: the rate limiter's (tests)."""
     router = config.router
     catalogue = ModelCatalogue(
         {
@@ -86,7 +85,7 @@ def build_services(
     )
     cached = CachedAnswers(ResponseCache(router.cache), edge)
     security = config.security
-    admission = Admission(RateLimiter(clock, share=rate_limit_share), security.request_limits)
+    admission = Admission(RateLimiter(clock=clock, share=rate_limit_share), security.request_limits)
     gate_config = security.moderation_gate
 
     async def flags(texts: list[str]) -> list[bool]:

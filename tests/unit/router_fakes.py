@@ -185,5 +185,5 @@ def services_for(
     environ: Mapping[str, str] | None = None,
 ) -> RouterServices:
     keys = KeyStore.from_env(environ or {}, config.security)
-    # A frozen clock: the token buckets never refill during a test, so charges are exact.
+    # A clock that stands still: token buckets refill with time, and a loaded machine is slow.
     return build_services(config, handles, keys=keys, clock=lambda: 0.0)
