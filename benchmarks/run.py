@@ -30,6 +30,7 @@ SUITES: tuple[str, ...] = (
     "coldstart",
     "security",
     "peers",
+    "structured",
 )
 
 DEFAULT_MODELS_DIR = "models"

@@ -5,6 +5,7 @@ per dimension."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +17,8 @@ from deployments.protocol import json_ready
 
 # float32 arrays are written as the shortest text that reads back as the same float32.
 OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+
+log = logging.getLogger("ray.serve")
 
 
 def _default(value: Any) -> Any:
@@ -51,3 +54,16 @@ def json_response(
 def json_text(body: Any) -> str:
     """One SSE event's data, encoded as `json_response` encodes a body."""
     return encode_json(body).decode()
+
+
+IGNORED_FIELDS_HEADER = "x-ignored-fields"
+
+
+def ignored_fields_header(body: Any) -> dict[str, str]:
+    """Fields of the request OpenAI does not define, which we accepted and did not use: named
+    in a response header (and the log), never dropped silently."""
+    ignored = body.ignored_fields() if hasattr(body, "ignored_fields") else []
+    if not ignored:
+        return {}
+    log.info("ignored request fields: %s", ", ".join(ignored))
+    return {IGNORED_FIELDS_HEADER: ", ".join(ignored)}
