@@ -169,7 +169,9 @@ class EdgeDispatcher(Generic[T]):
             tried.append(candidate.colo_id)
             ok: bool | None = None
             try:
-                result = await asyncio.wait_for(self._attempt(candidate, call), attempt_s)
+                # A timeout scope, not wait_for: that wraps every attempt in a Task of its own.
+                async with asyncio.timeout(attempt_s):
+                    result = await self._attempt(candidate, call)
                 ok = True
             except ServingError as error:
                 if error.status < 500:
@@ -205,7 +207,9 @@ class EdgeDispatcher(Generic[T]):
         )
 
     async def _attempt(self, candidate: RouteCandidate, call: Callable[[], Awaitable[T]]) -> T:
-        await asyncio.sleep(self.network.delay_s(candidate))
+        delay_s = self.network.delay_s(candidate)
+        if delay_s > 0:  # sleep(0) would still cost a round of the event loop
+            await asyncio.sleep(delay_s)
         if self.network.should_fail(candidate.colo_id):
             raise InjectedFaultError(candidate.colo_id)
         return await call()

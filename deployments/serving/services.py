@@ -71,7 +71,15 @@ def build_services(
     router = config.router
     catalogue = ModelCatalogue(
         {
-            name: ServedModel(name, model.task, model.family, handles[name])
+            name: ServedModel(
+                name,
+                model.task,
+                model.family,
+                handles[name],
+                aliases=model.aliases,
+                categories=model.categories,
+                description=model.description,
+            )
             for name, model in config.models.items()
         },
         created=int(time.time()),
