@@ -78,6 +78,7 @@ class RouteDecision(Protocol):
     tried: list[str]
     cold_start_ms: float | None
     cache: str | None
+    cold_start_phases: Mapping[str, float | None] | None  # seconds, of the replica waited on
 
 
 class ClientPlace(Protocol):

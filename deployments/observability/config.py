@@ -63,6 +63,22 @@ class TracingConfig(_Strict):
         return self
 
 
+class ModelPrice(_Strict):
+    """What one request to a model costs, in cost units (cents, credits, "neurons": the unit is
+    the operator's): a fixed part plus a price per million input and output tokens."""
+
+    per_request: float = Field(default=0.0, ge=0)
+    per_million_input_tokens: float = Field(default=0.0, ge=0)
+    per_million_output_tokens: float = Field(default=0.0, ge=0)
+
+    def cost(self, input_tokens: int, output_tokens: int) -> float:
+        return (
+            self.per_request
+            + input_tokens * self.per_million_input_tokens / 1e6
+            + output_tokens * self.per_million_output_tokens / 1e6
+        )
+
+
 class ObservabilityConfig(_Strict):
     """Traces, metrics and the access log of the router and the model replicas."""
 
@@ -77,6 +93,10 @@ class ObservabilityConfig(_Strict):
     )
     untraced_paths: tuple[str, ...] = Field(
         default=("/healthz", "/readyz"), description="probes: no span, metric or log line"
+    )
+    prices: dict[str, ModelPrice] = Field(
+        default_factory=dict,
+        description="per served model: cost units counted per key (edge_key_cost_units_total)",
     )
 
 

@@ -60,7 +60,7 @@ class RouterObservability:
         self.config = config
         self.tracer = tracer if tracer is not None else setup_tracing(config.tracing, ROUTER_ROLE)
         self.metrics = (
-            RouterMetrics(metrics_backend or RayServeMetricsBackend(), served_models)
+            RouterMetrics(metrics_backend or RayServeMetricsBackend(), served_models, config.prices)
             if config.metrics
             else None
         )
@@ -115,6 +115,17 @@ class RouterObservability:
             )
 
 
+def _phases(phases: Mapping[str, float | None] | None) -> tuple[tuple[str, float], ...]:
+    """A replica start's phases as (name, seconds), without the `_s` suffix or missing ones."""
+    if not phases:
+        return ()
+    return tuple(
+        (name.removesuffix("_s"), float(seconds))
+        for name, seconds in phases.items()
+        if seconds is not None
+    )
+
+
 class RequestTelemetry:
     """One request's span and measurements. Endpoints add what they learn (`request`, `routed`,
     `usage`, `flagged`); the middleware calls `finish` once the last byte is sent. A disabled
@@ -141,6 +152,8 @@ class RequestTelemetry:
         self._started = clock()
         self._first_token_at: float | None = None
         self._model: str | None = None
+        self._operation: str | None = None
+        self._authenticated_key: str | None = None
         self._stream = False
         self._route: RouteDecision | None = None
         self._client: ClientPlace | None = None
@@ -176,11 +189,12 @@ class RequestTelemetry:
     ) -> None:
         """What was asked. `prompt` reaches the access log only when log_prompts is on."""
         self._model = model[:MAX_MODEL_NAME_CHARS]
+        self._operation = OPERATION_BY_TASK.get(task, task)
         self._stream = stream
         self.prompt = prompt
         self.span.set_attributes(
             request_attributes(
-                OPERATION_BY_TASK.get(task, task),
+                self._operation,
                 self._model,
                 max_tokens=max_tokens,
                 temperature=temperature,
@@ -191,8 +205,10 @@ class RequestTelemetry:
         )
 
     def authenticated(self, key_id: str) -> None:
-        """The key id the security layer resolved (a named key keeps its name)."""
+        """The key id the security layer resolved (a named key keeps its name): usage and cost
+        are counted per key only from here on, so a label never comes from an unchecked key."""
         self.key_id = key_id
+        self._authenticated_key = key_id
 
     def routed(self, route: RouteDecision, client: ClientPlace | None = None) -> None:
         """Where the edge sent it. Read at `finish`, so a cache result set later still counts."""
@@ -250,6 +266,9 @@ class RequestTelemetry:
             finish_reason=self._usage.get("finish_reason"),
             flagged_categories=tuple(self._flagged),
             error_type=type(self._error).__name__ if self._error is not None else None,
+            key_id=self._authenticated_key,
+            operation=self._operation,
+            cold_start_phases=_phases(route.cold_start_phases) if route else (),
         )
         self.outcome = outcome
         self._end_span(outcome)

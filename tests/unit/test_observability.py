@@ -96,6 +96,9 @@ class FakeRoute:
     tried: list[str] = field(default_factory=lambda: ["FRA", "AMS", "LHR"])
     cold_start_ms: float | None = 2400.0
     cache: str | None = None
+    cold_start_phases: dict[str, float | None] | None = field(
+        default_factory=lambda: {"process_s": 0.5, "model_load_s": 1.5, "warmup_s": 0.2}
+    )
 
 
 @dataclass
@@ -240,10 +243,16 @@ def test_router_and_model_span_share_one_trace_with_genai_and_edge_attributes(tr
     assert inside[attrs.EDGE_MODEL_BATCH_SIZE] == 5
     assert inside[attrs.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] == pytest.approx(0.050)
 
-    assert model_metrics.values("edge_model_queue_wait_ms", model="glm") == [pytest.approx(30.0)]
+    assert model_metrics.values("edge_model_queue_wait_seconds", model="glm") == [
+        pytest.approx(0.030)
+    ]
     assert model_metrics.values("edge_model_batch_size", model="glm") == [5]
-    tpot = model_metrics.values("edge_model_time_per_output_token_ms", model="glm")
-    assert tpot == [pytest.approx(10.0)]
+    tpot = model_metrics.values(
+        "gen_ai_server_time_per_output_token_seconds",
+        gen_ai_operation_name="chat",
+        gen_ai_request_model="glm",
+    )
+    assert tpot == [pytest.approx(0.010)]
 
 
 def test_an_incoming_traceparent_is_continued_down_to_the_model(tracing: Tracing):
@@ -331,7 +340,7 @@ def test_a_model_call_left_by_its_consumer_is_marked_cancelled_not_failed(tracin
     (span,) = tracing.spans()
     assert span.attributes[attrs.EDGE_CANCELLED] is True
     assert span.status.status_code == StatusCode.UNSET
-    assert backend.values("edge_model_queue_wait_ms") == []  # incomplete: not measured
+    assert backend.values("edge_model_queue_wait_seconds") == []  # incomplete: not measured
 
 
 @pytest.mark.parametrize(
@@ -529,13 +538,13 @@ def test_router_metrics_are_tagged_by_model_and_colo():
 
     at_lhr = {"model": "glm", "colo": "LHR"}
     assert backend.values("edge_requests_total", **at_lhr, status="200") == [1]
-    assert backend.values("edge_request_latency_ms", **at_lhr) == [500.0]
-    assert backend.values("edge_ttft_ms", **at_lhr) == [pytest.approx(200.0)]
+    assert backend.values("edge_request_duration_seconds", **at_lhr) == [0.5]
+    assert backend.values("edge_time_to_first_token_seconds", **at_lhr) == [pytest.approx(0.2)]
     assert backend.total("edge_output_tokens_total", **at_lhr) == 40
-    assert backend.values("edge_output_tokens_per_s", **at_lhr) == [80.0]
+    assert backend.values("edge_output_tokens_per_second", **at_lhr) == [80.0]
     assert backend.values("edge_cold_starts_total", **at_lhr) == [1]
-    assert backend.values("edge_cold_start_ms", **at_lhr) == [2400.0]
-    assert backend.values("edge_last_cold_start_ms", **at_lhr) == [2400.0]
+    assert backend.values("edge_cold_start_duration_seconds", **at_lhr) == [2.4]
+    assert backend.values("edge_last_cold_start_seconds", **at_lhr) == [2.4]
     # Each colo that failed before LHR answered counts one failover, under its own name.
     assert backend.values("edge_failovers_total", model="glm", colo="FRA") == [1]
     assert backend.values("edge_failovers_total", model="glm", colo="AMS") == [1]
@@ -586,7 +595,9 @@ def test_router_metrics_bound_every_label():
     assert backend.values("edge_requests_total", model="none", colo="none", status="429") == [1]
     assert backend.values("edge_rate_limited_total", model="none", colo="none") == [1]
     assert backend.values("edge_cache_lookups_total", model="embedding", result="hit") == [1]
-    assert backend.values("edge_ttft_ms", model="embedding") == []  # only streams have a TTFT
+    assert (
+        backend.values("edge_time_to_first_token_seconds", model="embedding") == []
+    )  # only streams have a TTFT
     # 0 tokens: no increment (Ray's counters raise on 0, so does the fake).
     assert backend.values("edge_output_tokens_total") == []
     assert backend.values("edge_failovers_total") == []  # none of these failed over
@@ -633,17 +644,21 @@ def test_ray_serve_metrics_accept_our_definitions_outside_ray():
     timings = InferenceTimings(FakeClock())
     timings.prefilled(0.01, 2)
     timings.decoded(0.01, 2)
-    ModelMetrics(backend, "glm").record(timings)
+    ModelMetrics(backend, "glm", "chat").record(timings)
     import ray
 
     assert not ray.is_initialized()
 
 
-def test_metric_names_share_a_prefix_and_are_documented():
+def test_metric_names_follow_prometheus_conventions_and_are_documented():
     readme = (REPO / "deployments" / "observability" / "README.md").read_text()
     for name, spec in {**ROUTER_METRICS, **MODEL_METRICS}.items():
-        assert name.startswith("edge_")
+        assert name.startswith(("edge_", "gen_ai_"))
         assert (spec.kind == "counter") == name.endswith("_total")
+        # Base units: durations in seconds, never milliseconds.
+        assert "_ms" not in name and "latency" not in name, name
+        if "duration" in name or "time" in name or "wait" in name:
+            assert name.endswith("_seconds"), name
         exported = f"ray_{name}" if spec.kind != "histogram" else f"ray_{name}_bucket"
         assert exported in readme, exported
 
@@ -792,7 +807,7 @@ def test_the_middleware_finishes_every_request_with_its_status(tracing: Tracing)
     assert backend.values("edge_requests_total", model="unknown", colo="none", status="404") == [1]
     # The stream's HTTP status was 200, but it failed: metrics and log say 500.
     assert backend.values("edge_requests_total", model="kimi", colo="SIN", status="500") == [1]
-    assert len(backend.values("edge_ttft_ms", model="kimi")) == 1
+    assert len(backend.values("edge_time_to_first_token_seconds", model="kimi")) == 1
     records = [json.loads(line) for line in log.getvalue().splitlines()]
     assert [r["status"] for r in records] == [200, 404, 500]
     assert records[2]["error_type"] == "InternalServerError"
