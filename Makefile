@@ -13,7 +13,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip==25.3
-	$(PY) -m pip install --quiet -e '.[$(strip $(ACCEL)),export,dev]'
+	$(PY) -m pip install --quiet -e '.[$(strip $(ACCEL)),export,dev,otel]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 

@@ -12,7 +12,6 @@ import re
 import subprocess
 import sys
 import textwrap
-import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from fastapi.testclient import TestClient
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode, format_span_id, format_trace_id
 from pydantic import ValidationError
@@ -38,12 +36,11 @@ from deployments.observability.access_log import (
     configure_access_logger,
 )
 from deployments.observability.config import (
-    EDGE_TRACES_FILE_ENV,
     OTLP_EXPORTER_MODULES,
     ObservabilityConfig,
     TracingConfig,
-    resolve_tracing_config,
 )
+from deployments.observability.environment import EDGE_TRACES_FILE_ENV, resolve_tracing_config
 from deployments.observability.metrics import (
     MODEL_METRICS,
     ROUTER_METRICS,
@@ -475,33 +472,33 @@ def test_tracing_config_rejects_incomplete_exporters(monkeypatch: pytest.MonkeyP
         TracingConfig(exporter="otlp", otlp_endpoint="http://collector:4318/v1/traces")
 
 
-def test_the_otlp_exporter_is_imported_only_when_chosen(monkeypatch: pytest.MonkeyPatch):
+def test_the_otlp_exporter_is_imported_only_when_chosen():
+    """In a fresh interpreter: building the tracing of a jsonl/none config leaves the OTLP
+    package unimported (a router without the otel extra never needs it); otlp imports it."""
     module_name = OTLP_EXPORTER_MODULES["http"]
-    exported: list[str] = []
-
-    class FakeOTLPSpanExporter(SpanExporter):
-        def __init__(self, endpoint: str):
-            self.endpoint = endpoint
-
-        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-            exported.extend(span.name for span in spans)
-            return SpanExportResult.SUCCESS
-
-    fake = types.ModuleType(module_name)
-    fake.OTLPSpanExporter = FakeOTLPSpanExporter  # type: ignore[attr-defined]
-    assert module_name not in sys.modules
-    monkeypatch.setattr(config_module, "module_available", lambda name: name == module_name)
-    config = TracingConfig(exporter="otlp", otlp_endpoint="http://collector:4318/v1/traces")
-    monkeypatch.setitem(sys.modules, module_name, fake)
-
-    exporter = span_exporter(config)
-    assert isinstance(exporter, FakeOTLPSpanExporter)
-    assert exporter.endpoint == "http://collector:4318/v1/traces"
-    provider = build_tracer_provider(config, "router")
-    provider.get_tracer("test").start_span("shipped").end()
-    assert provider.force_flush()  # batched, off the request path
-    provider.shutdown()
-    assert exported == ["shipped"]
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from deployments.observability.config import TracingConfig
+        from deployments.observability.tracing import build_tracer_provider
+        build_tracer_provider(TracingConfig(exporter="console"), "router").shutdown()
+        print({module_name!r} in sys.modules)
+        config = TracingConfig(exporter="otlp", otlp_endpoint="http://127.0.0.1:9/v1/traces")
+        build_tracer_provider(config, "router")
+        print({module_name!r} in sys.modules)
+        """
+    )
+    if not config_module.module_available(module_name):
+        pytest.skip("the otlp extra (opentelemetry-exporter-otlp-proto-http) is not installed")
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert result.stdout.split() == ["False", "True"]
 
 
 def test_exporter_none_exports_nothing():
