@@ -25,6 +25,7 @@ lint: install
 	$(VENV)/bin/ruff format --check deployments edge_sim tests benchmarks
 	$(VENV)/bin/mypy edge_sim deployments/runtime
 	$(PY) -m deployments.k8s render --check
+	$(PY) -m deployments.observability.grafana render --check
 
 # pytest exits 5 when it collects nothing; that is not a failure of ours.
 test: install models lint
