@@ -34,6 +34,7 @@ _METRIC_IN_QUERY = re.compile(r"\bray_[a-z0-9_]+")
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 MODEL = 'model=~"$model"'
 RATE = "[$__rate_interval]"
+EDGE_APP = 'application="edge"'  # the Serve application in serve_config.yaml
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def _quantiles(metric: str, by: str, where: str = MODEL) -> tuple[Query, ...]:
     return tuple(
         Query(
             f"histogram_quantile({q}, sum by (le, {by}) (rate({metric}_bucket{{{where}}}{RATE})))",
-            f"p{int(q * 100)} " + " ".join("{{%s}}" % label for label in by.split(", ")),
+            f"p{int(q * 100)} " + " ".join(f"{{{{{label}}}}}" for label in by.split(", ")),
         )
         for q in (0.5, 0.99)
     )
@@ -89,63 +90,219 @@ def _phase_mean() -> str:
 
 
 ROWS: tuple[Row, ...] = (
-    Row("Traffic and errors", (
-        Panel("Requests/s per model", (Query(_rate("ray_edge_requests_total", "model"), "{{model}}"),), "reqps"),
-        Panel("Requests/s per colo", (Query(_rate("ray_edge_requests_total", "colo"), "{{colo}}"),), "reqps"),
-        Panel("Errors/s by status", (Query(_rate("ray_edge_requests_total", "model, status", f'{MODEL}, status=~"[45].."'), "{{model}} {{status}}"),), "reqps"),
-        Panel("5xx share per model", (Query(_share("ray_edge_requests_total", 'status=~"5.."'), "{{model}}"),), "percentunit"),
-        Panel("Request duration per model", _quantiles("ray_edge_request_duration_seconds", "model"), "s"),
-        Panel("p99 request duration per colo", (Query(
-            "histogram_quantile(0.99, sum by (le, colo) "
-            f"(rate(ray_edge_request_duration_seconds_bucket{{{MODEL}}}{RATE})))", "{{colo}}"),), "s"),
-    )),
-    Row("Generation (OpenTelemetry GenAI)", (
-        Panel("Time to first token", _quantiles("ray_gen_ai_server_time_to_first_token_seconds", "gen_ai_request_model", 'gen_ai_request_model=~"$model"'), "s"),
-        Panel("Output tokens/s per model", (
-            Query(_rate("ray_edge_output_tokens_total", "model"), "{{model}} total"),
-            Query("histogram_quantile(0.5, sum by (le, model) "
-                  f"(rate(ray_edge_output_tokens_per_second_bucket{{{MODEL}}}{RATE})))", "{{model}} p50 per request"),
-        ), "short"),
-        Panel("Time per output token", _quantiles("ray_gen_ai_server_time_per_output_token_seconds", "gen_ai_request_model", 'gen_ai_request_model=~"$model"'), "s"),
-        Panel("GenAI request duration by operation and error", (Query(
-            "histogram_quantile(0.99, sum by (le, gen_ai_operation_name, error_type) "
-            f"(rate(ray_gen_ai_server_request_duration_seconds_bucket{RATE})))",
-            "p99 {{gen_ai_operation_name}} {{error_type}}"),), "s"),
-        Panel("Tokens per request (p50)", (Query(
-            "histogram_quantile(0.5, sum by (le, gen_ai_request_model, gen_ai_token_type) "
-            f"(rate(ray_gen_ai_client_token_usage_bucket{RATE})))",
-            "{{gen_ai_request_model}} {{gen_ai_token_type}}"),), "short"),
-        Panel("Queue wait in the replica (p99)", (Query(
-            "histogram_quantile(0.99, sum by (le, model) "
-            f"(rate(ray_edge_model_queue_wait_seconds_bucket{{{MODEL}}}{RATE})))", "{{model}}"),), "s"),
-    )),
-    Row("Cold starts and replicas", (
-        Panel("Cold starts per model", (Query(
-            f"sum by (model) (increase(ray_edge_cold_starts_total{{{MODEL}}}[5m]))", "{{model}}"),), "short",
-            description="Requests that waited on a replica starting, over 5 minutes"),
-        Panel("Cold-start wait", _quantiles("ray_edge_cold_start_duration_seconds", "model"), "s"),
-        Panel("Cold-start phases (mean over the range)", (Query(_phase_mean(), "{{model}} {{phase}}"),), "s", kind="bargauge"),
-        Panel("Healthy replicas per deployment", (
-            Query('sum by (deployment) (ray_serve_deployment_replica_healthy{application="edge"})', "{{deployment}} running"),
-            Query('max by (deployment) (ray_serve_autoscaling_target_replicas{application="edge"})', "{{deployment}} wanted"),
-        ), "short", width=12),
-        Panel("Requests in replicas", (Query(
-            'sum by (deployment) (ray_serve_replica_processing_queries{application="edge"})', "{{deployment}}"),), "short", width=12),
-    )),
-    Row("Edge routing", (
-        Panel("Route reasons", (Query(_rate("ray_edge_route_decisions_total", "reason"), "{{reason}}"),), "reqps"),
-        Panel("Failovers per failed colo", (Query(_rate("ray_edge_failovers_total", "colo"), "{{colo}}"),), "reqps"),
-        Panel("Cache hit ratio per model", (Query(_share("ray_edge_cache_lookups_total", 'result="hit"'), "{{model}}"),), "percentunit"),
-    )),
-    Row("Gateway: limits, moderation, usage per key", (
-        Panel("Rate-limit rejections (429)/s", (Query(_rate("ray_edge_rate_limited_total", "model"), "{{model}}"),), "reqps"),
-        Panel("Moderation flags/s by category", (Query(_rate("ray_edge_moderation_flags_total", "category"), "{{category}}"),), "short"),
-        Panel("Top keys by requests", _top("ray_edge_key_requests_total"), kind="table"),
-        Panel("Top keys by cost units", _top("ray_edge_key_cost_units_total"), kind="table"),
-        Panel("Top keys by input tokens", _top("ray_edge_key_input_tokens_total"), kind="table"),
-        Panel("Top keys by output tokens", _top("ray_edge_key_output_tokens_total"), kind="table"),
-    )),
-)  # fmt: skip
+    Row(
+        "Traffic and errors",
+        (
+            Panel(
+                "Requests/s per model",
+                (Query(_rate("ray_edge_requests_total", "model"), "{{model}}"),),
+                "reqps",
+            ),
+            Panel(
+                "Requests/s per colo",
+                (Query(_rate("ray_edge_requests_total", "colo"), "{{colo}}"),),
+                "reqps",
+            ),
+            Panel(
+                "Errors/s by status",
+                (
+                    Query(
+                        _rate(
+                            "ray_edge_requests_total", "model, status", f'{MODEL}, status=~"[45].."'
+                        ),
+                        "{{model}} {{status}}",
+                    ),
+                ),
+                "reqps",
+            ),
+            Panel(
+                "5xx share per model",
+                (Query(_share("ray_edge_requests_total", 'status=~"5.."'), "{{model}}"),),
+                "percentunit",
+            ),
+            Panel(
+                "Request duration per model",
+                _quantiles("ray_edge_request_duration_seconds", "model"),
+                "s",
+            ),
+            Panel(
+                "p99 request duration per colo",
+                (
+                    Query(
+                        "histogram_quantile(0.99, sum by (le, colo) "
+                        f"(rate(ray_edge_request_duration_seconds_bucket{{{MODEL}}}{RATE})))",
+                        "{{colo}}",
+                    ),
+                ),
+                "s",
+            ),
+        ),
+    ),
+    Row(
+        "Generation (OpenTelemetry GenAI)",
+        (
+            Panel(
+                "Time to first token",
+                _quantiles(
+                    "ray_gen_ai_server_time_to_first_token_seconds",
+                    "gen_ai_request_model",
+                    'gen_ai_request_model=~"$model"',
+                ),
+                "s",
+            ),
+            Panel(
+                "Output tokens/s per model",
+                (
+                    Query(_rate("ray_edge_output_tokens_total", "model"), "{{model}} total"),
+                    Query(
+                        "histogram_quantile(0.5, sum by (le, model) "
+                        f"(rate(ray_edge_output_tokens_per_second_bucket{{{MODEL}}}{RATE})))",
+                        "{{model}} p50 per request",
+                    ),
+                ),
+                "short",
+            ),
+            Panel(
+                "Time per output token",
+                _quantiles(
+                    "ray_gen_ai_server_time_per_output_token_seconds",
+                    "gen_ai_request_model",
+                    'gen_ai_request_model=~"$model"',
+                ),
+                "s",
+            ),
+            Panel(
+                "GenAI request duration by operation and error",
+                (
+                    Query(
+                        "histogram_quantile(0.99, sum by (le, gen_ai_operation_name, error_type) "
+                        f"(rate(ray_gen_ai_server_request_duration_seconds_bucket{RATE})))",
+                        "p99 {{gen_ai_operation_name}} {{error_type}}",
+                    ),
+                ),
+                "s",
+            ),
+            Panel(
+                "Tokens per request (p50)",
+                (
+                    Query(
+                        "histogram_quantile(0.5, sum by "
+                        "(le, gen_ai_request_model, gen_ai_token_type) "
+                        f"(rate(ray_gen_ai_client_token_usage_bucket{RATE})))",
+                        "{{gen_ai_request_model}} {{gen_ai_token_type}}",
+                    ),
+                ),
+                "short",
+            ),
+            Panel(
+                "Queue wait in the replica (p99)",
+                (
+                    Query(
+                        "histogram_quantile(0.99, sum by (le, model) "
+                        f"(rate(ray_edge_model_queue_wait_seconds_bucket{{{MODEL}}}{RATE})))",
+                        "{{model}}",
+                    ),
+                ),
+                "s",
+            ),
+        ),
+    ),
+    Row(
+        "Cold starts and replicas",
+        (
+            Panel(
+                "Cold starts per model",
+                (
+                    Query(
+                        f"sum by (model) (increase(ray_edge_cold_starts_total{{{MODEL}}}[5m]))",
+                        "{{model}}",
+                    ),
+                ),
+                "short",
+                description="Requests that waited on a replica starting, over 5 minutes",
+            ),
+            Panel(
+                "Cold-start wait", _quantiles("ray_edge_cold_start_duration_seconds", "model"), "s"
+            ),
+            Panel(
+                "Cold-start phases (mean over the range)",
+                (Query(_phase_mean(), "{{model}} {{phase}}"),),
+                "s",
+                kind="bargauge",
+            ),
+            Panel(
+                "Healthy replicas per deployment",
+                (
+                    Query(
+                        f"sum by (deployment) (ray_serve_deployment_replica_healthy{{{EDGE_APP}}})",
+                        "{{deployment}} running",
+                    ),
+                    Query(
+                        "max by (deployment) "
+                        f"(ray_serve_autoscaling_target_replicas{{{EDGE_APP}}})",
+                        "{{deployment}} wanted",
+                    ),
+                ),
+                "short",
+                width=12,
+            ),
+            Panel(
+                "Requests in replicas",
+                (
+                    Query(
+                        f"sum by (deployment) (ray_serve_replica_processing_queries{{{EDGE_APP}}})",
+                        "{{deployment}}",
+                    ),
+                ),
+                "short",
+                width=12,
+            ),
+        ),
+    ),
+    Row(
+        "Edge routing",
+        (
+            Panel(
+                "Route reasons",
+                (Query(_rate("ray_edge_route_decisions_total", "reason"), "{{reason}}"),),
+                "reqps",
+            ),
+            Panel(
+                "Failovers per failed colo",
+                (Query(_rate("ray_edge_failovers_total", "colo"), "{{colo}}"),),
+                "reqps",
+            ),
+            Panel(
+                "Cache hit ratio per model",
+                (Query(_share("ray_edge_cache_lookups_total", 'result="hit"'), "{{model}}"),),
+                "percentunit",
+            ),
+        ),
+    ),
+    Row(
+        "Gateway: limits, moderation, usage per key",
+        (
+            Panel(
+                "Rate-limit rejections (429)/s",
+                (Query(_rate("ray_edge_rate_limited_total", "model"), "{{model}}"),),
+                "reqps",
+            ),
+            Panel(
+                "Moderation flags/s by category",
+                (Query(_rate("ray_edge_moderation_flags_total", "category"), "{{category}}"),),
+                "short",
+            ),
+            Panel("Top keys by requests", _top("ray_edge_key_requests_total"), kind="table"),
+            Panel("Top keys by cost units", _top("ray_edge_key_cost_units_total"), kind="table"),
+            Panel(
+                "Top keys by input tokens", _top("ray_edge_key_input_tokens_total"), kind="table"
+            ),
+            Panel(
+                "Top keys by output tokens", _top("ray_edge_key_output_tokens_total"), kind="table"
+            ),
+        ),
+    ),
+)
 
 
 def _panel_json(panel: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
@@ -173,7 +330,9 @@ def _panel_json(panel: Panel, panel_id: int, x: int, y: int) -> dict[str, Any]:
     if panel.description:
         body["description"] = panel.description
     if panel.kind == "table":
-        body["transformations"] = [{"id": "sortBy", "options": {"sort": [{"field": "Value", "desc": True}]}}]  # fmt: skip
+        body["transformations"] = [
+            {"id": "sortBy", "options": {"sort": [{"field": "Value", "desc": True}]}}
+        ]
     return body
 
 
