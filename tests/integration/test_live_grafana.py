@@ -10,9 +10,7 @@ from conftest import (
     ADMIN_KEY,
     LIMITED_KEY,
     LIMITED_RPM,
-    METRICS_PORT,
     USER,
-    running_replicas,
     wait_until,
 )
 
@@ -40,7 +38,9 @@ def traffic(serve_cluster) -> None:
         assert statuses[-1].status_code == 429
         _failover(http)
         # kimi goes to zero replicas a few seconds after its last request: then a cold start.
-        wait_until(lambda: running_replicas("kimi") == 0, 120, "kimi at zero replicas", 2)
+        wait_until(
+            lambda: serve_cluster.running_replicas("kimi") == 0, 120, "kimi at zero replicas", 2
+        )
         kimi = {**chat, "model": "kimi"}
         cold = http.post("/v1/chat/completions", json=kimi)
         assert cold.status_code == 200 and cold.headers["x-edge-cold-start"] == "1"
@@ -64,8 +64,8 @@ def _failover(http: httpx.Client) -> None:
         http.delete(f"/admin/colos/{home}/faults", headers=ADMIN)
 
 
-def exported_names() -> set[str]:
-    text = httpx.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10).text
+def exported_names(metrics_url: str) -> set[str]:
+    text = httpx.get(metrics_url, timeout=10).text
     return {
         line.split("{")[0].split(" ")[0]
         for line in text.splitlines()
@@ -73,11 +73,11 @@ def exported_names() -> set[str]:
     }
 
 
-def test_every_metric_the_dashboard_queries_is_exported(traffic):
+def test_every_metric_the_dashboard_queries_is_exported(traffic, serve_cluster):
     wanted = grafana.metric_names(grafana.dashboard())
 
     def missing() -> set[str]:
-        return wanted - exported_names()
+        return wanted - exported_names(serve_cluster.metrics_url)
 
     # Ray exports what replicas record every few seconds: wait until nothing is missing.
     try:
