@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from deployments.dashboard.traffic import summarize
+from deployments.observability.recent_traffic import summarize
 
 ColoDisplayState = Literal["healthy", "ejected", "half_open", "down"]
 CLUSTER_REGION = "cluster"

@@ -7,7 +7,7 @@ import functools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-VIEW_BOX = "-180 -90 360 180"
+VIEW_BOX = "-172 -84 368 150"  # 84N to 66S: the inhabited world, room for labels
 Ring = Sequence[Sequence[float]]
 
 

@@ -104,7 +104,9 @@ class ObservabilityConfig(_Strict):
         default=False, description="put prompt text in the access log (off: it may be personal)"
     )
     untraced_paths: tuple[str, ...] = Field(
-        default=("/healthz", "/readyz"), description="probes: no span, metric or log line"
+        default=("/healthz", "/readyz", "/dashboard", "/admin/dashboard-data"),
+        description="probes and the dashboard's polling (and what is under them): no span, "
+        "metric or log line",
     )
     prices: dict[str, ModelPrice] = Field(
         default_factory=dict,

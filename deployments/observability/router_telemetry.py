@@ -31,6 +31,7 @@ from deployments.observability.attributes import (
 from deployments.observability.config import ObservabilityConfig
 from deployments.observability.metrics import MetricsBackend, RayServeMetricsBackend, RouterMetrics
 from deployments.observability.outcome import CLIENT_CLOSED_REQUEST, RequestOutcome, error_status
+from deployments.observability.recent_traffic import RecentTraffic
 from deployments.observability.tracing import (
     extract_context,
     setup_tracing,
@@ -44,7 +45,8 @@ MAX_MODEL_NAME_CHARS = 128  # a client-supplied name, as logged
 
 class RouterObservability:
     """Made once in the router replica's __init__ (Ray metrics bind to the process that makes
-    them). Tests inject the tracer, the metrics backend and the logger."""
+    them). Tests inject the tracer, the metrics backend and the logger. Every finished request
+    also goes to `recent` (the live dashboard's last minutes), whatever the config says."""
 
     def __init__(
         self,
@@ -56,8 +58,10 @@ class RouterObservability:
         access_logger: logging.Logger | None = None,
         clock: Callable[[], float] = time.perf_counter,
         wall_clock: Callable[[], float] = time.time,
+        recent: RecentTraffic | None = None,
     ):
         self.config = config
+        self.recent = recent if recent is not None else RecentTraffic(clock=wall_clock)
         self.tracer = tracer if tracer is not None else setup_tracing(config.tracing, ROUTER_ROLE)
         self.metrics = (
             RouterMetrics(metrics_backend or RayServeMetricsBackend(), served_models, config.prices)
@@ -71,7 +75,11 @@ class RouterObservability:
         self._clock = clock
 
     def traced(self, path: str) -> bool:
-        return path not in self.config.untraced_paths
+        """An untraced path covers what is under it too (/dashboard: its assets)."""
+        return not any(
+            path == untraced or path.startswith(untraced.rstrip("/") + "/")
+            for untraced in self.config.untraced_paths
+        )
 
     def begin(
         self,
@@ -103,6 +111,7 @@ class RouterObservability:
         )
 
     def _record(self, telemetry: RequestTelemetry, outcome: RequestOutcome) -> None:
+        self.recent.record(outcome)
         if self.metrics is not None:
             self.metrics.record(outcome)
         if self.access_log is not None:

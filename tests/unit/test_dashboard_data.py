@@ -13,9 +13,14 @@ from deployments.dashboard.data import (
     dashboard_data,
     replica_counts,
 )
-from deployments.dashboard.traffic import BUCKET_S, RecentTraffic, latency_bucket, summarize
 from deployments.dashboard.world import ring_path, world_outline
 from deployments.observability.outcome import RequestOutcome
+from deployments.observability.recent_traffic import (
+    BUCKET_S,
+    RecentTraffic,
+    latency_bucket,
+    summarize,
+)
 
 
 class Clock:
@@ -166,7 +171,7 @@ def test_payload_uses_real_regions_when_there_are_some():
 
 def test_world_outline_from_countryinfo_shapes():
     outline = world_outline()
-    assert outline["view_box"] == "-180 -90 360 180"
+    assert outline["view_box"] == "-172 -84 368 150"
     by_id = {country["id"]: country for country in outline["countries"]}
     assert len(by_id) > 150 and {"FRA", "JPN", "BRA", "AUS", "USA"} <= set(by_id)
     assert by_id["FRA"]["d"].startswith("M") and by_id["FRA"]["d"].endswith("Z")

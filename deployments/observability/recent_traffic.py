@@ -1,5 +1,5 @@
-"""The last few minutes of traffic as the dashboard shows it: requests/s, p50/p99, errors and route
-reasons per place (region, else colo) and model, plus cold starts as they happened.
+"""The last few minutes of traffic as the live dashboard shows it: requests/s, p50/p99, errors
+and route reasons per place (region, else colo) and model, plus cold starts as they happened.
 
 Each router replica keeps its own `RecentTraffic`; their snapshots are plain JSON-ready values
 that add up (counts and fixed latency buckets), so the dashboard shows the sum of all replicas.
