@@ -180,3 +180,47 @@ def test_world_outline_from_countryinfo_shapes():
         "M2.4,-48.9L3,-49L3,-48Z"
     )
     assert ring_path([(0, 0), (0.01, 0.01)]) == ""  # collapses to nothing at this scale
+
+
+class FakeControl:
+    """The edge-control deployment's handle, calling a real EdgeControl in this process."""
+
+    def __init__(self) -> None:
+        from deployments.edge_control import EdgeControl
+
+        self.control = EdgeControl()
+        for name in ("report_traffic", "traffic"):
+            setattr(self, name, _Remote(getattr(self.control, name)))
+
+
+class _Remote:
+    def __init__(self, method: Any):
+        self.remote = method
+
+
+def test_router_replicas_share_their_traffic_through_edge_control(monkeypatch):
+    import asyncio
+
+    from deployments import edge_control
+    from deployments.serving.dashboard import TrafficShare
+
+    control = FakeControl()
+    clock = Clock()
+    replicas = [TrafficShare(RecentTraffic(clock=clock), control, f"r{i}") for i in range(2)]
+    replicas[0].recent.record(outcome())
+    replicas[1].recent.record(outcome(colo="SIN"))
+
+    async def run() -> list[dict[str, Any]]:
+        for replica in replicas:
+            await replica.publish()
+        replicas[0].recent.record(outcome())  # not published yet: its own view is fresh anyway
+        return await replicas[0].snapshots()
+
+    snapshots = asyncio.run(run())
+    assert len(snapshots) == 2  # its own, then the other one's, never its own twice
+    rows = {row["place"]: row["requests"] for row in summarize(snapshots, clock.now)["traffic"]}
+    assert rows == {"LHR": 2, "SIN": 1}
+
+    # A replica that stops publishing drops out after a while.
+    monkeypatch.setattr(edge_control.time, "monotonic", lambda: 1e12)
+    assert asyncio.run(control.control.traffic()) == {}
