@@ -6,7 +6,7 @@ MODELS_DIR ?= models
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(strip $(ACCEL))
 
-.PHONY: install models test lint serve bench clean
+.PHONY: install models test lint serve bench clean dashboard-screenshot
 
 install: $(STAMP)
 
@@ -34,6 +34,12 @@ test: install models lint
 serve: install models
 	@echo "Router: http://127.0.0.1:8000  (OpenAI SDK: base_url=http://127.0.0.1:8000/v1; docs: /docs)"
 	$(VENV)/bin/serve run serve_config.yaml
+
+# The README's picture of /dashboard, taken from a running router (`EDGE_ADMIN_KEY=... make serve`)
+# with the system's headless Chromium (apt-get install chromium).
+DASHBOARD_URL ?= http://127.0.0.1:8000
+dashboard-screenshot: install
+	$(PY) -m deployments.dashboard.screenshot --url $(DASHBOARD_URL) --out docs/dashboard.png
 
 bench: install models
 	$(PY) -m benchmarks.run

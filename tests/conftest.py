@@ -10,19 +10,11 @@ from typing import Any
 
 import pytest
 
+# The system's Chromium (`apt-get install chromium`): Playwright never downloads a browser here.
+from deployments.dashboard.screenshot import CHROMIUM, CHROMIUM_ARGS
+
 REPO = Path(__file__).resolve().parent.parent
 ARTEFACTS = Path(os.environ.get("EDGE_TEST_ARTEFACTS", REPO / "test-artefacts"))
-# The system's Chromium (`apt-get install chromium`): Playwright never downloads a browser here.
-CHROMIUM = Path(os.environ.get("EDGE_CHROMIUM", "/usr/bin/chromium"))
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 
 
 def _no_browser_reason() -> str | None:
@@ -50,7 +42,7 @@ def chromium() -> Iterator[Any]:
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(
-            executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True
+            executable_path=str(CHROMIUM), args=list(CHROMIUM_ARGS), headless=True
         )
         yield browser
         browser.close()
