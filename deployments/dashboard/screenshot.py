@@ -34,6 +34,16 @@ PLACES = {  # x-client-geo of a few cities: traffic lands on colos around the wo
 }
 
 
+def shrink_png(path: Path, colors: int = 128) -> None:
+    """A palette PNG (~4x smaller, for the repository); the page has few colours. Pillow comes
+    with matplotlib."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        palette = image.convert("RGB").quantize(colors, method=Image.Quantize.FASTOCTREE)
+    palette.save(path, optimize=True)
+
+
 def send_traffic(http: httpx.Client, rounds: int) -> None:
     for _ in range(rounds):
         for geo in PLACES.values():
@@ -82,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.out.parent.mkdir(parents=True, exist_ok=True)
                 page.screenshot(path=str(args.out))
                 browser.close()
+            shrink_png(args.out)
         finally:
             for colo in drills:
                 http.delete(f"/admin/colos/{colo}/faults", headers=admin)
