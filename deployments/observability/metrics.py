@@ -294,6 +294,14 @@ def _instruments(
     return {name: spec.make(backend) for name, spec in specs.items()}
 
 
+def cost_units(outcome: RequestOutcome, prices: Mapping[str, ModelPrice]) -> float:
+    """What a request costs by the price table: successful requests of a priced model only."""
+    price = prices.get(outcome.model or "")
+    if price is None or outcome.status >= 400:
+        return 0.0
+    return price.cost(outcome.input_tokens or 0, outcome.output_tokens or 0)
+
+
 def serving_error_names() -> frozenset[str]:
     """Our closed error set's class names: the bounded values of the error_type label."""
     names, pending = set(), [ServingError]
@@ -396,10 +404,7 @@ class RouterMetrics:
         self._inc("edge_key_requests_total", 1, tags)
         self._inc("edge_key_input_tokens_total", outcome.input_tokens, tags)
         self._inc("edge_key_output_tokens_total", outcome.output_tokens, tags)
-        price = self._prices.get(model)
-        if price is not None and outcome.status < 400:
-            cost = price.cost(outcome.input_tokens or 0, outcome.output_tokens or 0)
-            self._inc("edge_key_cost_units_total", cost, tags)
+        self._inc("edge_key_cost_units_total", cost_units(outcome, self._prices), tags)
 
     def _record_gen_ai(self, outcome: RequestOutcome, model: str) -> None:
         if outcome.operation is None:

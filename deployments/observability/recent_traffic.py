@@ -15,12 +15,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from deployments.observability.config import ModelPrice
+from deployments.observability.metrics import cost_units
 from deployments.observability.outcome import RequestOutcome
 
 BUCKET_S = 5  # one row of counts per place and model every 5 s
 WINDOW_S = 300  # what the page shows: the last 5 minutes
 RATE_WINDOW_S = 60  # requests/s over the last minute
 MAX_COLD_STARTS = 20
+TOP_KEYS = 10
 # Latency bucket bounds in seconds, ~12% apart from 1 ms to 5 min: a percentile is reported as
 # its bucket's upper bound, so it is never more than 12% off.
 LATENCY_BOUNDS_S: tuple[float, ...] = tuple(0.001 * 1.12**i for i in range(112))
@@ -66,11 +69,15 @@ class RecentTraffic:
         window_s: float = WINDOW_S,
         clock: Callable[[], float] = time.time,
         place_of: Callable[[RequestOutcome], str | None] | None = None,
+        prices: Mapping[str, ModelPrice] | None = None,
     ):
         self._window_s = window_s
         self._clock = clock
         self._place_of = place_of or (lambda outcome: outcome.colo)
+        self._prices = dict(prices or {})
         self._cells: dict[tuple[int, str, str], _Cell] = {}
+        # Per authenticated key: requests, input tokens, output tokens, cost units.
+        self._keys: dict[tuple[int, str], list[float]] = {}
         self._cold_starts: deque[dict[str, Any]] = deque(maxlen=MAX_COLD_STARTS)
 
     def record(self, outcome: RequestOutcome) -> None:
@@ -85,6 +92,12 @@ class RecentTraffic:
             cell = self._cells[key] = _Cell()
             self._forget_before(now - self._window_s)
         cell.add(outcome)
+        if outcome.key_id is not None:
+            usage = self._keys.setdefault((bucket, outcome.key_id), [0, 0, 0, 0.0])
+            usage[0] += 1
+            usage[1] += outcome.input_tokens or 0
+            usage[2] += outcome.output_tokens or 0
+            usage[3] += cost_units(outcome, self._prices)
         if outcome.cold_start_ms is not None:
             self._cold_starts.append(
                 {
@@ -99,6 +112,8 @@ class RecentTraffic:
     def _forget_before(self, oldest: float) -> None:
         for key in [key for key in self._cells if key[0] + BUCKET_S <= oldest]:
             del self._cells[key]
+        for usage_key in [k for k in self._keys if k[0] + BUCKET_S <= oldest]:
+            del self._keys[usage_key]
 
     def snapshot(self) -> dict[str, Any]:
         """JSON-ready and additive: what this replica saw in the window."""
@@ -109,6 +124,7 @@ class RecentTraffic:
                 [bucket, place, model, cell.as_json()]
                 for (bucket, place, model), cell in sorted(self._cells.items())
             ],
+            "keys": [[bucket, key_id, *usage] for (bucket, key_id), usage in self._keys.items()],
             "cold_starts": list(self._cold_starts),
         }
 
@@ -140,8 +156,14 @@ def summarize(
     recent: dict[tuple[str, str], int] = {}
     errors: dict[tuple[str, str], int] = {}
     reasons: dict[str, int] = {}
+    keys: dict[str, list[float]] = {}
     cold_starts: list[dict[str, Any]] = []
     for snapshot in snapshots:
+        for bucket, key_id, *usage in snapshot.get("keys", []):
+            if bucket + BUCKET_S > now - window_s:
+                total = keys.setdefault(key_id, [0, 0, 0, 0.0])
+                for index, value in enumerate(usage):
+                    total[index] += value
         for bucket, place, model, cell in snapshot["cells"]:
             if bucket + BUCKET_S <= now - window_s:
                 continue
@@ -177,10 +199,22 @@ def summarize(
             }
         )
     cold_starts.sort(key=lambda event: event["at_unix"], reverse=True)
+    top_keys = sorted(keys.items(), key=lambda item: (-item[1][3], -item[1][0], item[0]))
     return {
         "window_s": window_s,
         "bucket_s": BUCKET_S,
         "traffic": rows,
         "route_reasons": dict(sorted(reasons.items())),
         "cold_starts": cold_starts[:MAX_COLD_STARTS],
+        # Top keys by cost, then requests.
+        "keys": [
+            {
+                "key_id": key_id,
+                "requests": int(requests),
+                "input_tokens": int(input_tokens),
+                "output_tokens": int(output_tokens),
+                "cost_units": round(cost, 6),
+            }
+            for key_id, (requests, input_tokens, output_tokens, cost) in top_keys[:TOP_KEYS]
+        ],
     }

@@ -61,7 +61,9 @@ class RouterObservability:
         recent: RecentTraffic | None = None,
     ):
         self.config = config
-        self.recent = recent if recent is not None else RecentTraffic(clock=wall_clock)
+        self.recent = (
+            recent if recent is not None else RecentTraffic(clock=wall_clock, prices=config.prices)
+        )
         self.tracer = tracer if tracer is not None else setup_tracing(config.tracing, ROUTER_ROLE)
         self.metrics = (
             RouterMetrics(metrics_backend or RayServeMetricsBackend(), served_models, config.prices)

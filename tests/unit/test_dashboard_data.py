@@ -66,6 +66,7 @@ def test_two_replicas_add_up_to_rates_percentiles_and_reasons():
     assert 0.5 <= glm["p99_s"] <= 0.5 * 1.12
     assert sum(glm["series"]) == 100 and glm["series"][-1] == 100
     assert summary["route_reasons"] == {"failover": 9, "nearest": 91, "spillover": 1}
+    assert summary["keys"] == []  # no authenticated request among these
     [cold] = summary["cold_starts"]
     assert (cold["model"], cold["place"], cold["wait_s"]) == ("kimi", "SIN", 2.5)
     assert cold["phases"] == {"model_load": 2.0}
@@ -86,6 +87,29 @@ def test_old_traffic_leaves_the_window_and_the_rate_counts_the_last_minute_only(
     assert row["requests"] == 1  # the first one is older than the window now
     clock.now += 200
     assert traffic.snapshot()["cells"] == []
+
+
+def test_top_keys_by_cost_then_requests_over_replicas():
+    from deployments.observability.config import ModelPrice
+
+    prices = {"glm": ModelPrice(per_request=1.0, per_million_output_tokens=1e6)}
+    clock = Clock()
+    a = RecentTraffic(clock=clock, prices=prices)
+    b = RecentTraffic(clock=clock, prices=prices)
+    a.record(outcome(key_id="alice", input_tokens=10, output_tokens=2))  # 1 + 2 units
+    b.record(outcome(key_id="alice", status=503))  # counted, costs nothing
+    for _ in range(5):
+        b.record(outcome(key_id="bob", model="kimi", input_tokens=1))  # kimi has no price
+    b.record(outcome(key_id="carol", output_tokens=1))  # 2 units
+    keys = summarize([a.snapshot(), b.snapshot()], clock.now)["keys"]
+    assert [(k["key_id"], k["requests"], k["cost_units"]) for k in keys] == [
+        ("alice", 2, 3.0),
+        ("carol", 1, 2.0),
+        ("bob", 5, 0.0),
+    ]
+    assert keys[0]["input_tokens"] == 10 and keys[0]["output_tokens"] == 2
+    clock.now += 400
+    assert summarize([a.snapshot()], clock.now)["keys"] == []
 
 
 def test_latency_buckets_cover_a_millisecond_to_minutes():

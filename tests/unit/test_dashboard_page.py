@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import httpx
 import pytest
 import uvicorn
 from fastapi.testclient import TestClient
@@ -119,6 +120,10 @@ def test_the_data_shows_colos_drills_replicas_and_traffic(client: TestClient):
     [row] = data["traffic"]
     assert (row["model"], row["requests"]) == ("glm", 3)
     assert sum(data["route_reasons"].values()) == 3
+    [key] = data["keys"]
+    assert (key["key_id"], key["requests"]) == ("alice", 3)
+    # 3 x (7 input tokens at 50/M + 5 output tokens at 200/M), serve_config.yaml's glm price
+    assert key["cost_units"] == pytest.approx(3 * (7 * 50 + 5 * 200) / 1e6)
     # The page's own polling is not traffic, nor traced.
     client.get("/admin/dashboard-data", headers=ADMIN)
     again = client.get("/admin/dashboard-data", headers=ADMIN).json()
@@ -178,6 +183,22 @@ def test_the_page_in_chromium_draws_every_colo_and_runs_a_drill(chromium, artefa
         page.wait_for_selector(f'{kimi}[data-running="1"]', timeout=3_000)
         page.screenshot(path=str(artefacts / "dashboard.png"), full_page=True)
         assert errors == []
+
+
+def test_the_page_shows_traffic_and_top_keys(chromium):
+    router = services()
+    with served(make_app(app_config(), router)) as base_url:
+        chat = {"model": "glm", "messages": [{"role": "user", "content": "hi"}]}
+        for _ in range(2):
+            httpx.post(
+                f"{base_url}/v1/chat/completions", json=chat, headers=USER
+            ).raise_for_status()
+        page = chromium.new_page()
+        page.goto(f"{base_url}/dashboard#key={ADMIN_KEY}")
+        page.wait_for_selector('#keys tr[data-key="alice"]', timeout=5_000)
+        row = page.locator('#traffic tr[data-model="glm"] td')
+        assert row.nth(5).inner_text() == "2"  # requests
+        assert page.locator("#reasons .bar").count() >= 1
 
 
 def test_the_page_says_when_the_admin_api_is_off(chromium):

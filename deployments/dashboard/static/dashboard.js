@@ -205,6 +205,28 @@ function drawTraffic(data) {
   }));
 }
 
+function drawKeys(keys) {
+  const head = el("tr");
+  for (const title of ["key", "requests", "input tokens", "output tokens", "cost units"]) {
+    head.appendChild(el("th", {}, title));
+  }
+  const rows = [head, ...keys.map((key) => {
+    const tr = el("tr", { "data-key": key.key_id });
+    tr.appendChild(el("td", {}, key.key_id));
+    for (const value of [key.requests, key.input_tokens, key.output_tokens]) {
+      tr.appendChild(el("td", { class: "num" }, String(value)));
+    }
+    tr.appendChild(el("td", { class: "num" }, key.cost_units.toFixed(4)));
+    return tr;
+  })];
+  if (!keys.length) {
+    const empty = el("tr");
+    empty.appendChild(el("td", { class: "dim", colspan: 5 }, "no authenticated requests in the window"));
+    rows.push(empty);
+  }
+  $("keys").replaceChildren(...rows);
+}
+
 // ---- polling and drills -------------------------------------------------------------------
 
 function schedule(ms) {
@@ -237,6 +259,7 @@ async function refresh() {
   drawRegions(data.regions, data.models);
   drawColdStarts(data.cold_starts, data.generated_at_unix);
   drawTraffic(data);
+  drawKeys(data.keys);
   setStatus(`updated ${new Date(data.generated_at_unix * 1000).toLocaleTimeString()}`);
   document.body.dataset.updatedAt = String(data.generated_at_unix);
   schedule(POLL_MS);
