@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                 page.wait_for_selector("#traffic tr[data-model]", timeout=30_000)
                 time.sleep(1.5)  # one more poll: the sparklines have their latest bucket
                 args.out.parent.mkdir(parents=True, exist_ok=True)
-                page.screenshot(path=str(args.out))
+                page.screenshot(path=str(args.out), full_page=True)
                 browser.close()
             shrink_png(args.out)
         finally:
