@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,11 +61,12 @@ def build_services(
     observability: RouterObservability | None = None,
     deployment_states: DeploymentStates = _no_deployments,
     rate_limit_share: float = 1.0,
+    clock: Callable[[], float] = time.monotonic,
     regions: RegionsSource | None = None,
 ) -> RouterServices:
     """`handles`: one per model deployment, by model name. `rate_limit_share`: this replica's part
-    of each key's budget (1/N with N router replicas). `regions`: real regions for the dashboard
-    (None: the cluster as one region)."""
+    of each key's budget (1/N with N router replicas). `clock`: the rate limiter's (tests).
+    `regions`: real regions for the dashboard (None: the cluster as one region)."""
     router = config.router
     catalogue = ModelCatalogue(
         {
@@ -81,7 +82,7 @@ def build_services(
     )
     cached = CachedAnswers(ResponseCache(router.cache), edge)
     security = config.security
-    admission = Admission(RateLimiter(share=rate_limit_share), security.request_limits)
+    admission = Admission(RateLimiter(clock=clock, share=rate_limit_share), security.request_limits)
     gate_config = security.moderation_gate
 
     async def flags(texts: list[str]) -> list[bool]:
