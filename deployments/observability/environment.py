@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 from urllib.parse import unquote
 
 from pydantic import ValidationError
@@ -29,14 +29,7 @@ OTEL_TRACES_SAMPLER_ARG = "OTEL_TRACES_SAMPLER_ARG"
 # OTLP's protocol names -> our exporter modules. http/json has no Python exporter.
 _PROTOCOLS = {"http/protobuf": "http", "grpc": "grpc"}
 _EXPORTERS = ("otlp", "console", "none")
-_SAMPLERS: tuple[SamplerName, ...] = (
-    "always_on",
-    "always_off",
-    "traceidratio",
-    "parentbased_always_on",
-    "parentbased_always_off",
-    "parentbased_traceidratio",
-)
+_SAMPLERS: tuple[str, ...] = get_args(SamplerName)
 OTLP_TRACES_PATH = "/v1/traces"
 
 
