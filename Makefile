@@ -11,14 +11,14 @@ CHECKOV_VENV ?= .venv-checkov
 CHECKOV_VERSION := 3.3.30
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed-checkov-$(CHECKOV_VERSION)
 
-.PHONY: install models test lint serve bench clean checkov
+.PHONY: install models test lint serve bench clean checkov dashboard-screenshot
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip==25.3
-	$(PY) -m pip install --quiet -e '.[$(strip $(ACCEL)),export,dev]'
+	$(PY) -m pip install --quiet -e '.[$(strip $(ACCEL)),export,dev,otel]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -39,6 +39,7 @@ lint: install
 	$(VENV)/bin/ruff format --check deployments edge_sim edgectl tests benchmarks
 	$(VENV)/bin/mypy edge_sim deployments/runtime
 	$(PY) -m deployments.k8s render --check
+	$(PY) -m deployments.observability.grafana render --check
 
 # pytest exits 5 when it collects nothing; that is not a failure of ours.
 test: install models lint checkov
@@ -47,6 +48,12 @@ test: install models lint checkov
 serve: install models
 	@echo "Router: http://127.0.0.1:8000  (OpenAI SDK: base_url=http://127.0.0.1:8000/v1; docs: /docs)"
 	$(VENV)/bin/serve run serve_config.yaml
+
+# The README's picture of /dashboard, taken from a running router (`EDGE_ADMIN_KEY=... make serve`)
+# with the system's headless Chromium (apt-get install chromium).
+DASHBOARD_URL ?= http://127.0.0.1:8000
+dashboard-screenshot: install
+	$(PY) -m deployments.dashboard.screenshot --url $(DASHBOARD_URL) --out docs/dashboard.png
 
 bench: install models
 	$(PY) -m benchmarks.run

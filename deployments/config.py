@@ -121,6 +121,13 @@ class AppConfig(_Strict):
                 owner[alias] = name
         return self
 
+    @model_validator(mode="after")
+    def _prices_name_served_models(self) -> AppConfig:
+        unknown = sorted(set(self.observability.prices) - set(self.models))
+        if unknown:
+            raise ValueError(f"observability.prices: {unknown} are not served models")
+        return self
+
     @field_validator("models")
     @classmethod
     def _names_are_deployment_names(cls, models: dict[str, ModelConfig]) -> dict[str, ModelConfig]:

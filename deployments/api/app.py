@@ -7,6 +7,7 @@ from fastapi import FastAPI
 from deployments.api import workers_ai
 from deployments.api.admin import admin_routes
 from deployments.api.body_limit import BodyLimitMiddleware
+from deployments.api.dashboard import dashboard_routes
 from deployments.api.errors import ErrorShapes, install_error_handler
 from deployments.api.health import health_routes
 from deployments.api.openai import openai_routes
@@ -32,6 +33,7 @@ def make_app(config: AppConfig, services: RouterServices) -> FastAPI:
         app.include_router(workers_ai.workers_ai_routes(services, prefix))
         app.include_router(openai_routes(services), prefix=prefix)
     app.include_router(admin_routes(services))
+    app.include_router(dashboard_routes())
     app.add_middleware(BodyLimitMiddleware, limit=config.router.max_body_bytes, shapes=shapes)
     # Outermost, so a 413 is measured too. Ray Serve's proxy already echoes the client's
     # x-request-id (or makes one) on every response.
