@@ -62,7 +62,9 @@ class Pins:
     @classmethod
     def from_pyproject(cls, path: Path) -> Pins:
         project = tomllib.loads(path.read_text())["project"]
-        for requirement in project["dependencies"]:
+        # Ray is pinned in the `serve` extra (the simulator alone needs no Ray).
+        extras = project.get("optional-dependencies", {})
+        for requirement in [*project["dependencies"], *extras.get("serve", [])]:
             name, sep, version = requirement.partition("==")
             if sep and name.split("[")[0].strip() == "ray":
                 return cls(project_version=project["version"], ray_version=version.strip())
@@ -186,9 +188,9 @@ def _dump(document: dict[str, Any]) -> str:
     )
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str = "python -m deployments.k8s") -> argparse.ArgumentParser:
     defaults = RenderSources.of_repo()
-    parser = argparse.ArgumentParser(prog="python -m deployments.k8s", description=__doc__)
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("render", help="write the RayService manifest (or --check it)")
     p.add_argument("--config", type=Path, default=defaults.serve_config)
@@ -201,8 +203,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m deployments.k8s") -> int:
+    args = _parser(prog).parse_args(argv)
     sources = RenderSources(args.config, args.template, args.pyproject, args.out)
     manifest = render(sources)
     if not args.check:
