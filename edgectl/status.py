@@ -20,6 +20,7 @@ from edgectl.loadtest.replicas import StatusReader
 from edgectl.serve_state import ApplicationState, ServeStatusError
 
 HTTP_TIMEOUT_S = 10.0
+UNHEALTHY = frozenset({"DEPLOY_FAILED", "UNHEALTHY"})
 # Per-model fields of /readyz's `models` entries: `last_cold_start` is
 # {at_unix, wait_ms, replica_load_s, ...} or null; queue fields are shown if a router sends them.
 READYZ_COLD_START = "last_cold_start"
@@ -235,7 +236,7 @@ def show_status(
     view = gather()
     if watch_every_s is None:
         console.print(status_screen(view))
-        return 1 if view.failed else 0
+        return exit_status(view)
     shown = 1
     with Live(status_screen(view), console=console, auto_refresh=False) as live:
         try:
@@ -246,4 +247,13 @@ def show_status(
                 shown += 1
         except KeyboardInterrupt:
             pass
-    return 1 if view.failed else 0
+    return exit_status(view)
+
+
+def exit_status(view: StatusView) -> int:
+    """1 when a source could not be read or Serve reports the application or a deployment
+    unhealthy (the screen still shows the rest), else 0."""
+    if view.failed or view.app is None:
+        return 1
+    statuses = {view.app.status} | {d.status for d in view.app.deployments.values()}
+    return 1 if statuses & UNHEALTHY else 0

@@ -13,9 +13,9 @@ from deployments.export.defaults import DEFAULT_MODELS, build_default
 from deployments.runtime.manifest import ModelManifest
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str = "python -m deployments.export") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m deployments.export",
+        prog=prog,
         description="Export a checkpoint to ONNX (+ tokenizer + manifest), or build the defaults.",
     )
     sub = parser.add_subparsers(dest="model", required=True)
@@ -48,8 +48,8 @@ def _intact(model_dir: Path) -> bool:
         return False
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m deployments.export") -> int:
+    args = _parser(prog).parse_args(argv)
     # Our progress at INFO; the exporters' libraries (onnx_ir, torch.onnx) only when they warn.
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("deployments").setLevel(logging.INFO)
