@@ -3,6 +3,7 @@ PYTHON ?= python3.11
 VENV ?= .venv
 ACCEL ?= cpu            # cpu | gpu: which ONNX Runtime wheel to install
 MODELS_DIR ?= models
+SERVE_CONFIG ?= serve_config.yaml
 # An index with CPU-only torch wheels, for a machine whose index would bring the CUDA build:
 #   make serve TORCH_INDEX=https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?=
@@ -44,7 +45,7 @@ test: install-dev models lint
 
 serve: install models
 	@echo "Router: http://127.0.0.1:8000  (OpenAI SDK: base_url=http://127.0.0.1:8000/v1; docs: /docs)"
-	$(VENV)/bin/serve run serve_config.yaml
+	$(VENV)/bin/serve run $(SERVE_CONFIG)
 
 bench: install-dev models
 	$(PY) -m benchmarks.run
