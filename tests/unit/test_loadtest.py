@@ -8,9 +8,8 @@ import csv
 import json
 import subprocess
 import sys
-import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ from edgectl.loadtest.scenarios import (
 )
 from edgectl.loadtest.summary import latency_stats, replica_summary, summarize
 from edgectl.loadtest.workload import WorkloadSettings, build_request
+from edgectl.local_cluster import wait_until
 from edgectl.serve_state import (
     ServeDashboard,
     ServeStatusError,
@@ -63,13 +63,6 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SERVE_APPLICATIONS = json.loads(
     (Path(__file__).parent / "data" / "serve_applications.json").read_text()
 )
-
-
-def wait_until(check: Callable[[], bool], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
 
 
 def config(**fields: Any) -> ScenarioConfig:
@@ -523,7 +516,7 @@ def test_replica_sampler_samples_in_the_background_and_counts_failures() -> None
 
     threaded = ReplicaSampler(lambda: parse_serve_applications(SERVE_APPLICATIONS), every_s=0.01)
     with threaded.running(t0=0.0):
-        wait_until(lambda: len(threaded.samples) >= 8, timeout_s=10)
+        wait_until(lambda: len(threaded.samples) >= 8, 10, "eight samples", every_s=0.005)
     assert {s.deployment for s in threaded.samples} == {"glm", "kimi", "moderation", "router"}
     taken = len(threaded.samples)
     assert taken >= 8 and len(threaded.samples) == taken  # nothing after stop()

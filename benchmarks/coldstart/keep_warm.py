@@ -12,9 +12,9 @@ from typing import Any
 
 import httpx
 
-from benchmarks.coldstart_cluster import replica_states
-from benchmarks.coldstart_probe import ColdTarget, wait_for_zero
-from benchmarks.private_serve import apply_applications
+from benchmarks.cluster import apply_applications
+from benchmarks.coldstart.cluster import replica_states
+from benchmarks.coldstart.probe import ColdTarget, wait_for_zero
 from deployments.keep_warm import KEEP_WARM_POLICY
 
 WINDOW_LENGTH = timedelta(minutes=10)

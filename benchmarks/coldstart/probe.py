@@ -12,9 +12,9 @@ from typing import Any
 
 import httpx
 
-from benchmarks.coldstart_cluster import EDGE_APP, EMPTY_APP, EMPTY_ROUTE, replica_states
-from benchmarks.coldstart_controller_log import ControllerLog, ScaleUp
-from benchmarks.coldstart_empty import EMPTY_DEPLOYMENT
+from benchmarks.coldstart.cluster import EDGE_APP, EMPTY_APP, EMPTY_ROUTE, replica_states
+from benchmarks.coldstart.controller_log import ControllerLog, ScaleUp
+from benchmarks.coldstart.empty import EMPTY_DEPLOYMENT
 
 WallClock = Callable[[], float]
 

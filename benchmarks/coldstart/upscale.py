@@ -14,9 +14,9 @@ from typing import Any
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from benchmarks.coldstart_cluster import replica_states
-from benchmarks.coldstart_controller_log import ControllerLog, ScaleUp
-from benchmarks.coldstart_probe import ColdTarget, WallClock
+from benchmarks.coldstart.cluster import replica_states
+from benchmarks.coldstart.controller_log import ControllerLog, ScaleUp
+from benchmarks.coldstart.probe import ColdTarget, WallClock
 from deployments.runtime.sampling import SamplingParams
 from deployments.servers.base import Reply
 
