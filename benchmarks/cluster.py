@@ -14,6 +14,7 @@ from typing import Any
 
 import ray
 from ray import serve
+from ray._raylet import AuthenticationTokenLoader, Config
 from ray.serve.context import _get_global_client
 from ray.serve.schema import ApplicationStatus, DeploymentStatus, ServeDeploySchema
 
@@ -40,6 +41,7 @@ def serve_cluster(
     try:
         with running(num_cpus=num_cpus, env=env) as cluster:
             os.environ.update({key: cluster.env[key] for key in DRIVER_ENV})
+            _reload_ray_auth()
             ray.init(address=cluster.gcs_address, log_to_driver=False)
             try:
                 serve.start(http_options={"host": "127.0.0.1", "port": http_port})
@@ -52,8 +54,16 @@ def serve_cluster(
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+        _reload_ray_auth()
         signal.signal(signal.SIGTERM, previous_handler)
         log.info("private Ray stopped")
+
+
+def _reload_ray_auth() -> None:
+    """Ray reads RAY_AUTH_MODE and the token once, when imported (before our cluster existed);
+    re-read them as Ray's own `_enable_token_auth` does, or the driver connects without a token."""
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:

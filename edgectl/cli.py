@@ -10,8 +10,13 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-import httpx
-from rich.console import Console
+try:
+    import httpx
+    from rich.console import Console
+except ImportError as missing:  # `edge` is installed with the package; its libraries with `tools`
+    raise SystemExit(
+        f"edge needs the `tools` extra ({missing}): pip install -e '.[tools]'"
+    ) from None
 
 from edge_sim.clock import Clock
 from edgectl import drill
