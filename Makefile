@@ -13,8 +13,13 @@ PIP := $(PY) -m pip install --quiet $(if $(strip $(TORCH_INDEX)),--extra-index-u
 # operators' tools on top. `make serve` on a fresh clone installs only the first.
 SERVE_STAMP := $(VENV)/.installed-serve-$(strip $(ACCEL))
 DEV_STAMP := $(VENV)/.installed-dev-$(strip $(ACCEL))
+# checkov (the static policy check of k8s/, tests/unit/test_k8s_security.py) pins dozens of
+# packages of its own: it lives in its own venv, never in the project's.
+CHECKOV_VENV ?= .venv-checkov
+CHECKOV_VERSION := 3.3.30
+CHECKOV_STAMP := $(CHECKOV_VENV)/.installed-checkov-$(CHECKOV_VERSION)
 
-.PHONY: install install-dev models test lint serve bench clean
+.PHONY: install install-dev models test lint serve bench clean checkov
 
 install: $(SERVE_STAMP)
 install-dev: $(DEV_STAMP)
@@ -30,6 +35,15 @@ $(DEV_STAMP): $(SERVE_STAMP)
 	$(PIP) -e '.[$(strip $(ACCEL)),export,tools,dev]'
 	touch $@
 
+checkov: $(CHECKOV_STAMP)
+
+$(CHECKOV_STAMP):
+	test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install --quiet --upgrade pip==25.3
+	$(CHECKOV_VENV)/bin/python -m pip install --quiet checkov==$(CHECKOV_VERSION)
+	rm -f $(CHECKOV_VENV)/.installed-checkov-*
+	touch $@
+
 models: install
 	$(PY) -m deployments.export defaults --out $(MODELS_DIR)
 
@@ -40,7 +54,7 @@ lint: install-dev
 	$(VENV)/bin/edge k8s render --check
 
 # pytest's exit 5 (no tests collected) is a failure too: with 800+ tests, none means breakage.
-test: install-dev models lint
+test: install-dev models lint checkov
 	$(PY) -m pytest tests
 
 serve: install models
@@ -51,4 +65,4 @@ bench: install-dev models
 	$(PY) -m benchmarks.run
 
 clean:
-	rm -rf $(VENV) $(MODELS_DIR)
+	rm -rf $(VENV) $(CHECKOV_VENV) $(MODELS_DIR)
