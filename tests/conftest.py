@@ -1,13 +1,50 @@
-"""Shared fixtures: where the embedded default models live (built on demand)."""
+"""Shared fixtures: where the embedded default models live (built on demand); a real headless
+Chromium (Debian's) driven by Playwright."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# The system's Chromium (`apt-get install chromium`): Playwright never downloads a browser here.
+CHROMIUM = Path(os.environ.get("EDGE_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking")
+
+
+def _no_browser_reason() -> str | None:
+    if not CHROMIUM.is_file():
+        return f"no Chromium at {CHROMIUM} (apt-get install chromium)"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "Playwright for Python is not installed (the dev extra)"
+    return None
+
+
+@pytest.fixture
+def chromium() -> Iterator[Any]:
+    """A headless Chromium. Skipped with its reason where there is none; under CI=true that
+    is a failure, so CI never passes without running the browser tests. Per test: Playwright's
+    sync API holds an event loop on this thread while open, which asyncio.run() elsewhere
+    would trip over."""
+    reason = _no_browser_reason()
+    if reason is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"browser tests cannot run in CI: {reason}")
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), args=list(CHROMIUM_ARGS), headless=True
+        )
+        yield browser
+        browser.close()
 
 
 @pytest.fixture(scope="session")
