@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # The order of `edge --help`: the pre-deploy check first, then the live commands.
+    commands.add_parser("check", help=PASS_THROUGH["check"], add_help=False)
 
     status = commands.add_parser(
         "status", help="replicas, queues, cold starts, colo and region health",
@@ -83,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     _router_options(fault)
 
     for name, summary in PASS_THROUGH.items():
-        commands.add_parser(name, help=summary, add_help=False)
+        if name != "check":
+            commands.add_parser(name, help=summary, add_help=False)
     return parser
 
 
