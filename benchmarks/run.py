@@ -31,6 +31,7 @@ SUITES: dict[str, str] = {
     "edge": "benchmarks.edge",
     "coldstart": "benchmarks.coldstart",
     "security": "benchmarks.security",
+    "peers": "benchmarks.peers",
 }
 
 LOG_FORMAT = "%(asctime)s %(name)s: %(message)s"

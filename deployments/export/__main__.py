@@ -39,6 +39,12 @@ def _parser(prog: str = "python -m deployments.export") -> argparse.ArgumentPars
     emb.add_argument("--out", type=Path, required=True)
     emb.add_argument("--quantize", choices=("int8",), default=None)
     emb.add_argument("--verify", action="store_true")
+    emb.add_argument(
+        "--graph",
+        choices=("fused", "plain"),
+        default="fused",
+        help="fused: ONNX Runtime's BERT fusions (default); plain: the unfused dynamo export",
+    )
     emb.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
     mod = sub.add_parser("moderation", help="text moderation classifier")
     mod.add_argument("--from", dest="source", help="dir with the scikit-learn model")
@@ -84,6 +90,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m deployments.expor
                         args.out,
                         verify=args.verify,
                         quantize=args.quantize,
+                        graph=args.graph,
                         stages=stages,
                     )
                 else:
