@@ -1,5 +1,5 @@
 """Replica counts per deployment over a run, sampled from Ray Serve's own status in a background
-thread (the event loop that sends requests never waits on `serve status`)."""
+thread (the event loop that sends requests never waits on the Ray dashboard)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from edge_sim.clock import Clock
-from edge_sim.loadgen.serve_state import ApplicationState, ServeStatusError
+from edgectl.serve_state import ApplicationState, ServeStatusError
 
 StatusReader = Callable[[], ApplicationState]
 MAX_KEPT_ERRORS = 5

@@ -9,7 +9,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from edge_sim.geo import GEO_HEADER
-from edge_sim.loadgen.scenarios import Arrival, Task
+from edgectl.loadtest.scenarios import Arrival, Task
 
 CACHE_HEADER = "x-edge-cache"
 

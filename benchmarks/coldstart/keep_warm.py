@@ -12,10 +12,11 @@ from typing import Any
 
 import httpx
 
-from benchmarks.coldstart_cluster import replica_states
-from benchmarks.coldstart_probe import ColdTarget, wait_for_zero
-from benchmarks.private_serve import apply_applications
+from benchmarks.cluster import apply_applications
+from benchmarks.coldstart.cluster import replica_states
+from benchmarks.coldstart.probe import ColdTarget, wait_for_zero
 from deployments.keep_warm import KEEP_WARM_POLICY
+from edgectl.local_cluster import wait_until
 
 WINDOW_LENGTH = timedelta(minutes=10)
 
@@ -57,11 +58,12 @@ def run_keep_warm(
     try:
         if datetime.now(UTC) >= opens or _replicas(target):
             return {"error": f"the deploy took longer than the {lead_s} s lead: nothing measured"}
-        deadline = time.monotonic() + timeout_s
-        while replica_states(target.app, target.deployment).get("RUNNING", 0) < 1:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{target.deployment}: no replica {timeout_s}s into its window")
-            time.sleep(0.05)
+        wait_until(
+            lambda: replica_states(target.app, target.deployment).get("RUNNING", 0) >= 1,
+            timeout_s,
+            f"a {target.deployment} replica in its keep-warm window",
+            every_s=0.05,
+        )
         running_after_s = (datetime.now(UTC) - opens).total_seconds()
         sent = time.perf_counter()
         response = client.post(target.path, json=dict(target.body))

@@ -1,9 +1,11 @@
-"""`python -m edge_sim.ops status` from canned `serve status` YAML, /readyz and /admin/colos JSON,
-and from the admin state the real EdgeNetwork produces."""
+"""`edge status` from a recorded Ray dashboard answer, /readyz and /admin/colos JSON, and from the
+admin state the real EdgeNetwork produces."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -13,41 +15,14 @@ from edge_sim.clock import ManualClock
 from edge_sim.config import EdgeConfig
 from edge_sim.faults import ColoFault
 from edge_sim.geo import CountryCentroids
-from edge_sim.loadgen.serve_state import ApplicationState, ServeStatusError, parse_serve_status
 from edge_sim.network import EdgeNetwork
-from edge_sim.ops import main
+from edgectl.cli import main
 
 ADMIN_KEY = "ops-key"
 NOW_UNIX_S = 1_750_000_000.0
-SERVE_STATUS_YAML = """\
-proxies:
-  0a1b2c: HEALTHY
-applications:
-  edge:
-    status: RUNNING
-    message: ''
-    last_deployed_time_s: 1700000000.0
-    deployments:
-      glm:
-        status: UPSCALING
-        status_trigger: AUTOSCALING
-        replica_states:
-          RUNNING: 1
-          STARTING: 1
-        message: ''
-      kimi:
-        status: HEALTHY
-        status_trigger: AUTOSCALING
-        replica_states: {}
-        message: ''
-      router:
-        status: HEALTHY
-        status_trigger: CONFIG_UPDATE_COMPLETED
-        replica_states:
-          RUNNING: 1
-        message: ''
-target_capacity: null
-"""
+SERVE_APPLICATIONS = json.loads(
+    (Path(__file__).parent / "data" / "serve_applications.json").read_text()
+)
 COLOS = [
     {
         "id": "FRA",
@@ -85,9 +60,18 @@ COLOS = [
 
 
 def router(
-    readyz_models: dict[str, Any], colos: list[dict[str, Any]] = COLOS
+    readyz_models: dict[str, Any],
+    colos: list[dict[str, Any]] = COLOS,
+    dashboard: Callable[[httpx.Request], httpx.Response] | None = None,
 ) -> httpx.MockTransport:
+    """The router at router.test and Ray's dashboard at dash.test."""
+
     def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "dash.test":
+            if dashboard is not None:
+                return dashboard(request)
+            assert request.url.path == "/api/serve/applications/"
+            return httpx.Response(200, json=SERVE_APPLICATIONS)
         if request.url.path == "/readyz":
             return httpx.Response(200, json={"ready": ["glm"], "models": readyz_models})
         if request.url.path == "/admin/colos":
@@ -99,25 +83,15 @@ def router(
     return httpx.MockTransport(handle)
 
 
-def run_ops(
-    transport: httpx.BaseTransport,
-    *,
-    admin_key: str = ADMIN_KEY,
-    status: ApplicationState | Exception | None = None,
-) -> tuple[int, str]:
-    def read_status() -> ApplicationState:
-        if isinstance(status, Exception):
-            raise status
-        return status or parse_serve_status(SERVE_STATUS_YAML)
-
+def run_ops(transport: httpx.BaseTransport, *, admin_key: str = ADMIN_KEY) -> tuple[int, str]:
     console = Console(record=True, width=160, color_system=None)
     code = main(
-        ["status", "--url", "http://router.test", "--admin-key", admin_key],
+        ["status", "--url", "http://router.test", "--dashboard", "http://dash.test",
+         "--admin-key", admin_key],
         transport=transport,
-        read_status=read_status,
         console=console,
         wall_clock=lambda: NOW_UNIX_S,
-    )
+    )  # fmt: skip
     return code, console.export_text()
 
 
@@ -184,11 +158,13 @@ def test_status_renders_the_admin_state_the_edge_network_produces() -> None:
 
 
 def test_status_explains_every_source_it_could_not_read() -> None:
-    failing = ServeStatusError("serve status exited 1: ConnectionError")
+    def dashboard_down(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
     readyz = {"glm": {"last_cold_start": {"at_unix": NOW_UNIX_S - 3 * 3600}}}
-    code, text = run_ops(router(readyz), admin_key="wrong", status=failing)
+    code, text = run_ops(router(readyz, dashboard=dashboard_down), admin_key="wrong")
     assert code == 1
-    assert "replicas unknown: serve status exited 1: ConnectionError" in text
+    assert "replicas unknown: Ray dashboard at http://dash.test: connection refused" in text
     assert "colos unknown: GET /admin/colos" in text and "401" in text
     # What is known is still shown: the router's models from /readyz, replicas as "?".
     glm = row(text, "glm")
@@ -201,9 +177,11 @@ def test_status_explains_every_source_it_could_not_read() -> None:
 
 def test_status_survives_a_router_that_is_down() -> None:
     def refuse(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "dash.test":
+            return httpx.Response(200, json=SERVE_APPLICATIONS)
         raise httpx.ConnectError("connection refused", request=request)
 
     code, text = run_ops(httpx.MockTransport(refuse))
     assert code == 1
     assert "router /readyz unreachable: connection refused" in text
-    assert "1 / 2" in row(text, "glm")  # serve status still answered
+    assert "1 / 2" in row(text, "glm")  # the dashboard still answered

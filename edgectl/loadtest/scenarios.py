@@ -11,7 +11,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from edge_sim.faults import ColoFault
-from edge_sim.loadgen.regions import DEFAULT_REGION, DEFAULT_REGIONS, ClientRegion, region_named
+from edgectl.loadtest.regions import DEFAULT_REGION, DEFAULT_REGIONS, ClientRegion, region_named
 
 ScenarioName = Literal["steady", "ramp", "burst-after-idle", "geo-mix", "colo-outage"]
 SCENARIOS: tuple[str, ...] = get_args(ScenarioName)
@@ -85,7 +85,7 @@ class Arrival:
     model: ModelTarget
     api: Api
     region: ClientRegion
-    prompt: int  # index into the task's prompts (edge_sim.loadgen.workload)
+    prompt: int  # index into the task's prompts (edgectl.loadtest.workload)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,12 +1,12 @@
-"""`python -m edge_sim.loadgen --scenario NAME --url URL --out DIR`: plan a scenario against the
-running router (its models, its colos, the config's scale-to-zero delay), run it, write reports."""
+"""`edge loadtest SCENARIO --url URL --out DIR` (or `python -m edgectl.loadtest --scenario ...`):
+plan a scenario against the running router (its models, its colos, the config's scale-to-zero
+delay), run it, write reports."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import os
-import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,14 +18,19 @@ from pydantic import ValidationError
 
 from edge_sim.faults import ColoFault
 from edge_sim.geo import haversine_km
-from edge_sim.loadgen.progress import NoProgress, ProgressView, RichProgress
-from edge_sim.loadgen.regions import DEFAULT_REGION, DEFAULT_REGIONS, region_named
-from edge_sim.loadgen.replicas import ReplicaSampler, StatusReader
-from edge_sim.loadgen.report import REPORT_MD, write_outputs
-from edge_sim.loadgen.runner import LoadRunner, RunSettings
-from edge_sim.loadgen.scenarios import SCENARIOS, ModelTarget, ScenarioConfig, build_schedule
-from edge_sim.loadgen.serve_state import DEFAULT_APP, ServeStatusCommand, scale_to_zero_delays_s
-from edge_sim.loadgen.workload import WorkloadSettings
+from edgectl.loadtest.progress import NoProgress, ProgressView, RichProgress
+from edgectl.loadtest.regions import DEFAULT_REGION, DEFAULT_REGIONS, region_named
+from edgectl.loadtest.replicas import ReplicaSampler, StatusReader
+from edgectl.loadtest.report import REPORT_MD, write_outputs
+from edgectl.loadtest.runner import LoadRunner, RunSettings
+from edgectl.loadtest.scenarios import SCENARIOS, ModelTarget, ScenarioConfig, build_schedule
+from edgectl.loadtest.workload import WorkloadSettings
+from edgectl.serve_state import (
+    DEFAULT_APP,
+    ServeDashboard,
+    default_dashboard,
+    scale_to_zero_delays_s,
+)
 
 # Beyond the autoscaler's delay, the last replica still has to drain and stop.
 IDLE_MARGIN_S = 15.0
@@ -36,13 +41,13 @@ class UsageError(Exception):
     """A run that cannot start as asked; the message says what to pass instead (exit 2)."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m edgectl.loadtest") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m edge_sim.loadgen",
+        prog=prog,
         description="Open-loop load test of the ray-edge-ai router, with a report.",
     )
     add = parser.add_argument
-    add("--scenario", required=True, choices=SCENARIOS)
+    add("--scenario", required=True, choices=SCENARIOS, help="what traffic to send")
     add("--url", default="http://127.0.0.1:8000", help="the router (default: %(default)s)")
     add("--out", type=Path, help="output folder (default: reports/<scenario>)")
     add("--rate", type=float, default=2.0, help="requests/s (ramp: final rate; burst: its rate)")
@@ -88,11 +93,16 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="wait after the last send (default: request timeout + 1 s)",
     )
-    add("--no-replicas", action="store_true", help="do not sample `serve status`")
+    add("--no-replicas", action="store_true", help="do not sample Serve's replicas")
     add("--replicas-every-s", type=float, default=2.0)
-    add("--serve-status-cmd", help="command printing `serve status` YAML (default: serve status)")
+    add(
+        "--dashboard",
+        default=default_dashboard(),
+        help="Ray dashboard whose REST API gives the replica counts (default: "
+        "$RAY_DASHBOARD_ADDRESS or %(default)s); token from RAY_AUTH_TOKEN[_PATH]",
+    )
     add("--app", default=DEFAULT_APP, help="Serve application name (default: %(default)s)")
-    add("--no-progress", action="store_true")
+    add("--no-progress", action="store_true", help="no progress bar (off anyway without a TTY)")
     return parser
 
 
@@ -211,29 +221,29 @@ def main(
     transport: httpx.AsyncBaseTransport | None = None,
     read_status: StatusReader | None = None,
     progress: ProgressView | None = None,
+    prog: str = "python -m edgectl.loadtest",
 ) -> int:
     """Exit status: 0 when the run completed (failed requests are data, not a failure), 2 when
     it could not start, 130 when interrupted (the partial report is still written)."""
-    args = build_parser().parse_args(argv)
+    args = build_parser(prog).parse_args(argv)
     out: Path = args.out or Path("reports") / args.scenario
     try:
         region_named(args.region)
         config = asyncio.run(plan(args, transport))
     except (UsageError, ValueError) as error:  # pydantic's ValidationError is a ValueError
         message = str(error) if not isinstance(error, ValidationError) else _short(error)
-        print(f"loadgen: {message}", file=sys.stderr)
+        print(f"loadtest: {message}", file=sys.stderr)
         return 2
     schedule = build_schedule(config)
     print(
-        f"loadgen: {config.scenario}: {len(schedule.arrivals)} requests to "
+        f"loadtest: {config.scenario}: {len(schedule.arrivals)} requests to "
         f"{', '.join(m.name for m in config.models)} over {schedule.end_s:.0f} s -> {out}",
         file=sys.stderr,
     )
     sampler = None
     if not args.no_replicas:
         if read_status is None:
-            command = shlex.split(args.serve_status_cmd) if args.serve_status_cmd else None
-            read_status = ServeStatusCommand(command, app=args.app)
+            read_status = ServeDashboard(args.dashboard, app=args.app)
         sampler = ReplicaSampler(
             read_status, every_s=args.replicas_every_s, deployments=[m.name for m in config.models]
         )
@@ -248,7 +258,9 @@ def main(
         ),
     )
     if progress is None:
-        progress = NoProgress() if args.no_progress else RichProgress()
+        # A bar redrawn into a log file or a pipe is noise: only a terminal gets one.
+        show = not args.no_progress and sys.stderr.isatty()
+        progress = RichProgress() if show else NoProgress()
     runner = LoadRunner(settings, transport=transport, sampler=sampler, progress=progress)
     result = runner.run(schedule)
     params = {
@@ -262,7 +274,7 @@ def main(
     summary = write_outputs(result, out, params)
     latency = summary["overall"]["latency_ms"]
     print(
-        f"loadgen: {summary['requests']['ok']} ok, {summary['requests']['errors']} failed, "
+        f"loadtest: {summary['requests']['ok']} ok, {summary['requests']['errors']} failed, "
         f"p50 {latency['p50']} ms, p99 {latency['p99']} ms, "
         f"{summary['cold_start']['count']} cold starts; report: {out / REPORT_MD}",
         file=sys.stderr,
@@ -276,7 +288,3 @@ def _short(error: ValidationError) -> str:
         f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}"
         for e in error.errors(include_url=False)
     )
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -12,9 +12,10 @@ from typing import Any
 
 import httpx
 
-from benchmarks.coldstart_cluster import EDGE_APP, EMPTY_APP, EMPTY_ROUTE, replica_states
-from benchmarks.coldstart_controller_log import ControllerLog, ScaleUp
-from benchmarks.coldstart_empty import EMPTY_DEPLOYMENT
+from benchmarks.coldstart.cluster import EDGE_APP, EMPTY_APP, EMPTY_ROUTE, replica_states
+from benchmarks.coldstart.controller_log import ControllerLog, ScaleUp
+from benchmarks.coldstart.empty import EMPTY_DEPLOYMENT
+from edgectl.local_cluster import wait_until
 
 WallClock = Callable[[], float]
 
@@ -168,9 +169,10 @@ def split_phases(
 def wait_for_zero(targets: list[ColdTarget], timeout_s: float, every_s: float = 0.2) -> float:
     """Wait until none of the targets has a replica in any state; returns the seconds waited."""
     started = time.monotonic()
-    deadline = started + timeout_s
-    while time.monotonic() < deadline:
-        if all(sum(replica_states(t.app, t.deployment).values()) == 0 for t in targets):
-            return time.monotonic() - started
-        time.sleep(every_s)
-    raise TimeoutError(f"replicas still up after {timeout_s}s: {[t.deployment for t in targets]}")
+    wait_until(
+        lambda: all(sum(replica_states(t.app, t.deployment).values()) == 0 for t in targets),
+        timeout_s,
+        f"no replica of {[t.deployment for t in targets]}",
+        every_s=every_s,
+    )
+    return time.monotonic() - started

@@ -1,31 +1,26 @@
-"""`python -m edge_sim.ops status`: one screen of the platform's state: replicas per model from
-`serve status`, queue and last cold start from the router's /readyz, colos from /admin/colos."""
+"""`edge status [--watch]`: one screen of the platform's state: replicas per model from the Ray
+dashboard's REST API (what `serve status` prints), queue and last cold start from the router's
+/readyz, colo and region health from /admin/colos."""
 
 from __future__ import annotations
 
-import argparse
-import os
-import shlex
-import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from edge_sim.clock import Clock
-from edge_sim.loadgen.replicas import StatusReader
-from edge_sim.loadgen.serve_state import (
-    DEFAULT_APP,
-    ApplicationState,
-    ServeStatusCommand,
-    ServeStatusError,
-)
+from edgectl.loadtest.replicas import StatusReader
+from edgectl.serve_state import ApplicationState, ServeStatusError
 
 HTTP_TIMEOUT_S = 10.0
+UNHEALTHY = frozenset({"DEPLOY_FAILED", "UNHEALTHY"})
 # Per-model fields of /readyz's `models` entries: `last_cold_start` is
 # {at_unix, wait_ms, replica_load_s, ...} or null; queue fields are shown if a router sends them.
 READYZ_COLD_START = "last_cold_start"
@@ -143,7 +138,7 @@ def _faults(faults: Sequence[Mapping[str, Any]]) -> str:
 
 
 def models_table(view: StatusView) -> Table:
-    table = Table(title="Models (replicas from `serve status`)", title_justify="left")
+    table = Table(title="Models (replicas from the Ray dashboard)", title_justify="left")
     for column in ("deployment", "status", "running / wanted", "replica states", "queue",
                    "last cold start"):  # fmt: skip
         table.add_column(column)
@@ -167,7 +162,9 @@ def models_table(view: StatusView) -> Table:
 
 def colos_table(colos: Sequence[Mapping[str, Any]]) -> Table:
     table = Table(title="Colos (from /admin/colos)", title_justify="left")
-    for column in ("colo", "city", "health", "in flight", "faults", "models"):
+    with_region = any(colo.get("region") for colo in colos)
+    for column in ("colo", *(("region",) if with_region else ()), "city", "health", "in flight",
+                   "faults", "models"):  # fmt: skip
         table.add_column(column)
     for colo in colos:
         state = colo.get("state")
@@ -185,6 +182,7 @@ def colos_table(colos: Sequence[Mapping[str, Any]]) -> Table:
         models = colo.get("models", "*")
         table.add_row(
             str(colo.get("id", "?")),
+            *((str(colo.get("region") or ""),) if with_region else ()),
             str(colo.get("city", "")),
             health,
             in_flight,
@@ -194,50 +192,68 @@ def colos_table(colos: Sequence[Mapping[str, Any]]) -> Table:
     return table
 
 
-def render_status(view: StatusView, console: Console) -> None:
+def status_screen(view: StatusView) -> RenderableType:
+    """The whole screen as one renderable, so `--watch` can redraw it in place."""
+    parts: list[RenderableType] = []
     if view.app is not None:
         message = f" – {view.app.message}" if view.app.message else ""
-        console.print(f"Application [bold]{view.app.name}[/]: {view.app.status}{message}")
-    console.print(models_table(view))
+        parts.append(Text.from_markup(f"Application [bold]{view.app.name}[/]: {view.app.status}")
+                     + Text(message))  # fmt: skip
+    parts.append(models_table(view))
     if view.colos is not None:
-        healthy = sum(1 for c in view.colos if c.get("healthy"))
-        console.print(colos_table(view.colos))
-        in_flight = sum(int(c.get("in_flight") or 0) for c in view.colos)
-        console.print(f"{healthy}/{len(view.colos)} colos healthy, {in_flight} requests in flight")
-    for note in view.notes:
-        console.print(f"[yellow]note:[/] {note}")
+        parts.append(colos_table(view.colos))
+        parts.append(Text(colos_summary(view.colos)))
+    parts.extend(Text.from_markup("[yellow]note:[/] ") + Text(note) for note in view.notes)
+    return Group(*parts)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m edge_sim.ops", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    status = commands.add_parser("status", help="replicas, queues, cold starts, colos")
-    status.add_argument("--url", default="http://127.0.0.1:8000")
-    status.add_argument("--admin-key", default=os.environ.get("EDGE_ADMIN_KEY"))
-    status.add_argument("--app", default=DEFAULT_APP)
-    status.add_argument("--serve-status-cmd", help="command printing `serve status` YAML")
-    return parser
+def colos_summary(colos: Sequence[Mapping[str, Any]]) -> str:
+    """Healthy colos overall and per region (when the router reports regions)."""
+    healthy = sum(1 for c in colos if c.get("healthy"))
+    in_flight = sum(int(c.get("in_flight") or 0) for c in colos)
+    line = f"{healthy}/{len(colos)} colos healthy, {in_flight} requests in flight"
+    regions: dict[str, list[bool]] = {}
+    for colo in colos:
+        if colo.get("region"):
+            regions.setdefault(str(colo["region"]), []).append(bool(colo.get("healthy")))
+    if regions:
+        line += "; regions: " + ", ".join(
+            f"{name} {sum(states)}/{len(states)}" for name, states in sorted(regions.items())
+        )
+    return line
 
 
-def main(
-    argv: Sequence[str] | None = None,
+def show_status(
+    gather: Callable[[], StatusView],
+    console: Console,
     *,
-    transport: httpx.BaseTransport | None = None,
-    read_status: StatusReader | None = None,
-    console: Console | None = None,
-    wall_clock: Clock = time.time,
+    watch_every_s: float | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    refreshes: int | None = None,
 ) -> int:
-    """Exit status 1 when a source could not be read (the screen still shows the rest)."""
-    args = build_parser().parse_args(argv)
-    if read_status is None:
-        command = shlex.split(args.serve_status_cmd) if args.serve_status_cmd else None
-        read_status = ServeStatusCommand(command, app=args.app)
-    view = gather_status(
-        args.url, args.admin_key, read_status, transport=transport, wall_clock=wall_clock
-    )
-    render_status(view, console or Console())
-    return 1 if view.failed else 0
+    """Print the screen once, or redraw it every `watch_every_s` until Ctrl-C (or `refreshes`
+    redraws, for tests). Exit status 1 when the last screen could not read a source."""
+    view = gather()
+    if watch_every_s is None:
+        console.print(status_screen(view))
+        return exit_status(view)
+    shown = 1
+    with Live(status_screen(view), console=console, auto_refresh=False) as live:
+        try:
+            while refreshes is None or shown < refreshes:
+                sleep(watch_every_s)
+                view = gather()
+                live.update(status_screen(view), refresh=True)
+                shown += 1
+        except KeyboardInterrupt:
+            pass
+    return exit_status(view)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def exit_status(view: StatusView) -> int:
+    """1 when a source could not be read or Serve reports the application or a deployment
+    unhealthy (the screen still shows the rest), else 0."""
+    if view.failed or view.app is None:
+        return 1
+    statuses = {view.app.status} | {d.status for d in view.app.deployments.values()}
+    return 1 if statuses & UNHEALTHY else 0

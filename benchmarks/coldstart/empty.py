@@ -42,7 +42,7 @@ class EmptyIngress:
 
 
 def build_empty_app(args: dict[str, Any]) -> Application:
-    """`import_path: benchmarks.coldstart_empty:build_empty_app`; the Serve options come from the
+    """`import_path: benchmarks.coldstart.empty:build_empty_app`; the Serve options come from the
     config's `deployments:` section, like the models'."""
     replica = serve.deployment(EmptyReplica).options(name=EMPTY_DEPLOYMENT).bind()
     return serve.deployment(EmptyIngress).options(name=EMPTY_INGRESS).bind(replica)

@@ -1,53 +1,69 @@
-"""A benchmark's own Ray + Serve: started beside (never attached to) any other cluster on the
-machine, fed Serve config applications the way `serve deploy` is, and always shut down."""
+"""A benchmark's own Ray + Serve: an `edgectl.local_cluster` cluster (its own temp dir, free ports
+and process groups, so never another Ray on this machine), this process attached to it as the
+driver, and Serve config applications deployed the way `serve deploy` does."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import ray
 from ray import serve
+from ray._raylet import AuthenticationTokenLoader, Config
 from ray.serve.context import _get_global_client
 from ray.serve.schema import ApplicationStatus, DeploymentStatus, ServeDeploySchema
 
+from edgectl.local_cluster import LocalCluster, running, wait_until
+
 log = logging.getLogger(__name__)
 
-POLL_INTERVAL_S = 0.5
+# What a driver needs to reach the cluster: the address and the cluster's own token.
+DRIVER_ENV = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")
 
 
 @contextlib.contextmanager
-def private_serve(num_cpus: int, http_port: int) -> Iterator[None]:
-    """Ray with `address="local"` (a new cluster, whatever RAY_ADDRESS says) and Serve on
-    127.0.0.1:`http_port`; both are shut down whatever happens inside."""
-    log.info("starting a private Ray (%d CPUs) and Serve on :%d", num_cpus, http_port)
-    # A SIGTERM (`timeout`, a CI cancel) must still run the shutdown below, or Ray's processes
-    # outlive us.
+def serve_cluster(
+    num_cpus: float, http_port: int, env: Mapping[str, str] | None = None
+) -> Iterator[LocalCluster]:
+    """Start a cluster (`env` reaches the raylet and every replica, e.g. RAY_* worker pool
+    settings or EDGE_ADMIN_KEY), attach to it, start Serve on 127.0.0.1:`http_port`; stop it
+    all whatever happens inside."""
+    log.info("starting a private Ray (%g CPUs) and Serve on :%d", num_cpus, http_port)
+    # A SIGTERM (`timeout`, a CI cancel) must still run the shutdown below: the cluster lives in
+    # process groups of its own and would outlive us.
     previous_handler = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    saved_env = {key: os.environ.get(key) for key in DRIVER_ENV}
     try:
-        ray.init(
-            address="local",
-            num_cpus=num_cpus,
-            include_dashboard=False,
-            log_to_driver=False,  # replica access logs would drown the progress lines
-        )
-    except BaseException:
-        signal.signal(signal.SIGTERM, previous_handler)
-        raise
-    # Only once our own Ray is up: serve.shutdown() without it would attach to another cluster.
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": http_port})
-        yield
+        with running(num_cpus=num_cpus, env=env) as cluster:
+            os.environ.update({key: cluster.env[key] for key in DRIVER_ENV})
+            _reload_ray_auth()
+            ray.init(address=cluster.gcs_address, log_to_driver=False)
+            try:
+                serve.start(http_options={"host": "127.0.0.1", "port": http_port})
+                yield cluster
+            finally:
+                ray.shutdown()  # detach; stopping the cluster ends Serve with it
     finally:
-        with contextlib.suppress(Exception):  # Serve may never have started
-            serve.shutdown()
-        ray.shutdown()
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        _reload_ray_auth()
         signal.signal(signal.SIGTERM, previous_handler)
-        log.info("private Ray shut down")
+        log.info("private Ray stopped")
+
+
+def _reload_ray_auth() -> None:
+    """Ray reads RAY_AUTH_MODE and the token once, when imported (before our cluster existed);
+    re-read them as Ray's own `_enable_token_auth` does, or the driver connects without a token."""
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
@@ -90,14 +106,3 @@ def _all_running(names: Sequence[str]) -> bool:
         ):
             return False
     return True
-
-
-def wait_until(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    """Poll `check()` until it returns something truthy (returned); TimeoutError at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(POLL_INTERVAL_S)
-    raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")

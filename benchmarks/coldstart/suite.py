@@ -18,17 +18,17 @@ import httpx
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from benchmarks.coldstart_cluster import (
+from benchmarks.cluster import apply_applications, serve_cluster
+from benchmarks.coldstart.cluster import (
     BenchScaling,
     ServeVariant,
     edge_application,
     empty_application,
-    private_serve,
 )
-from benchmarks.coldstart_controller_log import ControllerLog
-from benchmarks.coldstart_imports import replica_import_costs
-from benchmarks.coldstart_keep_warm import run_keep_warm
-from benchmarks.coldstart_probe import (
+from benchmarks.coldstart.controller_log import ControllerLog
+from benchmarks.coldstart.imports import replica_import_costs
+from benchmarks.coldstart.keep_warm import run_keep_warm
+from benchmarks.coldstart.probe import (
     EMPTY_TARGET,
     ColdTarget,
     NotAColdStartError,
@@ -36,10 +36,9 @@ from benchmarks.coldstart_probe import (
     model_target,
     wait_for_zero,
 )
-from benchmarks.coldstart_upscale import run_upscale
-from benchmarks.coldstart_warm_pool import prestart_workers
+from benchmarks.coldstart.upscale import run_upscale
+from benchmarks.coldstart.warm_pool import prestart_workers
 from benchmarks.models import ModelsBenchConfig, bench_load
-from benchmarks.private_serve import apply_applications
 from deployments.config import PROJECT_ROOT, ModelConfig, parse_app_config
 
 log = logging.getLogger(__name__)
@@ -169,11 +168,9 @@ def run_coldstart_suite(config: ColdStartBenchConfig) -> dict[str, Any]:
     empty = empty_application(edge, like=config.models[0], variant=config.variant)
     targets = {EMPTY: EMPTY_TARGET, **{n: model_target(n, task) for n, task in tasks.items()}}
     started = time.monotonic()
-    with private_serve(
-        config.http_port, config.ray_num_cpus, config.variant.ray_env
-    ) as session_dir:
+    with serve_cluster(config.ray_num_cpus, config.http_port, config.variant.ray_env) as cluster:
         ray_up_s = time.monotonic() - started
-        controller = ControllerLog(session_dir)
+        controller = ControllerLog(cluster.session_dir)
         apply_applications([edge, empty], config.http_port, config.deploy_timeout_s)
         cycles = run_cycles(config, targets, controller, edge.get("runtime_env"))
         upscale = None

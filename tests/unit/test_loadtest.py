@@ -1,5 +1,5 @@
 """The load generator without Ray: schedules, SSE reading, records and summary maths, replica
-sampling from canned `serve status` output, and whole runs against an in-process fake router."""
+sampling from a recorded Ray dashboard answer, and whole runs against an in-process fake router."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ import csv
 import json
 import subprocess
 import sys
-import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +20,15 @@ import yaml
 from httpx_sse import ServerSentEvent
 
 from edge_sim.clock import ManualClock
-from edge_sim.loadgen.__main__ import main as loadgen_main
-from edge_sim.loadgen.progress import NoProgress
-from edge_sim.loadgen.records import CSV_COLUMNS, EdgeHeaders, RequestRecord, write_csv
-from edge_sim.loadgen.regions import DEFAULT_REGIONS, region_named
-from edge_sim.loadgen.replicas import ReplicaSample, ReplicaSampler
-from edge_sim.loadgen.report import write_outputs
-from edge_sim.loadgen.responses import StreamTally, body_error_text
-from edge_sim.loadgen.runner import LoadRunner, RunResult, RunSettings
-from edge_sim.loadgen.scenarios import (
+from edgectl.loadtest.cli import main as loadgen_main
+from edgectl.loadtest.progress import NoProgress
+from edgectl.loadtest.records import CSV_COLUMNS, EdgeHeaders, RequestRecord, write_csv
+from edgectl.loadtest.regions import DEFAULT_REGIONS, region_named
+from edgectl.loadtest.replicas import ReplicaSample, ReplicaSampler
+from edgectl.loadtest.report import write_outputs
+from edgectl.loadtest.responses import StreamTally, body_error_text
+from edgectl.loadtest.runner import LoadRunner, RunResult, RunSettings
+from edgectl.loadtest.scenarios import (
     Arrival,
     ModelTarget,
     Phase,
@@ -38,14 +37,16 @@ from edge_sim.loadgen.scenarios import (
     build_schedule,
     poisson_times,
 )
-from edge_sim.loadgen.serve_state import (
-    ServeStatusCommand,
+from edgectl.loadtest.summary import latency_stats, replica_summary, summarize
+from edgectl.loadtest.workload import WorkloadSettings, build_request
+from edgectl.local_cluster import wait_until
+from edgectl.serve_state import (
+    ServeDashboard,
     ServeStatusError,
-    parse_serve_status,
+    parse_serve_applications,
+    ray_auth_token,
     scale_to_zero_delays_s,
 )
-from edge_sim.loadgen.summary import latency_stats, replica_summary, summarize
-from edge_sim.loadgen.workload import WorkloadSettings, build_request
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = (
@@ -57,49 +58,11 @@ MODELS = (
 ADMIN_KEY = "test-admin-key"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
-SERVE_STATUS_YAML = """\
-proxies:
-  0a1b2c: HEALTHY
-applications:
-  edge:
-    status: RUNNING
-    message: ''
-    last_deployed_time_s: 1700000000.0
-    deployments:
-      glm:
-        status: UPSCALING
-        status_trigger: AUTOSCALING
-        replica_states:
-          RUNNING: 1
-          STARTING: 1
-        message: ''
-      kimi:
-        status: HEALTHY
-        status_trigger: AUTOSCALING
-        replica_states: {}
-        message: ''
-      moderation:
-        status: DOWNSCALING
-        status_trigger: AUTOSCALING
-        replica_states:
-          RUNNING: 1
-          STOPPING: 1
-        message: ''
-      router:
-        status: HEALTHY
-        status_trigger: CONFIG_UPDATE_COMPLETED
-        replica_states:
-          RUNNING: 1
-        message: ''
-target_capacity: null
-"""
-
-
-def wait_until(check: Callable[[], bool], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
+# Recorded from Ray 2.60's dashboard (GET /api/serve/applications/); glm is starting a second
+# replica, kimi is at zero, moderation is stopping one of two.
+SERVE_APPLICATIONS = json.loads(
+    (Path(__file__).parent / "data" / "serve_applications.json").read_text()
+)
 
 
 def config(**fields: Any) -> ScenarioConfig:
@@ -458,35 +421,52 @@ def test_outputs_are_the_same_bytes_for_the_same_run(tmp_path: Path) -> None:
 
 
 def test_parse_serve_status_counts_running_and_wanted_replicas() -> None:
-    app = parse_serve_status(SERVE_STATUS_YAML, "edge")
+    app = parse_serve_applications(SERVE_APPLICATIONS, "edge")
     assert app.status == "RUNNING"
     glm, kimi, moderation = (app.deployments[n] for n in ("glm", "kimi", "moderation"))
     assert (glm.running, glm.wanted, glm.status) == (1, 2, "UPSCALING")
     assert (kimi.running, kimi.wanted) == (0, 0)
     assert (moderation.running, moderation.wanted) == (1, 1)  # the stopping one is leaving
     with pytest.raises(ServeStatusError, match="no application 'other'"):
-        parse_serve_status(SERVE_STATUS_YAML, "other")
-    with pytest.raises(ServeStatusError):
-        parse_serve_status("applications: [", "edge")
+        parse_serve_applications(SERVE_APPLICATIONS, "other")
+    with pytest.raises(ServeStatusError, match="no 'applications'"):
+        parse_serve_applications({"detail": "not found"}, "edge")
 
 
-def test_serve_status_command_runs_a_subprocess_with_token_auth(tmp_path: Path) -> None:
-    canned = tmp_path / "status.yaml"
-    canned.write_text(SERVE_STATUS_YAML)
-    assert ServeStatusCommand(["cat", str(canned)])().deployments["glm"].running == 1
+def test_serve_dashboard_reads_one_rest_call_with_the_ray_token(tmp_path: Path) -> None:
+    seen: list[httpx.Request] = []
 
-    seen: dict[str, Any] = {}
+    def dashboard(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.headers.get("authorization") != "Bearer tok":
+            return httpx.Response(401, text="Unauthorized")
+        return httpx.Response(200, json=SERVE_APPLICATIONS)
 
-    def fake_run(command: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
-        seen.update(kwargs, command=command)
-        return subprocess.CompletedProcess(command, 1, "", "ConnectionError: no cluster\n")
+    reader = ServeDashboard(
+        "http://dash.test", token="tok", transport=httpx.MockTransport(dashboard)
+    )
+    assert reader().deployments["glm"].running == 1
+    assert [(r.method, r.url.path) for r in seen] == [("GET", "/api/serve/applications/")]
+    refused = ServeDashboard("http://dash.test", token="", transport=httpx.MockTransport(dashboard))
+    with pytest.raises(ServeStatusError, match="refused the token.*RAY_AUTH_TOKEN"):
+        refused()
 
-    with pytest.raises(ServeStatusError, match="exited 1: ConnectionError: no cluster"):
-        ServeStatusCommand(["serve", "status"], env={"PATH": "/bin"}, run=fake_run)()
-    assert seen["env"] == {"PATH": "/bin", "RAY_AUTH_MODE": "token"}
-    assert seen["command"] == ["serve", "status"]
-    with pytest.raises(ServeStatusError):
-        ServeStatusCommand([str(tmp_path / "no-such-binary")])()
+    def down(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused")
+
+    with pytest.raises(ServeStatusError, match="dash.test.*connection refused"):
+        ServeDashboard("http://dash.test", token="t", transport=httpx.MockTransport(down))()
+
+
+def test_ray_token_comes_from_the_places_ray_reads_it(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("from-file\n")
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("from-home")
+    assert ray_auth_token({"RAY_AUTH_TOKEN": "inline"}, home=tmp_path) == "inline"
+    assert ray_auth_token({"RAY_AUTH_TOKEN_PATH": str(token_file)}, home=tmp_path) == "from-file"
+    assert ray_auth_token({}, home=tmp_path) == "from-home"
+    assert ray_auth_token({}, home=tmp_path / "nobody") is None
 
 
 def test_scale_to_zero_delay_comes_from_serve_config() -> None:
@@ -522,7 +502,7 @@ def test_replica_sampler_samples_in_the_background_and_counts_failures() -> None
         clock.advance(1.0)  # the status call takes a second
         if calls["n"] == 2:
             raise ServeStatusError("controller busy")
-        return parse_serve_status(SERVE_STATUS_YAML)
+        return parse_serve_applications(SERVE_APPLICATIONS)
 
     sampler = ReplicaSampler(read, every_s=0.01, deployments=["glm", "kimi"], clock=clock)
     sampler._t0 = 100.0  # what start(t0) sets; here the loop body is driven by hand
@@ -534,9 +514,9 @@ def test_replica_sampler_samples_in_the_background_and_counts_failures() -> None
     ]
     assert (sampler.error_count, sampler.recent_errors) == (1, ["controller busy"])
 
-    threaded = ReplicaSampler(lambda: parse_serve_status(SERVE_STATUS_YAML), every_s=0.01)
+    threaded = ReplicaSampler(lambda: parse_serve_applications(SERVE_APPLICATIONS), every_s=0.01)
     with threaded.running(t0=0.0):
-        wait_until(lambda: len(threaded.samples) >= 8, timeout_s=10)
+        wait_until(lambda: len(threaded.samples) >= 8, 10, "eight samples", every_s=0.005)
     assert {s.deployment for s in threaded.samples} == {"glm", "kimi", "moderation", "router"}
     taken = len(threaded.samples)
     assert taken >= 8 and len(threaded.samples) == taken  # nothing after stop()
@@ -631,7 +611,7 @@ class FakeRouter:
 
 def run_cli(tmp_path: Path, router: FakeRouter, *argv: str) -> tuple[int, Path]:
     out = tmp_path / "run"
-    status = parse_serve_status(SERVE_STATUS_YAML)
+    status = parse_serve_applications(SERVE_APPLICATIONS)
     code = loadgen_main(
         ["--url", "http://router.test", "--out", str(out), "--admin-key", ADMIN_KEY, *argv],
         transport=httpx.MockTransport(router),
@@ -800,7 +780,7 @@ def test_cli_refuses_what_it_cannot_run(tmp_path: Path, capsys: pytest.CaptureFi
 
 def test_cli_help_runs_as_a_module() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "edge_sim.loadgen", "--help"],
+        [sys.executable, "-m", "edgectl.loadtest", "--help"],
         capture_output=True, text=True, cwd=REPO, timeout=60, check=True,
     )  # fmt: skip
     for flag in ("--scenario", "--idle-s", "--no-replicas", "--admin-key", "--max-requests"):

@@ -17,7 +17,7 @@ PRELOAD = (
     "ray.serve._private.replica",
     "deployments.servers.chat",
     "deployments.servers.batched",
-    "benchmarks.coldstart_empty",
+    "benchmarks.coldstart.empty",
 )
 
 

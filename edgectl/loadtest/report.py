@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from edge_sim.loadgen.plots import (
+from edgectl.loadtest.plots import (
     COLD_VS_WARM,
     LATENCY_BY_COLO,
     LATENCY_OVER_TIME,
@@ -17,10 +17,10 @@ from edge_sim.loadgen.plots import (
     plot_latency_by_colo,
     plot_latency_over_time,
 )
-from edge_sim.loadgen.records import write_csv
-from edge_sim.loadgen.replicas import ReplicaSample
-from edge_sim.loadgen.runner import RunResult
-from edge_sim.loadgen.summary import summarize
+from edgectl.loadtest.records import write_csv
+from edgectl.loadtest.replicas import ReplicaSample
+from edgectl.loadtest.runner import RunResult
+from edgectl.loadtest.summary import summarize
 
 SUMMARY_JSON = "summary.json"
 REQUESTS_CSV = "requests.csv"
@@ -154,7 +154,7 @@ def render_report(summary: Mapping[str, Any]) -> str:
             for label, example in summary["errors"]["examples"].items()
         ]
         lines.append("")
-    lines += ["## Replicas (from `serve status`)", ""]
+    lines += ["## Replicas (from the Ray dashboard)", ""]
     sampling = summary["replica_sampling"]
     if summary["replicas"]:
         phase_names = [p["name"] for p in summary["phases"]]
@@ -168,9 +168,9 @@ def render_report(summary: Mapping[str, Any]) -> str:
             ],
         )
     else:
-        lines += ["Not sampled (--no-replicas, or `serve status` never answered).", ""]
+        lines += ["Not sampled (--no-replicas, or the Ray dashboard never answered).", ""]
     if sampling["errors"]:
-        lines += [f"`serve status` failed {sampling['errors']} times; last: "
+        lines += [f"The Ray dashboard failed {sampling['errors']} times; last: "
                   f"{(sampling['recent_errors'] or ['?'])[-1]}", ""]  # fmt: skip
     if summary["admin_events"]:
         lines += ["## Admin actions", ""]

@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from edge_sim.loadgen.records import RequestRecord
-from edge_sim.loadgen.replicas import ReplicaSample
-from edge_sim.loadgen.runner import RunResult
-from edge_sim.loadgen.scenarios import Phase
+from edgectl.loadtest.records import RequestRecord
+from edgectl.loadtest.replicas import ReplicaSample
+from edgectl.loadtest.runner import RunResult
+from edgectl.loadtest.scenarios import Phase
 
 PERCENTILES = (50, 95, 99)
 NO_COLO = "(none)"  # requests that never got an answer naming a colo

@@ -14,8 +14,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, NullFormatter, ScalarFormatter
 from numpy.lib.stride_tricks import sliding_window_view
 
-from edge_sim.loadgen.records import RequestRecord
-from edge_sim.loadgen.runner import RunResult
+from edgectl.loadtest.records import RequestRecord
+from edgectl.loadtest.runner import RunResult
 
 LATENCY_OVER_TIME = "latency_over_time.png"
 COLD_VS_WARM = "cold_vs_warm.png"

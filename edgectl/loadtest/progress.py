@@ -14,7 +14,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from edge_sim.loadgen.records import RequestRecord
+from edgectl.loadtest.records import RequestRecord
 
 
 class ProgressView(Protocol):

@@ -14,11 +14,12 @@ from typing import Any
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from benchmarks.coldstart_cluster import replica_states
-from benchmarks.coldstart_controller_log import ControllerLog, ScaleUp
-from benchmarks.coldstart_probe import ColdTarget, WallClock
+from benchmarks.coldstart.cluster import replica_states
+from benchmarks.coldstart.controller_log import ControllerLog, ScaleUp
+from benchmarks.coldstart.probe import ColdTarget, WallClock
 from deployments.runtime.sampling import SamplingParams
 from deployments.servers.base import Reply
+from edgectl.local_cluster import wait_until
 
 log = logging.getLogger(__name__)
 
@@ -76,13 +77,8 @@ async def _streams_until(
 
 
 async def _wait_for(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        result = await asyncio.to_thread(check)
-        if result:
-            return result
-        await asyncio.sleep(0.1)
-    raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
+    """wait_until in a thread: the streams this waits on keep running on the event loop."""
+    return await asyncio.to_thread(wait_until, check, timeout_s, what, 0.1)
 
 
 async def upscale_reactions(

@@ -11,12 +11,12 @@ import httpx
 from httpx_sse import EventSource
 
 from edge_sim.clock import Clock
-from edge_sim.loadgen.progress import NoProgress, ProgressView
-from edge_sim.loadgen.records import EdgeHeaders, ErrorKind, RequestRecord
-from edge_sim.loadgen.replicas import ReplicaSample, ReplicaSampler
-from edge_sim.loadgen.responses import StreamTally, body_error_text
-from edge_sim.loadgen.scenarios import AdminAction, Arrival, Schedule
-from edge_sim.loadgen.workload import HttpRequest, WorkloadSettings, build_request
+from edgectl.loadtest.progress import NoProgress, ProgressView
+from edgectl.loadtest.records import EdgeHeaders, ErrorKind, RequestRecord
+from edgectl.loadtest.replicas import ReplicaSample, ReplicaSampler
+from edgectl.loadtest.responses import StreamTally, body_error_text
+from edgectl.loadtest.scenarios import AdminAction, Arrival, Schedule
+from edgectl.loadtest.workload import HttpRequest, WorkloadSettings, build_request
 
 TICK_S = 0.5  # how often the progress line's phase and in-flight count refresh
 DRAIN_GRACE_S = 1.0  # past the request timeout, before unfinished requests are cancelled

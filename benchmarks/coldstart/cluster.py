@@ -1,22 +1,17 @@
-"""The cold-start suite's private Ray + Serve and the bench variant of serve_config.yaml it deploys:
-scale-to-zero within seconds, so a model can be cycled zero -> first response -> zero quickly."""
+"""The cold-start suite's bench variant of serve_config.yaml: scale-to-zero within seconds, so a
+model can be cycled zero -> first response -> zero quickly (the cluster: benchmarks.cluster)."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
-import os
-import signal
-from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-import ray
 from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 
-from benchmarks.coldstart_empty import EMPTY_DEPLOYMENT, EMPTY_INGRESS
+from benchmarks.coldstart.empty import EMPTY_DEPLOYMENT, EMPTY_INGRESS
 from deployments.config import parse_app_config
 
 log = logging.getLogger(__name__)
@@ -73,45 +68,6 @@ class BenchScaling(BaseModel):
         return scaled
 
 
-@contextlib.contextmanager
-def private_serve(http_port: int, num_cpus: int, ray_env: Mapping[str, str]) -> Iterator[Path]:
-    """A Ray of our own (`address="local"`: never another cluster on this machine) with Serve on
-    our own port; `ray_env` reaches the raylet, which reads its settings from the environment at
-    start. Yields the Ray session directory (its logs); shuts Serve and Ray down whatever
-    happens."""
-    log.info("starting a private Ray (%d CPUs, %s) and Serve on :%d", num_cpus, ray_env, http_port)
-    previous_handler = signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    saved_env = {key: os.environ.get(key) for key in ray_env}
-    os.environ.update(ray_env)
-    ours = False
-    try:
-        context = ray.init(
-            address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False
-        )
-        ours = True
-        serve.start(http_options={"host": "127.0.0.1", "port": http_port})
-        yield Path(context.address_info["session_dir"])
-    finally:
-        if ours:
-            # Only after our own ray.init: without a connection, serve.shutdown() connects to
-            # whatever cluster it finds on this machine and shuts *its* Serve down.
-            with contextlib.suppress(Exception):  # Serve may never have started
-                serve.shutdown()
-        ray.shutdown()  # never connects anywhere; stops the processes ray.init started
-        for key, value in saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        signal.signal(signal.SIGTERM, previous_handler)
-        log.info("private Ray shut down")
-
-
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    # A SIGTERM (`timeout`, a CI cancel) must still run the shutdown, or Ray outlives us.
-    raise SystemExit(128 + signum)
-
-
 def edge_application(
     shipped: Mapping[str, Any],
     models_dir: str,
@@ -161,7 +117,7 @@ def empty_application(edge: Mapping[str, Any], like: str, variant: ServeVariant)
     app = {
         "name": EMPTY_APP,
         "route_prefix": EMPTY_ROUTE,
-        "import_path": "benchmarks.coldstart_empty:build_empty_app",
+        "import_path": "benchmarks.coldstart.empty:build_empty_app",
         "args": {},
         "deployments": [
             {
