@@ -38,6 +38,7 @@ class EdgeTrace:
     cold_start_ms: float | None = None
     cache: str | None = None
     client: ClientLocation | None = None
+    cold_start_phases: dict[str, float | None] | None = None  # of the replica it waited on
 
     def headers(self) -> dict[str, str]:
         headers = {
@@ -191,13 +192,17 @@ class EdgeDispatcher(Generic[T]):
             if candidate.reason == "warm":
                 nearest = min(plan.candidates, key=lambda c: c.rtt_ms)
                 self.warmth.start_warming(nearest.colo_id, model)
+            cold_start_ms = self.warmth.record(candidate.colo_id, model, reply, arrived_at)
             trace = EdgeTrace(
                 candidate.colo_id,
                 candidate.rtt_ms,
                 "failover" if failed else self._reason(candidate, plan.candidates[0]),
                 tried,
-                self.warmth.record(candidate.colo_id, model, reply, arrived_at),
+                cold_start_ms,
                 client=plan.client,
+                cold_start_phases=(
+                    reply.phases.as_dict() if cold_start_ms is not None and reply.phases else None
+                ),
             )
             return result, trace
         if last_error is not None:

@@ -1,6 +1,7 @@
-"""Fault drills shared by every router replica. An admin call reaches one router replica; it
-records the fault here, and every replica applies this store's state on its next sync, so a colo
-marked down is down for the whole router, however many replicas it runs."""
+"""State shared by every router replica. Fault drills: an admin call reaches one router replica;
+it records the fault here, and every replica applies this store's state on its next sync, so a
+colo marked down is down for the whole router, however many replicas it runs. Recent traffic:
+each replica publishes its last minutes here, so the dashboard shows all of them."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from edge_sim.faults import ColoFault
 from edge_sim.network import EdgeNetwork
 
 SYNC_INTERVAL_S = 0.5
+TRAFFIC_STALE_S = 10.0  # a replica that stopped publishing this long ago is gone
 
 
 class EdgeControl:
@@ -19,6 +21,7 @@ class EdgeControl:
     def __init__(self) -> None:
         self._faults: dict[str, list[dict[str, Any]]] = {}
         self._version = 0
+        self._traffic: dict[str, tuple[float, dict[str, Any]]] = {}
 
     async def set_fault(self, colo_id: str, fault: dict[str, Any]) -> int:
         self._faults[colo_id] = [{"fault": fault, "set_at": time.time()}]
@@ -32,6 +35,15 @@ class EdgeControl:
 
     async def snapshot(self) -> tuple[int, dict[str, list[dict[str, Any]]]]:
         return self._version, self._faults
+
+    async def report_traffic(self, replica_id: str, snapshot: dict[str, Any]) -> None:
+        self._traffic[replica_id] = (time.monotonic(), snapshot)
+
+    async def traffic(self) -> dict[str, dict[str, Any]]:
+        """The latest snapshot of every router replica still publishing, by replica id."""
+        oldest = time.monotonic() - TRAFFIC_STALE_S
+        self._traffic = {r: entry for r, entry in self._traffic.items() if entry[0] >= oldest}
+        return {replica: snapshot for replica, (_, snapshot) in self._traffic.items()}
 
 
 def apply_snapshot(

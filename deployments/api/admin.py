@@ -1,5 +1,5 @@
-"""The admin API (fault drills): list colos, set and clear a colo's faults. It needs the admin
-key, and does not exist (404) when none is configured."""
+"""The admin API (fault drills): list colos, set and clear a colo's faults; the live dashboard's
+data. It needs the admin key, and does not exist (404) when none is configured."""
 
 from __future__ import annotations
 
@@ -27,5 +27,9 @@ def admin_routes(services: RouterServices) -> APIRouter:
     @routes.delete("/colos/{colo_id}/faults")
     async def clear_faults(colo_id: str) -> Response:
         return json_response(await services.drills.clear_faults(colo_id))
+
+    @routes.get("/dashboard-data")
+    async def dashboard_data() -> Response:
+        return json_response(await services.dashboard.data())
 
     return routes

@@ -11,11 +11,13 @@ from deployments.cache import ResponseCache
 from deployments.config import AppConfig
 from deployments.edge import EdgeDispatcher, WarmthTracker
 from deployments.observability import RouterObservability
+from deployments.observability.recent_traffic import RecentTraffic
 from deployments.security import KeyStore, ModerationGate, RateLimiter
 from deployments.serving.admission import Admission
 from deployments.serving.caching import CachedAnswers
 from deployments.serving.calls import resolve
 from deployments.serving.chat import ChatService
+from deployments.serving.dashboard import DashboardService, RegionsSource, TrafficShare
 from deployments.serving.drills import FaultDrills
 from deployments.serving.edge_calls import EdgeCalls
 from deployments.serving.models import (
@@ -36,6 +38,7 @@ class RouterServices:
     embeddings: EmbeddingService
     moderations: ModerationService
     drills: FaultDrills
+    dashboard: DashboardService
     warmth: WarmthTracker
     deployment_states: DeploymentStates
     observability: RouterObservability | None = None
@@ -65,9 +68,11 @@ def build_services(
     deployment_states: DeploymentStates = _no_deployments,
     rate_limit_share: float = 1.0,
     clock: Callable[[], float] = time.monotonic,
+    regions: RegionsSource | None = None,
 ) -> RouterServices:
     """`handles`: one per model deployment, by model name. `rate_limit_share`: this replica's part
-    of each key's budget (1/N with N router replicas). `clock`: the rate limiter's (tests)."""
+    of each key's budget (1/N with N router replicas). `clock`: the rate limiter's (tests).
+    `regions`: real regions for the dashboard (None: the cluster as one region)."""
     router = config.router
     catalogue = ModelCatalogue(
         {
@@ -100,6 +105,16 @@ def build_services(
         reply = await resolve(moderation.handle.classify.remote(texts))
         return [result.flagged for result in reply.value]
 
+    drills = FaultDrills(network, control)
+    recent = observability.recent if observability is not None else RecentTraffic()
+    dashboard = DashboardService(
+        drills,
+        list(catalogue.models),
+        deployment_states,
+        TrafficShare(recent, control),
+        warmth.last_cold_start,
+        regions=regions,
+    )
     path = (catalogue, admission, cached, edge)  # what every service's request path goes through
     return RouterServices(
         keys=keys,
@@ -107,7 +122,8 @@ def build_services(
         chat=ChatService(*path, gate=ModerationGate(gate_config, flags)),
         embeddings=EmbeddingService(*path),
         moderations=ModerationService(*path),
-        drills=FaultDrills(network, control),
+        drills=drills,
+        dashboard=dashboard,
         warmth=warmth,
         deployment_states=deployment_states,
         observability=observability,

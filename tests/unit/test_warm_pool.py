@@ -14,7 +14,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from benchmarks.coldstart_warm_pool import NO_POOL_ROUTE, no_warm_pool_application
+from benchmarks.coldstart.warm_pool import NO_POOL_ROUTE, no_warm_pool_application
 from deployments.config import PROJECT_ROOT, check_serve_config, parse_app_config
 from deployments.warm_pool import (
     SETUP_HOOK,
