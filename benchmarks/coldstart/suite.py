@@ -88,6 +88,12 @@ class ColdStartBenchConfig(BaseModel):
     compare_without_warm_pool: bool = Field(
         default=True, description="also cycle each model in a copy of the app without the pool"
     )
+    settle_at_zero_s: float = Field(
+        default=2.0,
+        ge=0,
+        description="wait after reaching zero: a model idle for minutes has handles that know it "
+        "has no replica, so the request's handle reports it to the controller at once",
+    )
     warm_pool_fill_timeout_s: float = Field(
         default=60, gt=0, description="a cycle with the pool waits this long for a full pool"
     )
@@ -264,6 +270,7 @@ def run_cycles(
         for cycle in range(config.cycles):
             for name, target in targets.items():
                 wait_for_zero(everything, config.cycle_timeout_s)
+                time.sleep(config.settle_at_zero_s)
                 idle = _wait_for_full_pool(client, config) if target.app == EDGE_APP else None
                 try:
                     phases = cold_start_cycle(client, target, controller)
