@@ -18,6 +18,7 @@ from deployments.observability.environment import resolve_tracing_config
 from deployments.runtime.session import SessionConfig
 from deployments.servers.batched import EmbeddingServer, ModerationServer
 from deployments.servers.chat import ChatServer
+from deployments.warm_pool import WarmPool, warm_runtime_env
 
 log = logging.getLogger("ray.serve")
 
@@ -43,12 +44,15 @@ def build_app(args: dict[str, Any]) -> Application:
     observability = config.observability.model_copy(update={"tracing": tracing})
     config = config.model_copy(update={"observability": observability})
     gpu = uses_gpu(config)
+    # Model replicas and the warm pool's idle workers share one runtime_env: the raylet hands a
+    # prestarted worker only to an actor with the same one (deployments.warm_pool).
+    replica_env = {"runtime_env": warm_runtime_env()} if config.warm_pool.enabled else {}
     servers = {}
     for name, model in config.models.items():
         path = config.model_path(name)
         if not (path / "manifest.json").is_file():
             log.warning("%s: no model directory at %s yet (run `make models`)", name, path)
-        actor_options: dict[str, Any] = {"num_cpus": model.num_cpus}
+        actor_options: dict[str, Any] = {"num_cpus": model.num_cpus, **replica_env}
         if gpu:
             actor_options["num_gpus"] = model.num_gpus
         session = SessionConfig(
@@ -71,7 +75,16 @@ def build_app(args: dict[str, Any]) -> Application:
         .options(name="edge-control", num_replicas=1, ray_actor_options={"num_cpus": 0.01})
         .bind()
     )
+    warm_pool = None
+    if config.warm_pool.enabled:
+        warm_pool = (
+            serve.deployment(WarmPool)
+            .options(
+                name="warm-pool", num_replicas=1, ray_actor_options={"num_cpus": 0, **replica_env}
+            )
+            .bind(config.warm_pool.model_dump(mode="json"))
+        )
     router = serve.deployment(RouterIngress).options(
         name="router", ray_actor_options={"num_cpus": config.router.num_cpus}
     )
-    return router.bind(config.model_dump(mode="json"), servers, control)
+    return router.bind(config.model_dump(mode="json"), servers, control, warm_pool)

@@ -25,10 +25,13 @@ from deployments.keep_warm import KEEP_WARM_POLICY, KeepWarmConfig
 from deployments.observability.config import ObservabilityConfig
 from deployments.runtime.manifest import Task
 from deployments.security.config import SecurityConfig
+from deployments.warm_pool import WarmPoolConfig
 from edge_sim.config import EdgeConfig
 
 Accelerator = Literal["auto", "cpu", "gpu"]
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# The app's own deployments, besides one per model (deployments.app).
+RESERVED_DEPLOYMENT_NAMES = ("router", "edge-control", "warm-pool")
 
 
 class _Strict(BaseModel):
@@ -94,6 +97,7 @@ class AppConfig(_Strict):
     edge: EdgeConfig = Field(default_factory=EdgeConfig)
     security: SecurityConfig = SecurityConfig()
     observability: ObservabilityConfig = ObservabilityConfig()
+    warm_pool: WarmPoolConfig = WarmPoolConfig()
 
     @model_validator(mode="after")
     def _gate_names_served_models(self) -> AppConfig:
@@ -137,8 +141,8 @@ class AppConfig(_Strict):
         if not models:
             raise ValueError("at least one model must be served")
         for name in models:
-            if name == "router":
-                raise ValueError("'router' is reserved for the ingress deployment")
+            if name in RESERVED_DEPLOYMENT_NAMES:
+                raise ValueError(f"{name!r} is reserved for a deployment of the app itself")
             if not name.replace("-", "").replace("_", "").isalnum():
                 raise ValueError(f"model name {name!r} must be alphanumeric (- and _ allowed)")
         return models

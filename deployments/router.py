@@ -58,6 +58,7 @@ class RouterIngress:
         config: dict[str, Any],
         servers: Mapping[str, DeploymentHandle],
         control: DeploymentHandle | None = None,
+        warm_pool: DeploymentHandle | None = None,
     ):
         self.config = AppConfig.model_validate(config)
         self.services = build_services(
@@ -65,6 +66,7 @@ class RouterIngress:
             servers,
             keys=KeyStore.from_env(os.environ, self.config.security, log),
             control=control,
+            warm_pool=warm_pool,
             observability=RouterObservability(self.config.observability, self.config.models),
             deployment_states=_deployment_states,
             rate_limit_share=1 / _router_replicas(),

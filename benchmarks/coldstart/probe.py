@@ -30,13 +30,14 @@ class ColdTarget:
     deployment: str
     path: str
     body: Mapping[str, Any]
+    route_prefix: str = ""  # where its application's router answers (/readyz included)
 
     @property
     def is_model(self) -> bool:
-        return self.app == EDGE_APP
+        return self.app != EMPTY_APP
 
 
-def model_target(name: str, task: str) -> ColdTarget:
+def model_target(name: str, task: str, app: str = EDGE_APP, route_prefix: str = "") -> ColdTarget:
     if task == "chat":
         body: dict[str, Any] = {
             "model": name,
@@ -44,9 +45,9 @@ def model_target(name: str, task: str) -> ColdTarget:
             "max_tokens": 1,
             "temperature": 0,
         }
-        return ColdTarget(EDGE_APP, name, "/v1/chat/completions", body)
+        return ColdTarget(app, name, "/v1/chat/completions", body, route_prefix)
     path = {"embedding": "/v1/embeddings", "moderation": "/v1/moderations"}[task]
-    return ColdTarget(EDGE_APP, name, path, {"model": name, "input": WAKE_TEXT})
+    return ColdTarget(app, name, path, {"model": name, "input": WAKE_TEXT}, route_prefix)
 
 
 EMPTY_TARGET = ColdTarget(EMPTY_APP, EMPTY_DEPLOYMENT, EMPTY_ROUTE, {})
@@ -64,7 +65,7 @@ def cold_start_cycle(
 ) -> dict[str, Any]:
     """Wake the target (at zero replicas) with one request; its phases in seconds."""
     sent_at = wall_clock()
-    response = client.post(target.path, json=dict(target.body))
+    response = client.post(target.route_prefix + target.path, json=dict(target.body))
     answered_at = wall_clock()
     if response.status_code != 200:
         raise RuntimeError(f"{target.deployment}: HTTP {response.status_code}: {response.text}")
@@ -96,7 +97,7 @@ def _model_replica_start(
     """The router's account of the wait (x-edge-cold-start, /readyz last_cold_start)."""
     if response.headers.get("x-edge-cold-start") != "1":
         raise NotAColdStartError(f"{target.deployment}: the request found a running replica")
-    ready = client.get("/readyz").json()
+    ready = client.get(f"{target.route_prefix}/readyz").json()
     cold = ready["models"][target.deployment]["last_cold_start"]
     if cold is None or cold["at_unix"] < sent_at:
         raise NotAColdStartError(f"{target.deployment}: /readyz has no cold start for it")
@@ -153,6 +154,7 @@ def split_phases(
         "init_other_s": init_s - model_load_s - warmup_s,
         "ready_to_response_s": total_s - wait_s,
         "ready_to_running_s": None,
+        "running_to_response_s": None,
         "reused_worker": reused_worker,
         "process_age_at_init_s": process_s,
     }
@@ -163,6 +165,8 @@ def split_phases(
             phases["worker_scheduling_s"] = process_started_at - scale_up.starting_at
         if scale_up.running_at is not None:
             phases["ready_to_running_s"] = scale_up.running_at - ready_at
+            # Serve's long poll tells the router's handle, which sends the request on.
+            phases["running_to_response_s"] = answered_at - scale_up.running_at
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in phases.items()}
 
 

@@ -1,8 +1,9 @@
 """The cold-start suite: each model from zero replicas to its first response (p50 over cycles, split
 into phases), next to a model-less replica and the in-process load + warm-up measured in the same
 run; then the reaction to a load step (1 -> 2 replicas), and a keep-warm window waking a model
-ahead of its first request. The --coldstart-* variants compare the settings that could make it
-faster."""
+ahead of its first request. Each model is cycled with the warm pool (deployments.warm_pool, as
+shipped) and, alternating with it, in a copy of the application without one, so the pool's gain is
+a ratio measured under the same load. The --coldstart-* variants compare other settings."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from benchmarks.cluster import apply_applications, serve_cluster
 from benchmarks.coldstart.cluster import (
+    EDGE_APP,
     BenchScaling,
     ServeVariant,
     edge_application,
@@ -37,16 +39,23 @@ from benchmarks.coldstart.probe import (
     wait_for_zero,
 )
 from benchmarks.coldstart.upscale import run_upscale
-from benchmarks.coldstart.warm_pool import prestart_workers
+from benchmarks.coldstart.warm_pool import (
+    NO_POOL_APP,
+    NO_POOL_ROUTE,
+    idle_warm_workers,
+    no_warm_pool_application,
+    pool_target,
+)
 from benchmarks.models import ModelsBenchConfig, bench_load
 from deployments.config import PROJECT_ROOT, ModelConfig, parse_app_config
 
 log = logging.getLogger(__name__)
 
 MODELS = ("glm", "kimi", "embedding", "moderation")
-COLD_START_TARGET_S = 3.0  # p50 zero -> first response, per default model, on a CPU box
+COLD_START_TARGET_S = 0.75  # p50 zero -> first response, per default model (issue 18)
 OVERHEAD_RATIO_TARGET = 1.2  # cold start / (empty replica start + in-process load), at most
 EMPTY = "empty_replica"
+NO_POOL = "/no_warm_pool"  # suffix of a model's name for its cycles without the pool
 
 QUICK_SIZES: Mapping[str, Any] = {
     "cycles": 2,
@@ -76,12 +85,21 @@ class ColdStartBenchConfig(BaseModel):
     upscale_streams: int = Field(default=16, ge=1, description="the load step, in streams")
     upscale_repetitions: int = Field(default=2, ge=0)
     upscale_max_tokens: int = Field(default=32, ge=1)
-    warm_pool_workers: int = Field(
-        default=0, ge=0, description="experiment: idle pre-imported workers before each cycle"
+    compare_without_warm_pool: bool = Field(
+        default=True, description="also cycle each model in a copy of the app without the pool"
+    )
+    settle_at_zero_s: float = Field(
+        default=2.0,
+        ge=0,
+        description="wait after reaching zero: a model idle for minutes has handles that know it "
+        "has no replica, so the request's handle reports it to the controller at once",
+    )
+    warm_pool_fill_timeout_s: float = Field(
+        default=60, gt=0, description="a cycle with the pool waits this long for a full pool"
     )
     keep_warm: bool = Field(default=True, description="time a keep-warm window's wake-up")
     keep_warm_lead_s: float = Field(
-        default=20, gt=0, description="the window opens this long after its deploy is sent"
+        default=45, gt=0, description="the window opens this long after its deploy is sent"
     )
 
     @classmethod
@@ -105,8 +123,8 @@ class ColdStartBenchConfig(BaseModel):
             fields["cycles"] = args.coldstart_cycles
         if args.coldstart_models:
             fields["models"] = tuple(args.coldstart_models.split(","))
-        if args.coldstart_warm_pool:
-            fields["warm_pool_workers"] = args.coldstart_warm_pool
+        if args.coldstart_without_pool_comparison:
+            fields["compare_without_warm_pool"] = False
         if args.coldstart_import_repetitions is not None:
             fields["import_repetitions"] = args.coldstart_import_repetitions
         if args.coldstart_upscale_repetitions is not None:
@@ -142,11 +160,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--coldstart-upscale-repetitions", type=int, help="0 skips it")
     group.add_argument("--coldstart-import-repetitions", type=int, help="0 skips it")
     group.add_argument(
-        "--coldstart-warm-pool",
-        type=int,
-        metavar="N",
-        help="experiment: before each cycle, leave N idle Ray workers that imported the replica "
-        "code (pair with --coldstart-ray-env RAY_num_workers_soft_limit=...)",
+        "--coldstart-without-pool-comparison",
+        action="store_true",
+        help="skip the cycles in a copy of the application without the warm pool",
     )
 
 
@@ -167,12 +183,17 @@ def run_coldstart_suite(config: ColdStartBenchConfig) -> dict[str, Any]:
     imports = replica_import_costs(config.import_repetitions) if config.import_repetitions else None
     empty = empty_application(edge, like=config.models[0], variant=config.variant)
     targets = {EMPTY: EMPTY_TARGET, **{n: model_target(n, task) for n, task in tasks.items()}}
+    applications = [edge, empty]
+    if config.compare_without_warm_pool:
+        applications.append(no_warm_pool_application(edge))
+        for name, task in tasks.items():
+            targets[name + NO_POOL] = model_target(name, task, NO_POOL_APP, NO_POOL_ROUTE)
     started = time.monotonic()
     with serve_cluster(config.ray_num_cpus, config.http_port, config.variant.ray_env) as cluster:
         ray_up_s = time.monotonic() - started
         controller = ControllerLog(cluster.session_dir)
-        apply_applications([edge, empty], config.http_port, config.deploy_timeout_s)
-        cycles = run_cycles(config, targets, controller, edge.get("runtime_env"))
+        apply_applications(applications, config.http_port, config.deploy_timeout_s)
+        cycles = run_cycles(config, targets, controller)
         upscale = None
         upscale_model = config.upscale_model or ""
         if tasks.get(upscale_model) == "chat" and config.upscale_repetitions:
@@ -192,7 +213,7 @@ def run_coldstart_suite(config: ColdStartBenchConfig) -> dict[str, Any]:
                 keep_warm = run_keep_warm(
                     client,
                     targets[config.models[0]],
-                    [edge, empty],
+                    applications,
                     config.http_port,
                     config.deploy_timeout_s,
                     config.keep_warm_lead_s,
@@ -205,6 +226,7 @@ def run_coldstart_suite(config: ColdStartBenchConfig) -> dict[str, Any]:
         "cold_start": cold_starts,
         "in_process_load": in_process,
         "vs_empty_plus_load": ratios,
+        "warm_pool_vs_none": warm_pool_ratios(cold_starts),
         "upscale": summarize_upscale(upscale),
         "keep_warm": summarize_keep_warm(keep_warm, cold_starts),
         "replica_imports": imports,
@@ -235,13 +257,11 @@ def in_process_load(
 
 
 def run_cycles(
-    config: ColdStartBenchConfig,
-    targets: Mapping[str, ColdTarget],
-    controller: ControllerLog,
-    runtime_env: Mapping[str, Any] | None,
+    config: ColdStartBenchConfig, targets: Mapping[str, ColdTarget], controller: ControllerLog
 ) -> dict[str, list[dict[str, Any]]]:
     """Round-robin over the targets, each time from a cluster with no replica but the ingresses:
-    a cold start never shares the CPU with another replica starting or stopping."""
+    a cold start never shares the CPU with another replica starting or stopping. A model of the
+    shipped application starts with the warm pool full (idle workers are noted per cycle)."""
     cycles: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
     everything = list(targets.values())
     with httpx.Client(
@@ -250,8 +270,8 @@ def run_cycles(
         for cycle in range(config.cycles):
             for name, target in targets.items():
                 wait_for_zero(everything, config.cycle_timeout_s)
-                if config.warm_pool_workers:
-                    prestart_workers(config.warm_pool_workers, runtime_env)
+                time.sleep(config.settle_at_zero_s)
+                idle = _wait_for_full_pool(client, config) if target.app == EDGE_APP else None
                 try:
                     phases = cold_start_cycle(client, target, controller)
                 except NotAColdStartError as error:
@@ -260,9 +280,21 @@ def run_cycles(
                 answered = time.monotonic()
                 wait_for_zero([target], config.cycle_timeout_s, every_s=0.1)
                 phases["back_to_zero_s"] = round(time.monotonic() - answered, 2)
+                phases["idle_warm_workers"] = idle
                 log.info("cold start %s #%d: %s", name, cycle, phases)
                 cycles[name].append(phases)
     return cycles
+
+
+def _wait_for_full_pool(client: httpx.Client, config: ColdStartBenchConfig) -> int | None:
+    """The pool's idle workers once it is full (or at the timeout: a cycle still runs)."""
+    full = pool_target(client)
+    deadline = time.monotonic() + config.warm_pool_fill_timeout_s
+    idle = idle_warm_workers(client)
+    while idle is not None and idle < full and time.monotonic() < deadline:
+        time.sleep(0.2)
+        idle = idle_warm_workers(client)
+    return idle
 
 
 def _median(values: Sequence[float | None]) -> float | None:
@@ -274,7 +306,7 @@ def summarize_cycles(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """p50 of every phase over the cycles, and the cycles themselves."""
     if not runs:
         return {"cycles": 0}
-    keys = [k for k, v in runs[0].items() if not isinstance(v, bool)]
+    keys = [k for k, v in runs[0].items() if not isinstance(v, bool) and k != "idle_warm_workers"]
     return {
         "cycles": len(runs),
         "p50": {key: _median([run[key] for run in runs]) for key in keys},
@@ -300,6 +332,23 @@ def overhead_ratios(
             "empty_replica_p50_s": empty_s,
             "in_process_load_warmup_s": load["total_wall_s"],
             "ratio": round(cold_s / baseline_s, 3),
+        }
+    return ratios
+
+
+def warm_pool_ratios(cold_starts: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Each model's p50 cold start with the pool / without it, cycles alternating in one run."""
+    ratios = {}
+    for name, summary in cold_starts.items():
+        without = cold_starts.get(name + NO_POOL, {}).get("p50", {}).get("total_s")
+        with_pool = summary.get("p50", {}).get("total_s")
+        if name.endswith(NO_POOL) or without is None or with_pool is None:
+            continue
+        ratios[name] = {
+            "with_pool_p50_s": with_pool,
+            "without_pool_p50_s": without,
+            "ratio": round(with_pool / without, 3),
+            "reused_workers": f"{summary['reused_workers']}/{summary['cycles']}",
         }
     return ratios
 
@@ -334,7 +383,7 @@ def goals(
 ) -> dict[str, Any]:
     result = {}
     for name, summary in cold_starts.items():
-        if name == EMPTY:
+        if name == EMPTY or name.endswith(NO_POOL):
             continue
         p50 = summary.get("p50", {}).get("total_s")
         result[f"{name}_cold_start_p50"] = _goal(p50, COLD_START_TARGET_S, "s")

@@ -1,39 +1,40 @@
-"""An experiment, not a feature: keep idle Ray workers that already imported Ray Serve's replica
-code and our modules, so a replica started from zero might take one instead of a new process.
-Measured on Ray 2.60: it does not - the worker that ran the task went to none of the replicas
-started after it (only never-used workers prestarted at node start were)."""
+"""The warm pool (deployments.warm_pool) measured against no pool in the same run: a second copy of
+the edge application with `warm_pool.enabled: false` under its own route prefix, so cycles of the
+two alternate under the same machine load.
+
+History: a first experiment warmed workers by running an importing *task* in them; Ray 2.60 never
+gave such a worker to a replica (a worker that ran a task is an actor-less worker of that job),
+only never-used ones. The pool asks each raylet for never-used workers instead."""
 
 from __future__ import annotations
 
-import importlib
-import os
-from collections.abc import Mapping, Sequence
+import copy
+from collections.abc import Mapping
 from typing import Any
 
-import ray
+import httpx
 
-# What a replica imports before its __init__ (Serve's replica machinery, then our classes).
-PRELOAD = (
-    "ray.serve._private.replica",
-    "deployments.servers.chat",
-    "deployments.servers.batched",
-    "benchmarks.coldstart.empty",
-)
+NO_POOL_APP = "edge-no-warm-pool"
+NO_POOL_ROUTE = "/no-warm-pool"
 
 
-def _preload(modules: Sequence[str]) -> int:
-    for module in modules:
-        importlib.import_module(module)
-    return os.getpid()
+def no_warm_pool_application(edge: Mapping[str, Any]) -> dict[str, Any]:
+    """The bench's edge application without the pool, at `NO_POOL_ROUTE`."""
+    app = copy.deepcopy(dict(edge))
+    app["name"], app["route_prefix"] = NO_POOL_APP, NO_POOL_ROUTE
+    app["args"]["warm_pool"] = {**app["args"].get("warm_pool", {}), "enabled": False}
+    return app
 
 
-def prestart_workers(
-    count: int, runtime_env: Mapping[str, Any] | None, modules: Sequence[str] = PRELOAD
-) -> list[int]:
-    """Run `count` overlapping zero-CPU tasks that import `modules`, with the replicas'
-    runtime_env (workers only serve work with the same one): afterwards their workers idle in
-    Ray's pool, warm. Returns the workers' pids."""
-    task = ray.remote(num_cpus=0)(_preload)
-    if runtime_env:
-        task = task.options(runtime_env=dict(runtime_env))
-    return sorted(set(ray.get([task.remote(list(modules)) for _ in range(count)])))
+def idle_warm_workers(client: httpx.Client, readyz_path: str = "/readyz") -> int | None:
+    """Idle workers the pool holds, all nodes together (None: the application has no pool)."""
+    pool = client.get(readyz_path).json().get("warm_pool")
+    if not pool:
+        return None
+    return sum(len(node["idle"]) for node in pool["nodes"].values())
+
+
+def pool_target(client: httpx.Client) -> int:
+    """How many idle workers a full pool holds (per node times nodes it tops up)."""
+    pool = client.get("/readyz").json().get("warm_pool") or {}
+    return int(pool.get("workers_per_node", 0)) * max(1, len(pool.get("nodes", {})))

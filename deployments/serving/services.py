@@ -42,10 +42,15 @@ class RouterServices:
     warmth: WarmthTracker
     deployment_states: DeploymentStates
     observability: RouterObservability | None = None
+    warm_pool: Any | None = None  # deployments.warm_pool's handle, None when it is off
 
     async def readiness(self) -> dict[str, Any]:
         states = await self.deployment_states()
-        return self.catalogue.readiness(states, self.warmth.last_cold_start)
+        ready = self.catalogue.readiness(states, self.warmth.last_cold_start)
+        pool = (
+            await resolve(self.warm_pool.describe.remote()) if self.warm_pool is not None else None
+        )
+        return {**ready, "warm_pool": pool}
 
 
 async def _no_deployments() -> Mapping[str, DeploymentState]:
@@ -58,6 +63,7 @@ def build_services(
     *,
     keys: KeyStore,
     control: Any | None = None,
+    warm_pool: Any | None = None,
     observability: RouterObservability | None = None,
     deployment_states: DeploymentStates = _no_deployments,
     rate_limit_share: float = 1.0,
@@ -121,4 +127,5 @@ def build_services(
         warmth=warmth,
         deployment_states=deployment_states,
         observability=observability,
+        warm_pool=warm_pool,
     )

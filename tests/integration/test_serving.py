@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import time
+from typing import Any
 
 import httpx
 import numpy as np
@@ -41,6 +43,34 @@ def test_a_model_at_zero_replicas_scales_up_for_a_request(http, serve_cluster):
     # The replica that answered reported its own start phases: a replica really started for
     # this request. (Counting replicas afterwards would race with the 3 s scale-to-zero.)
     assert float(response.headers["x-edge-cold-start-ms"]) > 0
+
+
+def _warm_workers(http: httpx.Client) -> int:
+    pool = http.get("/readyz").json()["warm_pool"]
+    return sum(len(node["idle"]) for node in pool["nodes"].values()) if pool else 0
+
+
+def test_a_cold_start_takes_a_prestarted_worker_from_the_warm_pool(http, serve_cluster):
+    wait_until(lambda: serve_cluster.running_replicas("kimi") == 0, 90, "kimi at zero replicas")
+    wait_until(lambda: _warm_workers(http) >= 1, 90, "a warm worker in the pool")
+    sent_at = time.time()
+    response = http.post(
+        "/v1/chat/completions",
+        json={"model": "kimi", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+    )
+    assert response.status_code == 200
+    assert response.headers["x-edge-cold-start"] == "1"
+
+    def this_cold_start() -> dict[str, Any] | None:
+        # Each router replica reports the cold starts it saw: ask until the right one answers.
+        cold = http.get("/readyz").json()["models"]["kimi"]["last_cold_start"]
+        return cold if cold and cold["at_unix"] >= sent_at else None
+
+    cold = wait_until(this_cold_start, 30, "the router that saw the cold start")
+    phases = cold["phases"]
+    waited_before_init_s = cold["wait_ms"] / 1000 - phases["init_s"]
+    # The replica's process is older than the request's wait for it: it was started ahead.
+    assert phases["process_s"] > waited_before_init_s, cold
 
 
 def test_models_lists_every_model_with_task_and_family(client):

@@ -142,11 +142,14 @@ def test_an_alias_names_one_model_only(args: dict[str, Any], alias: str, fragmen
     assert fragment in config_error(args)
 
 
-def test_a_model_named_router_is_refused_as_reserved(args: dict[str, Any]):
-    args["models"]["router"] = dict(args["models"]["glm"])
+@pytest.mark.parametrize("name", ["router", "edge-control", "warm-pool"])
+def test_a_model_named_like_an_app_deployment_is_refused_as_reserved(
+    args: dict[str, Any], name: str
+):
+    args["models"][name] = {**args["models"]["glm"], "aliases": []}
     message = config_error(args)
     assert "args.models" in message and "reserved" in message
-    assert "alphanumeric" not in message  # it is: the name is taken by the ingress
+    assert "alphanumeric" not in message  # it is: the name is taken by the app itself
 
 
 def test_at_least_one_model_is_served(args: dict[str, Any]):

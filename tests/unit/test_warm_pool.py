@@ -1,0 +1,184 @@
+"""The warm pool's bookkeeping with a fake raylet: which fresh workers are its own, how many it
+asks for, and the runtime_env its workers and the model replicas share."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from benchmarks.coldstart.warm_pool import NO_POOL_ROUTE, no_warm_pool_application
+from deployments.config import PROJECT_ROOT, check_serve_config, parse_app_config
+from deployments.warm_pool import (
+    SETUP_HOOK,
+    SETUP_HOOK_ENV_VAR,
+    NodeAddress,
+    NodePool,
+    PoolKeeper,
+    WarmPoolConfig,
+    preload,
+    warm_runtime_env,
+)
+
+
+def test_a_node_with_no_workers_of_ours_asks_for_the_target():
+    pool = NodePool(target=2, start_grace_s=30)
+    assert pool.missing([], now=0.0) == 2
+    assert pool.starting == 2
+
+
+def test_workers_on_the_node_before_any_request_are_not_ours():
+    # Ray prestarts one worker per CPU at node start, without our runtime_env.
+    pool = NodePool(target=2, start_grace_s=30)
+    assert pool.missing([11, 12, 13], now=0.0) == 2
+    assert pool.ours == set()
+
+
+def test_workers_asked_for_are_not_asked_again_while_they_start():
+    pool = NodePool(target=2, start_grace_s=30)
+    pool.missing([], now=0.0)
+    assert pool.missing([], now=5.0) == 0
+    assert pool.missing([21], now=6.0) == 0  # one arrived, one still starting
+    assert pool.ours == {21} and pool.starting == 1
+
+
+def test_a_worker_taken_by_a_replica_is_replaced():
+    pool = NodePool(target=2, start_grace_s=30)
+    pool.missing([], now=0.0)
+    pool.missing([21, 22], now=5.0)
+    assert pool.ours == {21, 22}
+    assert pool.missing([22], now=10.0) == 1  # 21 became a replica
+    assert pool.ours == {22}
+
+
+def test_a_start_that_never_shows_up_expires_and_is_asked_again():
+    pool = NodePool(target=1, start_grace_s=30)
+    assert pool.missing([], now=0.0) == 1
+    assert pool.missing([], now=29.0) == 0
+    assert pool.missing([], now=31.0) == 1
+
+
+def test_a_foreign_worker_appearing_while_none_is_asked_for_is_not_counted():
+    pool = NodePool(target=1, start_grace_s=30)
+    pool.missing([], now=0.0)
+    pool.missing([21], now=5.0)
+    assert pool.missing([21, 99], now=6.0) == 0
+    assert pool.ours == {21}
+
+
+class FakeRaylet:
+    def __init__(self, address: str, log: list[tuple[str, int, str, int]], idle: list[int]):
+        self.address, self.log, self.idle = address, log, idle
+
+    def fresh_idle_workers(self) -> list[int]:
+        return list(self.idle)
+
+    def prestart(self, count: int, runtime_env: str, keep_alive_s: int) -> None:
+        self.log.append((self.address, count, runtime_env, keep_alive_s))
+
+
+def fake_keeper(idle: dict[str, list[int]], **config: Any) -> tuple[PoolKeeper, list[Any]]:
+    log: list[tuple[str, int, str, int]] = []
+    nodes = [NodeAddress(f"node-{a}", a) for a in idle]
+    keeper = PoolKeeper(
+        WarmPoolConfig.model_validate(config),
+        '{"env_vars": {"X": "1"}}',
+        raylet=lambda address: FakeRaylet(address, log, idle[address]),
+        nodes=lambda: nodes,
+        clock=lambda: 0.0,
+    )
+    return keeper, log
+
+
+def test_every_node_is_topped_up_with_the_pools_own_runtime_env_and_keep_alive():
+    keeper, log = fake_keeper({"a:1": [], "b:2": [7]}, workers_per_node=2, keep_alive_s=120)
+    assert keeper.top_up() == {"node-a:1": 2, "node-b:2": 2}
+    assert sorted(log) == [
+        ("a:1", 2, '{"env_vars": {"X": "1"}}', 120),
+        ("b:2", 2, '{"env_vars": {"X": "1"}}', 120),
+    ]
+    assert keeper.top_up() == {"node-a:1": 0, "node-b:2": 0}  # still starting
+
+
+def test_describe_reports_each_nodes_idle_and_starting_workers():
+    keeper, _ = fake_keeper({"a:1": []}, workers_per_node=1)
+    keeper.top_up()
+    assert keeper.describe() == {
+        "workers_per_node": 1,
+        "nodes": {"node-a:1": {"idle": [], "starting": 1}},
+    }
+
+
+def test_a_pool_of_zero_workers_asks_for_none():
+    keeper, log = fake_keeper({"a:1": []}, workers_per_node=0)
+    keeper.top_up()
+    assert log == []
+
+
+def test_the_warm_runtime_env_adds_the_setup_hook_and_keeps_the_apps_variables():
+    env = warm_runtime_env({"env_vars": {"A": "1"}, "working_dir": "."})
+    assert env == {"env_vars": {"A": "1", SETUP_HOOK_ENV_VAR: SETUP_HOOK}, "working_dir": "."}
+    # The hook names a function Ray can import in a fresh worker.
+    module, _, name = SETUP_HOOK.rpartition(".")
+    assert callable(getattr(sys.modules[module], name))
+
+
+def test_preload_imports_the_modules_and_survives_one_that_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    (tmp_path / "warm_probe_ok.py").write_text(textwrap.dedent("LOADED = True\n"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    preload(("warm_probe_missing_module", "warm_probe_ok"))
+    assert sys.modules["warm_probe_ok"].LOADED
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"workers_per_node": -1}, {"keep_alive_s": 1}, {"check_interval_s": 0}, {"size": 2}],
+)
+def test_the_config_refuses_bad_values(bad: dict[str, Any]):
+    with pytest.raises(ValidationError):
+        WarmPoolConfig.model_validate(bad)
+
+
+def test_the_shipped_config_enables_the_pool():
+    shipped = yaml.safe_load((PROJECT_ROOT / "serve_config.yaml").read_text())
+    (edge,) = [a for a in shipped["applications"] if a["name"] == "edge"]
+    pool = parse_app_config(edge["args"]).warm_pool
+    assert pool.enabled and pool.workers_per_node >= 1
+
+
+def test_the_benchmarks_copy_without_the_pool_passes_the_config_check(tmp_path: Path):
+    config = yaml.safe_load((PROJECT_ROOT / "serve_config.yaml").read_text())
+    edge = config["applications"][0]
+    without = no_warm_pool_application(edge)
+    config["applications"].append(without)
+    path = tmp_path / "serve_config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert check_serve_config(path) == []
+    assert without["route_prefix"] == NO_POOL_ROUTE and without["name"] != edge["name"]
+    assert not parse_app_config(without["args"]).warm_pool.enabled
+    assert parse_app_config(edge["args"]).warm_pool.enabled  # the shipped app is left as it was
+
+
+def test_what_the_pool_preloads_pulls_in_no_export_only_packages():
+    # torch and transformers are for export only: a replica (and each idle warm worker) that
+    # imported them would pay seconds and hundreds of MB for nothing.
+    code = (
+        "import sys; from deployments.warm_pool import preload; preload(); "
+        "print(sorted({m.split('.')[0] for m in sys.modules}))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=120
+    )
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    packages = set(ast.literal_eval(loaded.stdout.strip().splitlines()[-1]))
+    assert {"onnxruntime", "tokenizers", "deployments"} <= packages
+    assert not packages & {"torch", "transformers", "onnx"}
