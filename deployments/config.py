@@ -23,9 +23,14 @@ from deployments.observability.config import ObservabilityConfig
 from deployments.runtime.manifest import Task
 from deployments.security.config import SecurityConfig
 from edge_sim.config import EdgeConfig
+from edge_sim.regions import deployment_name
 
 Accelerator = Literal["auto", "cpu", "gpu"]
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+APP_DEPLOYMENTS = ("router", "edge-control")
+"""build_app's deployments besides the models'."""
 
 
 class _Strict(BaseModel):
@@ -65,9 +70,6 @@ class RouterConfig(_Strict):
         default=120.0, gt=0, le=3600, description="per request, across failovers and cold starts"
     )
     failover_attempts: int = Field(default=3, ge=1, le=10, description="colos tried per request")
-    warm_window_s: float = Field(
-        default=300.0, gt=0, description="a colo that served a model this recently counts as warm"
-    )
     default_cold_start_ms: float = Field(
         default=3000.0, ge=0, description="assumed until a cold start has been measured"
     )
@@ -105,11 +107,19 @@ class AppConfig(_Strict):
         if not models:
             raise ValueError("at least one model must be served")
         for name in models:
-            if name == "router":
-                raise ValueError("'router' is reserved for the ingress deployment")
+            if name in APP_DEPLOYMENTS:
+                raise ValueError(f"{name!r} is reserved for one of the app's own deployments")
             if not name.replace("-", "").replace("_", "").isalnum():
                 raise ValueError(f"model name {name!r} must be alphanumeric (- and _ allowed)")
         return models
+
+    def model_deployments(self) -> dict[str, tuple[str, str]]:
+        """Every model deployment build_app makes: name -> (model, region)."""
+        return {
+            deployment_name(model, region): (model, region)
+            for model in self.models
+            for region in self.edge.region_names
+        }
 
     def model_path(self, name: str) -> Path:
         """model_dir under models_dir; a relative models_dir is under the project root, so the
@@ -157,9 +167,16 @@ def check_serve_config(path: str | Path) -> list[str]:
     for app in schema.applications:
         if app.import_path == "deployments.app:build_app":
             try:
-                parse_app_config(app.args or {})
+                built = {*parse_app_config(app.args or {}).model_deployments(), *APP_DEPLOYMENTS}
             except ConfigError as exc:
                 problems.append(f"application {app.name!r}: {exc}")
+            else:
+                problems.extend(
+                    f"application {app.name!r}: deployments: {d.name!r} is not a deployment of "
+                    f"this app (it has {sorted(built)})"
+                    for d in app.deployments
+                    if d.name not in built
+                )
         for deployment in app.deployments:
             problem = _keep_warm_problem(deployment.name, deployment.autoscaling_config)
             if problem:

@@ -150,6 +150,19 @@ class ModelNotReadyError(OverloadedError):
     default_code = "model_not_ready"
 
 
+class QueueFullError(OverloadedError):
+    """Serve's back-pressure: the deployment's queue is at max_queued_requests. The edge spills
+    to another region; it is never counted as a failure of the region."""
+
+    default_code = "queue_full"
+
+
+class RegionFaultError(OverloadedError):
+    """A fault drill made this region's replica fail the request (raised in the replica)."""
+
+    default_code = "region_fault"
+
+
 class InternalServerError(ServingError):
     """A bug or an unexpected failure on our side; the message never carries a stack trace."""
 

@@ -18,6 +18,7 @@ from deployments.errors import (
     ModelNotFoundError,
     OverloadedError,
     PayloadTooLargeError,
+    QueueFullError,
     RateLimitedError,
     ServingError,
 )
@@ -51,7 +52,7 @@ def as_serving_error(exc: BaseException) -> ServingError:
     if isinstance(exc, ServingError):
         return exc
     if isinstance(exc, BackPressureError):
-        return OverloadedError("the model's queue is full; retry shortly", retry_after_s=1)
+        return QueueFullError("the model's queue is full; retry shortly", retry_after_s=1)
     if isinstance(exc, DeploymentUnavailableError):
         return OverloadedError("the model is not available right now", retry_after_s=5)
     if isinstance(exc, TimeoutError | ray_exceptions.GetTimeoutError):

@@ -8,6 +8,7 @@ import argparse
 import contextlib
 import copy
 import difflib
+import json
 import sys
 import tomllib
 import warnings
@@ -19,8 +20,16 @@ from typing import Any
 import yaml
 
 from deployments.config import PROJECT_ROOT, parse_app_config
+from edge_sim.regions import region_resource
 
 MODELS_VOLUME = "models"
+# The template's GPU group is the prototype of every region's group (`gpu-eu`, ...), and its CPU
+# group runs the router and edge-control, pinned there by INGRESS_RESOURCE.
+REGION_GROUP_PROTOTYPE = "gpu"
+INGRESS_GROUP = "cpu"
+INGRESS_RESOURCE = "ingress"
+# A node's amount of its custom resource: replicas ask for a tiny share, so any number fits.
+NODE_RESOURCE_AMOUNT = 100
 # An idle GPU node is kept for the longest Serve downscale delay plus this: a burst shortly after
 # a scale-down still finds the node (a new one takes minutes to provision).
 IDLE_MARGIN_S = 60
@@ -113,6 +122,11 @@ def k8s_serve_config(serve_config: dict[str, Any], models_dir: str) -> dict[str,
         # `auto` would look for GPUs when the app is built, when the GPU group may be at zero.
         app["args"]["accelerator"] = "gpu"
         app["args"]["models_dir"] = models_dir
+        if app["args"].get("edge", {}).get("regions"):
+            # Each region's replicas on its own worker group, the ingress on the CPU group.
+            policy = app["args"]["edge"].setdefault("region_policy", {})
+            policy["placement"] = "node_resource"
+            policy["ingress_resource"] = INGRESS_RESOURCE
         parse_app_config(app["args"])  # fail the render, not the cluster, on a bad config
     with _without_serve_advice():
         ServeDeploySchema.model_validate(config)  # what KubeRay will submit: Serve's own schema
@@ -139,6 +153,49 @@ def models_mount_path(rayservice: dict[str, Any]) -> str:
     return paths.pop()
 
 
+def regions_of(serve_config: dict[str, Any]) -> list[str]:
+    """Every region any application declares, in order."""
+    regions: list[str] = []
+    for app in serve_config["applications"]:
+        for region in parse_app_config(app["args"]).edge.regions or {}:
+            if region not in regions:
+                regions.append(region)
+    return regions
+
+
+def _ray_start_resources(resources: dict[str, float]) -> str:
+    """KubeRay's rayStartParams form of `ray start --resources`: a quoted JSON string."""
+    return '"' + json.dumps(resources).replace('"', '\\"') + '"'
+
+
+def split_region_groups(cluster: dict[str, Any], regions: list[str]) -> None:
+    """One GPU worker group per region (a copy of the template's GPU group) whose nodes carry
+    the region's resource, all scaling to zero; the CPU group carries the ingress resource."""
+    groups = cluster["workerGroupSpecs"]
+    names = [group["groupName"] for group in groups]
+    if REGION_GROUP_PROTOTYPE not in names or INGRESS_GROUP not in names:
+        raise ValueError(
+            f"the template needs worker groups {REGION_GROUP_PROTOTYPE!r} and {INGRESS_GROUP!r}"
+        )
+    prototype = groups[names.index(REGION_GROUP_PROTOTYPE)]
+    per_region = []
+    for region in regions:
+        group = copy.deepcopy(prototype)
+        group["groupName"] = f"{REGION_GROUP_PROTOTYPE}-{region}"
+        group["replicas"] = 0
+        group["minReplicas"] = 0
+        group["rayStartParams"]["resources"] = _ray_start_resources(
+            {region_resource(region): NODE_RESOURCE_AMOUNT}
+        )
+        per_region.append(group)
+    ingress = groups[names.index(INGRESS_GROUP)]
+    ingress["rayStartParams"]["resources"] = _ray_start_resources(
+        {INGRESS_RESOURCE: NODE_RESOURCE_AMOUNT}
+    )
+    at = names.index(REGION_GROUP_PROTOTYPE)
+    cluster["workerGroupSpecs"] = [*groups[:at], *per_region, *groups[at + 1 :]]
+
+
 def build_rayservice(
     serve_config: dict[str, Any], template: dict[str, Any], pins: Pins
 ) -> dict[str, Any]:
@@ -148,6 +205,9 @@ def build_rayservice(
     cluster = rayservice["spec"]["rayClusterConfig"]
     cluster["rayVersion"] = pins.ray_version
     cluster["autoscalerOptions"]["idleTimeoutSeconds"] = autoscaler_idle_timeout_s(serve_config)
+    regions = regions_of(serve_config)
+    if regions:
+        split_region_groups(cluster, regions)
     for pod in _ray_pods(rayservice):
         for container in pod["containers"]:
             repository = container["image"].rsplit(":", 1)[0]

@@ -23,7 +23,7 @@ from sse_starlette import EventSourceResponse
 
 from deployments.cache import ResponseCache, wants_bypass
 from deployments.config import AppConfig
-from deployments.edge import EdgeDispatcher, EdgeTrace, WarmthTracker
+from deployments.edge import EdgeDispatcher, EdgeTrace, RegionPools
 from deployments.edge_control import SYNC_INTERVAL_S, apply_snapshot
 from deployments.errors import (
     InvalidRequestError,
@@ -122,7 +122,6 @@ class ServedModel:
     name: str
     task: Task
     family: str
-    handle: DeploymentHandle
 
 
 def _sampling(request: ChatCompletionRequest) -> SamplingParams:
@@ -185,7 +184,7 @@ class RouterIngress:
     def __init__(
         self,
         config: dict[str, Any],
-        servers: Mapping[str, DeploymentHandle],
+        servers: Mapping[str, Mapping[str, DeploymentHandle]],
         control: DeploymentHandle | None = None,
     ):
         self.config = AppConfig.model_validate(config)
@@ -193,14 +192,20 @@ class RouterIngress:
         app.state.max_body_bytes = router.max_body_bytes
         self.timeout_s = router.request_timeout_s
         self.models = {
-            name: ServedModel(name, m.task, m.family, servers[name])
-            for name, m in self.config.models.items()
+            name: ServedModel(name, m.task, m.family) for name, m in self.config.models.items()
         }
         self.created = int(time.time())
-        self.network = EdgeNetwork(self.config.edge)
-        self.warmth = WarmthTracker(router.warm_window_s, router.default_cold_start_ms)
+        edge = self.config.edge
+        self.network = EdgeNetwork(edge)
+        self.pools = RegionPools(
+            servers, edge.region_policy, router.default_cold_start_ms, control=control
+        )
         self.edge: EdgeDispatcher[Any] = EdgeDispatcher(
-            self.network, self.warmth, router.failover_attempts
+            self.network,
+            edge.region_map(),
+            self.pools,
+            router.failover_attempts,
+            edge.routing.max_extra_rtt_ms,
         )
         self.cache = ResponseCache(router.cache)
         security = self.config.security
@@ -280,29 +285,36 @@ class RouterIngress:
     async def _call_texts(
         self, model: ServedModel, texts: list[str], request: Request, quota: Reservation
     ) -> tuple[Reply, EdgeTrace]:
-        method = model.handle.embed if model.task == "embedding" else model.handle.classify
+        method = "embed" if model.task == "embedding" else "classify"
         traceparent = request_telemetry(request).traceparent
         try:
-            return await self._via_edge(model, request, lambda: method.remote(texts, traceparent))
+            return await self._via_edge(
+                model,
+                request,
+                lambda handle: getattr(handle, method).remote(texts, traceparent),
+            )
         except BaseException:
             quota.settle(0)
             raise
 
     async def _flags(self, texts: list[str]) -> list[bool]:
         """The moderation gate's classifier: the moderation deployment, called directly."""
-        moderation = self.models[self.config.security.moderation_gate.moderation_model]
-        reply = await _resolve(moderation.handle.classify.remote(texts))
+        moderation = self.config.security.moderation_gate.moderation_model
+        reply = await _resolve(self.pools.serving_handle(moderation).classify.remote(texts))
         return [result.flagged for result in reply.value]
 
     async def _via_edge(
-        self, model: ServedModel, request: Request, call: Callable[[], Awaitable[Reply]]
+        self,
+        model: ServedModel,
+        request: Request,
+        call: Callable[[DeploymentHandle], Awaitable[Reply]],
     ) -> tuple[Reply, EdgeTrace]:
         self._keep_faults_in_sync()
         reply, trace = await self.edge.dispatch(
             model.name,
             request.headers,
             _client_ip(request),
-            lambda: _resolve(call()),
+            lambda handle: _resolve(call(handle)),
             reply_of=lambda reply: reply,
             deadline_s=self.timeout_s,
         )
@@ -356,7 +368,7 @@ class RouterIngress:
             reply, trace = await self._via_edge(
                 model,
                 request,
-                lambda: model.handle.complete.remote(messages, params, telemetry.traceparent),
+                lambda handle: handle.complete.remote(messages, params, telemetry.traceparent),
             )
             done: Completion = reply.value
             if gated:
@@ -391,7 +403,9 @@ class RouterIngress:
                 model.name,
                 request.headers,
                 _client_ip(request),
-                lambda: _resolve(self._open_stream(model, messages, params, telemetry.traceparent)),
+                lambda handle: _resolve(
+                    self._open_stream(handle, messages, params, telemetry.traceparent)
+                ),
                 reply_of=lambda opened: opened[0],
                 deadline_s=self.timeout_s,
             )
@@ -406,14 +420,14 @@ class RouterIngress:
 
     async def _open_stream(
         self,
-        model: ServedModel,
+        handle: DeploymentHandle,
         messages: list[dict[str, Any]],
         params: SamplingParams,
         traceparent: str | None,
     ) -> tuple[Reply, DeploymentResponseGenerator]:
         """Start generation and wait for the first chunk: until then the edge may fail over and
         errors still get a real status; after it, they become an error event."""
-        stream = model.handle.options(stream=True).stream.remote(messages, params, traceparent)
+        stream = handle.options(stream=True).stream.remote(messages, params, traceparent)
         try:
             return await stream.__anext__(), stream
         except BaseException:
@@ -443,13 +457,20 @@ class RouterIngress:
     async def readyz(self) -> dict[str, Any]:
         status = await asyncio.to_thread(serve.status)
         deployments = status.applications[serve.get_replica_context().app_name].deployments
+        by_model: dict[str, dict[str, Any]] = {name: {} for name in self.models}
+        for deployment, (model, region) in self.config.model_deployments().items():
+            status = deployments[deployment]
+            by_model[model][region] = {
+                "status": str(status.status.value),
+                "running_replicas": status.replica_states.get("RUNNING", 0),
+            }
         models = {
             name: {
-                "status": str(deployments[name].status.value),
-                "running_replicas": deployments[name].replica_states.get("RUNNING", 0),
-                "last_cold_start": self.warmth.last_cold_start.get(name),
+                "running_replicas": sum(r["running_replicas"] for r in regions.values()),
+                "regions": regions,
+                "last_cold_start": self.pools.last_cold_start.get(name),
             }
-            for name in self.models
+            for name, regions in by_model.items()
         }
         ready = [name for name, m in models.items() if m["running_replicas"] > 0]
         return {"ready": ready, "models": models}
@@ -679,6 +700,43 @@ class RouterIngress:
             await self._control.clear_faults.remote(colo)
             await self._sync_faults()
         return self._colo_state(colo)
+
+    @app.get("/admin/regions", include_in_schema=False)
+    async def admin_regions(self, request: Request) -> list[dict[str, Any]]:
+        """Per region: replicas running/wanted per model, health, back-pressure, drills."""
+        self._require_admin(request)
+        if self._control is None:
+            return []
+        regions: list[dict[str, Any]] = await self._control.regions.remote()
+        return regions
+
+    @app.post("/admin/regions/{region}/faults", include_in_schema=False)
+    async def admin_set_region_fault(
+        self, region: str, fault: ColoFault, request: Request
+    ) -> list[dict[str, Any]]:
+        """A region drill: its replicas fail (or slow) the requests that reach them."""
+        self._require_admin(request)
+        if self._control is not None:
+            await self._control.set_region_fault.remote(
+                self._known_region(region), fault.model_dump(mode="json")
+            )
+        return await self.admin_regions(request)
+
+    @app.delete("/admin/regions/{region}/faults", include_in_schema=False)
+    async def admin_clear_region_faults(
+        self, region: str, request: Request
+    ) -> list[dict[str, Any]]:
+        self._require_admin(request)
+        if self._control is not None:
+            await self._control.clear_region_faults.remote(self._known_region(region))
+        return await self.admin_regions(request)
+
+    def _known_region(self, region: str) -> str:
+        if region not in self.config.edge.region_names:
+            raise ModelNotFoundError(
+                f"unknown region {region!r}", param="region", code="region_not_found"
+            )
+        return region
 
     def _known_colo(self, colo_id: str) -> str:
         colo = colo_id.upper()

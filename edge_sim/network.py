@@ -128,8 +128,12 @@ class EdgeNetwork:
 
     def delay_s(self, candidate: RouteCandidate) -> float:
         """Real seconds to wait to act out the candidate's RTT (jitter and scale applied)."""
+        return self.delay_for_rtt_s(candidate.rtt_ms)
+
+    def delay_for_rtt_s(self, rtt_ms: float) -> float:
+        """Real seconds to wait to act out a simulated RTT (jitter and scale applied)."""
         latency = self._config.latency
-        return latency.real_delay_s(latency.jittered_rtt_ms(candidate.rtt_ms, self._jitter_rng))
+        return latency.real_delay_s(latency.jittered_rtt_ms(rtt_ms, self._jitter_rng))
 
     def set_fault(self, colo_id: str, fault: ColoFault) -> ScheduledFault:
         """Replace the colo's faults (admin API). Raises UnknownColoError."""

@@ -68,11 +68,14 @@ class RegionBoard:
         self.saturations = dict.fromkeys(((m, r) for m in models for r in regions), 0)
 
     def set_replicas(
-        self, running: Mapping[tuple[str, str], int], wanted: Mapping[tuple[str, str], int]
+        self,
+        running: Mapping[tuple[str, str], int],
+        wanted: Mapping[tuple[str, str], int] | None = None,
     ) -> None:
-        """Serve's state: RUNNING and target replicas per (model, region)."""
+        """Serve's state: RUNNING (and, when known, target) replicas per (model, region)."""
         self._running = dict(running)
-        self._wanted = dict(wanted)
+        if wanted is not None:
+            self._wanted = dict(wanted)
 
     def report(self, outcomes: Iterable[Outcome]) -> None:
         now = self._clock()

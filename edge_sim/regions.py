@@ -65,6 +65,13 @@ class RegionPolicy(BaseModel):
         "shared: regions share whatever node has room; auto: node_resource when any node of the "
         "cluster has a region resource when the app is built",
     )
+    ingress_resource: str | None = Field(
+        default=None,
+        min_length=1,
+        description="a node resource the router and edge-control need (give it to the head, e.g. "
+        "`ray start --head --resources '{\"ingress\": 1}'`), so losing a region's node never "
+        "takes the ingress with it; None: they go wherever there is room",
+    )
     backhaul: bool = Field(
         default=True, description="act out the colo->region RTT (geography) besides client->colo"
     )

@@ -62,12 +62,17 @@ class EmbeddingServer(BatchedTextServer):
         runtime_factory: RuntimeFactory = EmbeddingRuntime,
         observability: dict[str, Any] | None = None,
         model_name: str | None = None,
+        region: str | None = None,
+        control: Any = None,
     ):
-        super().__init__(model_dir, session, runtime_factory, observability, model_name)
+        super().__init__(
+            model_dir, session, runtime_factory, observability, model_name, region, control
+        )
 
     async def embed(
         self, texts: list[str], traceparent: str | None = None
     ) -> Reply[EmbeddingResult]:
+        await self.faults.check()
         self.runtime.check(texts)
         with self.observability.call(traceparent) as call:
             result = EmbeddingResult.concat(await self._submit(texts, call))
@@ -88,12 +93,17 @@ class ModerationServer(BatchedTextServer):
         runtime_factory: RuntimeFactory = ModerationRuntime,
         observability: dict[str, Any] | None = None,
         model_name: str | None = None,
+        region: str | None = None,
+        control: Any = None,
     ):
-        super().__init__(model_dir, session, runtime_factory, observability, model_name)
+        super().__init__(
+            model_dir, session, runtime_factory, observability, model_name, region, control
+        )
 
     async def classify(
         self, texts: list[str], traceparent: str | None = None
     ) -> Reply[list[ModerationResult]]:
+        await self.faults.check()
         self.runtime.check(texts)
         with self.observability.call(traceparent) as call:
             results = await self._submit(texts, call)

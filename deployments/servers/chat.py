@@ -23,8 +23,12 @@ class ChatServer(ModelServer[LLMRuntime]):
         runtime_factory: RuntimeFactory = LLMRuntime,
         observability: dict[str, Any] | None = None,
         model_name: str | None = None,
+        region: str | None = None,
+        control: Any = None,
     ):
-        super().__init__(model_dir, session, runtime_factory, observability, model_name)
+        super().__init__(
+            model_dir, session, runtime_factory, observability, model_name, region, control
+        )
 
     def _apply_batching(self, batching: BatchingConfig) -> None:
         # The engine reads the limit before each step: new sequences wait for a free slot.
@@ -36,6 +40,7 @@ class ChatServer(ModelServer[LLMRuntime]):
         params: SamplingParams,
         traceparent: str | None = None,
     ) -> Reply[Completion]:
+        await self.faults.check()
         with self._call(traceparent, params, stream=False) as call:
             done = await self.runtime.complete(messages, params, timings=call.timings)
             call.usage(
@@ -51,6 +56,7 @@ class ChatServer(ModelServer[LLMRuntime]):
         params: SamplingParams,
         traceparent: str | None = None,
     ) -> AsyncIterator[Reply[GenerationChunk]]:
+        await self.faults.check()
         with self._call(traceparent, params, stream=True) as call:
             async for chunk in self.runtime.stream(messages, params, timings=call.timings):
                 if chunk.finish_reason is not None:

@@ -33,6 +33,8 @@ EXPECTED_STATUS: dict[type[ServingError], int] = {
     errors.RateLimitedError: 429,
     errors.OverloadedError: 503,
     errors.ModelNotReadyError: 503,
+    errors.QueueFullError: 503,
+    errors.RegionFaultError: 503,
     errors.InternalServerError: 500,
 }
 

@@ -491,10 +491,10 @@ def test_serve_status_command_runs_a_subprocess_with_token_auth(tmp_path: Path) 
 
 def test_scale_to_zero_delay_comes_from_serve_config() -> None:
     shipped = yaml.safe_load((REPO / "serve_config.yaml").read_text())
-    delays = scale_to_zero_delays_s(shipped, ["glm", "embedding", "router", "absent"])
+    delays = scale_to_zero_delays_s(shipped, ["glm-eu", "embedding-ap", "router", "absent"])
     deployments = {d["name"]: d for d in shipped["applications"][0]["deployments"]}
-    expected = deployments["glm"]["autoscaling_config"]["downscale_to_zero_delay_s"]
-    assert delays == {"glm": expected, "embedding": delays["embedding"], "router": None,
+    expected = deployments["glm-eu"]["autoscaling_config"]["downscale_to_zero_delay_s"]
+    assert delays == {"glm-eu": expected, "embedding-ap": delays["embedding-ap"], "router": None,
                       "absent": None}  # fmt: skip
     custom = {
         "applications": [
