@@ -32,7 +32,7 @@ T = TypeVar("T")
 Handle = Any  # a DeploymentHandle (or a test double with the same methods)
 log = logging.getLogger("ray.serve")
 SYNC_INTERVAL_S = 0.5
-FIRST_SYNC_TIMEOUT_S = 1.0
+FIRST_SYNC_TIMEOUT_S = 3.0
 
 
 @dataclass

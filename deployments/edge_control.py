@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
@@ -23,6 +24,7 @@ from edge_sim.regions import RegionPolicy
 
 SYNC_INTERVAL_S = 0.5
 SERVE_POLL_INTERVAL_S = 0.5
+FIRST_POLL_TIMEOUT_S = 2.0
 FAULT_POLL_TIMEOUT_S = 30.0  # a replica's long poll returns at least this often
 
 log = logging.getLogger("ray.serve")
@@ -85,12 +87,18 @@ class EdgeControl:
         self._colo_faults = FaultStore()
         self._region_faults = FaultStore()
         self._poller: asyncio.Task[None] | None = None
+        self._polled = asyncio.Event()
 
     # ---- routers ------------------------------------------------------------------------------
 
     async def sync(self, outcomes: list[Outcome]) -> BoardSnapshot:
         """Take a router's outcomes since its last sync; give it every region's pool state."""
         self._keep_polling()
+        if not self._polled.is_set():
+            # Right after a (re)start nothing is known yet: "all cold" would send requests to
+            # cold regions that a warm one could serve. Wait for Serve's state, briefly.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._polled.wait(), FIRST_POLL_TIMEOUT_S)
         self._board.report(outcomes)
         return self._board.snapshot()
 
@@ -148,6 +156,7 @@ class EdgeControl:
     async def _poll_serve(self, with_targets: bool = False) -> None:
         running, wanted = await asyncio.to_thread(read_replicas, self._pools, with_targets)
         self._board.set_replicas(running, wanted if with_targets else None)
+        self._polled.set()
 
 
 def read_replicas(
