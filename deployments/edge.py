@@ -33,6 +33,11 @@ Handle = Any  # a DeploymentHandle (or a test double with the same methods)
 log = logging.getLogger("ray.serve")
 SYNC_INTERVAL_S = 0.5
 FIRST_SYNC_TIMEOUT_S = 3.0
+LOST_CHECK_S = 0.25  # how often a running attempt looks whether its region is still there
+
+
+class RegionLostError(Exception):
+    """The region an attempt waits on lost its replicas or was ejected meanwhile."""
 
 
 @dataclass
@@ -110,6 +115,11 @@ class RegionPools:
                 view = PoolView(view.running, view.ejected, saturated=True)
             views[region] = view
         return views
+
+    def lost(self, model: str, region: str, was_warm: bool) -> bool:
+        """Has the region become unusable since an attempt started there?"""
+        view = self.snapshot.pool(model, region)
+        return view.ejected or (was_warm and not view.warm)
 
     def cold_start_ms(self, model: str) -> float:
         return self.snapshot.cold_start_ms.get(model, self._default_cold_start_ms)
@@ -263,8 +273,8 @@ class EdgeDispatcher(Generic[T]):
             region = candidate.region
             tried.append(region)
             try:
-                result = await asyncio.wait_for(
-                    self._attempt(model, candidate.rtt_ms, region, call), attempt_s
+                result = await self._watched(
+                    model, region, self._attempt(model, candidate.rtt_ms, region, call), attempt_s
                 )
             except QueueFullError as error:
                 self.pools.report(model, region, "saturated")  # back-pressure: not a failure
@@ -276,11 +286,11 @@ class EdgeDispatcher(Generic[T]):
                 self.pools.report(model, region, "failed")
                 failed, last_error = True, error
                 continue
-            except TimeoutError:
+            except (TimeoutError, RegionLostError) as error:
                 self.pools.report(model, region, "failed")
                 failed = True
                 last_error = OverloadedError(
-                    f"region {region} did not answer in time", retry_after_s=1
+                    str(error) or f"region {region} did not answer in time", retry_after_s=1
                 )
                 continue
             cold_ms = _cold_start_ms(reply_of(result), arrived_at)
@@ -299,6 +309,27 @@ class EdgeDispatcher(Generic[T]):
         if last_error is not None:
             raise last_error
         raise OverloadedError(f"no region could take a {model} request in time", retry_after_s=1)
+
+    async def _watched(self, model: str, region: str, attempt: Awaitable[T], timeout_s: float) -> T:
+        """Run an attempt until it ends, times out, or its region is lost meanwhile: its replicas
+        gone (a killed node: Serve holds the request until a replica that cannot be placed
+        starts) or ejected on other requests' failures. A lost attempt fails over at once."""
+        was_warm = self.pools.pools(model)[region].warm
+        task = asyncio.ensure_future(attempt)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                done, _ = await asyncio.wait({task}, timeout=min(LOST_CHECK_S, left))
+                if done:
+                    return task.result()
+                if self.pools.lost(model, region, was_warm):
+                    raise RegionLostError(f"region {region} lost its {model} replicas")
+        finally:
+            if not task.done():
+                task.cancel()
 
     async def _attempt(
         self, model: str, rtt_ms: float, region: str, call: Callable[[Handle], Awaitable[T]]

@@ -98,6 +98,7 @@ class Rig:
 
 
 ALL_WARM = {"eu": 1, "us": 1, "ap": 1}
+WARM = PoolView(running=1)
 
 
 def test_all_warm_serves_from_the_nearest_region_and_says_so() -> None:
@@ -208,3 +209,34 @@ def test_a_cache_hit_is_answered_by_the_entry_colo_for_its_home_region() -> None
     trace = asyncio.run(rig.dispatcher.nearest(MODEL, TOKYO, None))
     assert (trace.colo, trace.region) == ("NRT", "ap")
     assert all(not handle.calls for handle in rig.handles.values())
+
+
+def test_an_attempt_whose_region_loses_its_replicas_fails_over_at_once() -> None:
+    """A killed node: Serve holds the request for a replica that cannot be placed; once the
+    shared state shows the region without replicas, the request moves on."""
+    rig = Rig(ALL_WARM)
+    rig.handles["ap"].behaviour = lambda method: asyncio.sleep(60)
+
+    async def go():
+        sending = asyncio.ensure_future(rig.send(TOKYO, deadline_s=30.0))
+        await asyncio.sleep(0.3)
+        rig.pools.snapshot = BoardSnapshot({MODEL: {"eu": WARM, "us": WARM}}, {})  # ap: gone
+        return await sending
+
+    started = time.monotonic()
+    reply, trace = asyncio.run(go())
+    assert reply.value != "ap" and trace.reason == "failover"
+    assert time.monotonic() - started < 2.0  # not the 10 s share of the deadline
+    assert rig.reported[0] == Outcome(MODEL, "ap", "failed")
+
+
+def test_a_cold_region_waiting_for_its_first_replica_is_not_lost() -> None:
+    rig = Rig({})  # all cold: the request waits on the nearest region's cold start
+
+    async def slow_start(method: str) -> Reply[str]:
+        await asyncio.sleep(0.6)
+        return await _ok("ap")
+
+    rig.handles["ap"].behaviour = slow_start
+    reply, trace = asyncio.run(rig.send(TOKYO))
+    assert reply.value == "ap" and trace.reason == "nearest"
