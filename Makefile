@@ -21,8 +21,8 @@ models: install
 	$(PY) -m deployments.export defaults --out $(MODELS_DIR)
 
 lint: install
-	$(VENV)/bin/ruff check deployments edge_sim tests benchmarks
-	$(VENV)/bin/ruff format --check deployments edge_sim tests benchmarks
+	$(VENV)/bin/ruff check deployments edge_sim edgectl tests benchmarks
+	$(VENV)/bin/ruff format --check deployments edge_sim edgectl tests benchmarks
 	$(VENV)/bin/mypy edge_sim deployments/runtime
 	$(PY) -m deployments.k8s render --check
 

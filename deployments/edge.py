@@ -20,8 +20,8 @@ from deployments.errors import (
     QueueFullError,
     ServingError,
 )
-from deployments.http import as_serving_error
 from deployments.servers.base import Reply
+from deployments.serving.calls import as_serving_error
 from edge_sim.geo import BadHeaderError, ClientLocation
 from edge_sim.network import EdgeNetwork
 from edge_sim.region_board import BoardSnapshot, Outcome, OutcomeKind

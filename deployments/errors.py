@@ -1,7 +1,8 @@
 """One closed set of serving errors, each mapped to exactly one HTTP status and OpenAI error type.
 
-The model runtimes raise these (they import nothing from Ray or HTTP); the router turns any of them
-into an OpenAI-shaped JSON body with `to_error_body`.
+The model runtimes raise these (they import nothing from Ray or HTTP). Each error carries its own
+response headers (`response_headers`); the router's one exception handler shapes the body as the
+route's API wants it (OpenAI's `to_error_body`, or a Workers-AI envelope).
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ class ServingError(Exception):
     def __reduce__(self) -> tuple[Any, ...]:
         # Errors cross Ray calls by pickle; keep param, code and retry hints, not just the message.
         return (_restore, (type(self), self.message, dict(self.__dict__)))
+
+    def response_headers(self) -> dict[str, str]:
+        """Headers the response must carry besides the body (Retry-After, Allow, ...)."""
+        return {}
 
     def to_error_body(self) -> dict[str, Any]:
         return {
@@ -116,14 +121,49 @@ class RateLimitedError(ServingError):
         self.headers = dict(headers or {})
 
     def response_headers(self) -> dict[str, str]:
-        """The x-ratelimit-* state plus Retry-After in whole seconds (at least 1)."""
-        return {**self.headers, "retry-after": str(max(1, math.ceil(self.retry_after_s)))}
+        """The x-ratelimit-* state plus Retry-After."""
+        return {**self.headers, **retry_after(self.retry_after_s)}
 
 
-class ModelNotFoundError(ServingError):
+class NotFoundError(ServingError):
+    """Something the request names does not exist (404); subclasses say what."""
+
     status = 404
     error_type = "not_found_error"
+    default_code = "not_found"
+
+
+class ModelNotFoundError(NotFoundError):
     default_code = "model_not_found"
+
+
+class RouteNotFoundError(NotFoundError):
+    """No route at this path (or the admin API, when no admin key is configured)."""
+
+    default_code = "route_not_found"
+
+
+class ColoNotFoundError(NotFoundError):
+    default_code = "colo_not_found"
+
+
+class RegionNotFoundError(NotFoundError):
+    default_code = "region_not_found"
+
+
+class MethodNotAllowedError(ServingError):
+    """The route exists, but not for this HTTP method (405); `allow` lists the methods it takes."""
+
+    status = 405
+    error_type = "invalid_request_error"
+    default_code = "method_not_allowed"
+
+    def __init__(self, message: str, *, allow: str | None = None, **kwargs: Any):
+        super().__init__(message, **kwargs)
+        self.allow = allow
+
+    def response_headers(self) -> dict[str, str]:
+        return {"allow": self.allow} if self.allow else {}
 
 
 class PayloadTooLargeError(ServingError):
@@ -142,6 +182,9 @@ class OverloadedError(ServingError):
     def __init__(self, message: str, *, retry_after_s: float = 1.0, **kwargs: Any):
         super().__init__(message, **kwargs)
         self.retry_after_s = retry_after_s
+
+    def response_headers(self) -> dict[str, str]:
+        return retry_after(self.retry_after_s)
 
 
 class ModelNotReadyError(OverloadedError):
@@ -169,6 +212,11 @@ class InternalServerError(ServingError):
     status = 500
     error_type = "server_error"
     default_code = "internal_error"
+
+
+def retry_after(seconds: float) -> dict[str, str]:
+    """Retry-After in whole seconds, at least 1 (a client reads 0 as "now")."""
+    return {"retry-after": str(max(1, math.ceil(seconds)))}
 
 
 def _restore(cls: type[ServingError], message: str, state: dict[str, Any]) -> ServingError:

@@ -118,10 +118,6 @@ class EdgeNetwork:
         else:
             self._health.record(colo_id, ok)
 
-    def record_result(self, colo_id: str, ok: bool) -> None:
-        """Feed a result to outlier detection without slot accounting."""
-        self._health.record(colo_id, ok)
-
     def should_fail(self, colo_id: str) -> bool:
         """Does this request fail by an injected error rate at the colo? (seeded draw)"""
         return self._faults.should_fail(colo_id)
@@ -144,9 +140,6 @@ class EdgeNetwork:
 
     def clear_faults(self, colo_id: str) -> None:
         self._faults.clear(colo_id)
-
-    def clear_all_faults(self) -> None:
-        self._faults.clear_all()
 
     def colo_states(self) -> list[dict[str, Any]]:
         """One JSON-ready dict per colo, in topology order, for the admin API."""

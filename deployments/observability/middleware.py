@@ -24,13 +24,12 @@ def request_telemetry(request: Any) -> RequestTelemetry:
 
 
 class TelemetryMiddleware:
-    """`observability` is read per request because the app object exists before the router
-    replica has built its RouterObservability (as with BodyLimitMiddleware's limit)."""
+    """`observability` None: telemetry off (requests pass through untouched)."""
 
     def __init__(
         self,
         app: ASGIApp,
-        observability: Callable[[], RouterObservability | None],
+        observability: RouterObservability | None,
         request_id: Callable[[], str | None] | None = None,
     ):
         self.app = app
@@ -38,7 +37,7 @@ class TelemetryMiddleware:
         self._request_id = request_id
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        observability = self._observability() if scope["type"] == "http" else None
+        observability = self._observability if scope["type"] == "http" else None
         if observability is None or not observability.traced(scope["path"]):
             await self.app(scope, receive, send)
             return

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from deployments.errors import AuthenticationError, ModelNotFoundError, PermissionDeniedError
+from deployments.errors import AuthenticationError, PermissionDeniedError, RouteNotFoundError
 from deployments.security.config import RateLimits, SecurityConfig
 
 API_KEYS_ENV = "EDGE_API_KEYS"
@@ -210,10 +210,6 @@ class KeyStore:
         return not self._entries
 
     @property
-    def admin_enabled(self) -> bool:
-        return self._admin_digest is not None
-
-    @property
     def key_ids(self) -> tuple[str, ...]:
         return tuple(entry.key_id for entry in self._entries)
 
@@ -257,7 +253,7 @@ class KeyStore:
         """The caller of an /admin route: 404 when no admin key is configured, 401 without a
         known key, 403 for a user key."""
         if self._admin_digest is None:
-            raise ModelNotFoundError(f"no route {path}", code="route_not_found")
+            raise RouteNotFoundError(f"no route {path}")
         token = bearer_token(authorization)
         if token is None:
             raise AuthenticationError(

@@ -7,8 +7,9 @@ the loop's clock) can charge a cost > 1, but none can hand back or add to a char
 which reserving `input + max_tokens` and settling to the actual usage needs, and only some take an
 injected clock. The bucket below does all three in a few lines.
 
-The router runs on one event loop and nothing here awaits, so no lock is needed. Limits are per
-router replica: with N replicas a key gets up to N times its budget.
+The router runs on one event loop and nothing here awaits, so no lock is needed. Each router
+replica holds its own buckets with 1/N of every limit (`RateLimiter(share=...)`), so across N
+replicas a key gets its budget once, without a shared counter on the request path.
 """
 
 from __future__ import annotations

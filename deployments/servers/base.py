@@ -71,6 +71,7 @@ class ModelServer(Generic[R]):
         process_s = process_age_s()
         started = time.perf_counter()
         self.model_dir = Path(model_dir)
+        self.model_name = model_name or self.model_dir.name
         self.runtime: R = runtime_factory(self.model_dir, session)
         self.load_s = time.perf_counter() - started
         self.ready_at = time.time()
@@ -87,7 +88,7 @@ class ModelServer(Generic[R]):
         self.pid = os.getpid()
         self.observability = ModelObservability(
             ObservabilityConfig.model_validate(observability or {}),
-            model_name or self.model_dir.name,
+            self.model_name,
             self.TASK,
         )
 

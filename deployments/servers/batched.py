@@ -10,11 +10,21 @@ from typing import Any
 from ray import serve
 
 from deployments.config import BatchingConfig
+from deployments.errors import InvalidRequestError
 from deployments.observability.model_telemetry import ModelCall
 from deployments.runtime.embedding import EmbeddingResult, EmbeddingRuntime
 from deployments.runtime.moderation import ModerationResult, ModerationRuntime
 from deployments.runtime.session import SessionConfig
 from deployments.servers.base import ModelServer, Reply, RuntimeFactory, in_thread
+
+
+def check_dimensions(requested: int | None, dimension: int, model: str) -> None:
+    if requested is not None and requested != dimension:
+        raise InvalidRequestError(
+            f"{model!r} returns {dimension}-dimensional vectors; "
+            f"dimensions={requested} is not available",
+            param="dimensions",
+        )
 
 
 def _count_texts(batch: list[list[str]]) -> int:
@@ -70,10 +80,13 @@ class EmbeddingServer(BatchedTextServer):
         )
 
     async def embed(
-        self, texts: list[str], traceparent: str | None = None
+        self, texts: list[str], traceparent: str | None = None, dimensions: int | None = None
     ) -> Reply[EmbeddingResult]:
+        """`dimensions`, when the client asked for one, must be the model's: checked with the
+        request, before any inference runs."""
         await self.faults.check()
         self.runtime.check(texts)
+        check_dimensions(dimensions, self.runtime.dimension, self.model_name)
         with self.observability.call(traceparent) as call:
             result = EmbeddingResult.concat(await self._submit(texts, call))
             call.usage(input_tokens=result.total_tokens)

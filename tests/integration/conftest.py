@@ -1,13 +1,12 @@
 """One local Ray cluster + the real serve_config.yaml (scaled down) per test session, driven with
-the same commands the README gives ops: `ray start --head`, `serve deploy`, `serve status`."""
+the same commands the README gives ops: `ray start --head`, `serve deploy`, `serve status`.
+The fixture owns only the cluster it started: another Ray on the machine is left alone."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,27 +15,25 @@ import httpx
 import pytest
 import yaml
 
+from edgectl.local_cluster import LocalCluster, free_port, wait_until
+
 REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
-# Ray 2.60 turns token auth on for local clusters; the CLI needs to be told to use it.
-RAY_ENV = {**os.environ, "RAY_AUTH_MODE": "token"}
-# Replicas inherit the environment `ray start` was given: API keys and the admin API.
+# Replicas inherit the environment their node was started with: API keys and the admin API.
 ADMIN_KEY = "test-admin-key"
 USER_KEY, OTHER_KEY, LIMITED_KEY = "sk-user-1234", "sk-other-5678", "sk-limited-9999"
 # Load tests send more than the default 600 requests a minute: as an operator would, they get a
 # key without rate limits, so a 429 never passes for a lost request.
 LOAD_KEY = "sk-load-0000"
-RAY_ENV["EDGE_ADMIN_KEY"] = ADMIN_KEY
-RAY_ENV["EDGE_API_KEYS"] = (
-    f"user:{USER_KEY},other:{OTHER_KEY},limited:{LIMITED_KEY},load:{LOAD_KEY}"
-)
 USER = {"authorization": f"Bearer {USER_KEY}"}
 LOAD = {"authorization": f"Bearer {LOAD_KEY}"}
 LIMITED_RPM = 3
 # Every process appends its finished spans here (read where build_app runs: the cluster).
 TRACES_FILE = Path(os.environ.get("TMPDIR", "/tmp")) / f"edge-traces-{os.getpid()}.jsonl"
-RAY_ENV["EDGE_TRACES_FILE"] = str(TRACES_FILE)
-METRICS_PORT = 8089  # outside the worker port range (10002-19999)
+CLUSTER_ENV = {
+    "EDGE_ADMIN_KEY": ADMIN_KEY,
+    "EDGE_API_KEYS": f"user:{USER_KEY},other:{OTHER_KEY},limited:{LIMITED_KEY},load:{LOAD_KEY}",
+    "EDGE_TRACES_FILE": str(TRACES_FILE),
+}
 KIMI_TO_ZERO_S = 3  # the test config's scale-to-zero delay for kimi
 
 
@@ -45,61 +42,45 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("disruptive") is not None)
 
 
-def wait_until(check: Callable[[], Any], timeout_s: float, what: str, every_s: float = 0.5) -> Any:
-    """Poll until `check()` returns something truthy; fail with `what` at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    last_error: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            result = check()
-            if result:
-                return result
-        except Exception as exc:  # noqa: BLE001 - keep polling; reported at the deadline
-            last_error = exc
-        time.sleep(every_s)
-    raise AssertionError(
-        f"timed out after {timeout_s}s waiting for {what} (last error: {last_error})"
-    )
-
-
-def cli(*args: str, timeout_s: float = 180) -> str:
-    done = subprocess.run(
-        [str(BIN / args[0]), *args[1:]],
-        env=RAY_ENV,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        cwd=REPO,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(args)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return done.stdout
-
-
-def serve_status() -> dict[str, Any]:
-    return yaml.safe_load(cli("serve", "status"))
-
-
-def running_replicas(deployment: str, app: str = "edge") -> int:
-    deployments = serve_status()["applications"][app]["deployments"]
-    return deployments[deployment]["replica_states"].get("RUNNING", 0)
-
-
 @dataclass
 class ServeCluster:
+    """The session's own Ray cluster (see edgectl.local_cluster) running the edge app."""
+
+    ray: LocalCluster
     base_url: str
     config_path: Path
     config: dict[str, Any]
 
+    @property
+    def env(self) -> dict[str, str]:
+        """What an operator's shell has: the cluster's address and token settings."""
+        return self.ray.env
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.ray.metrics_port}/metrics"
+
+    def cli(self, *args: str, timeout_s: float = 180) -> str:
+        return self.ray.cli(*args, timeout_s=timeout_s)
+
+    def serve_status(self) -> dict[str, Any]:
+        return yaml.safe_load(self.cli("serve", "status"))
+
+    def running_replicas(self, deployment: str, app: str = "edge") -> int:
+        deployments = self.serve_status()["applications"][app]["deployments"]
+        return deployments[deployment]["replica_states"].get("RUNNING", 0)
+
     def deploy(self, config: dict[str, Any]) -> None:
         self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-        cli("serve", "deploy", str(self.config_path))
+        self.cli("serve", "deploy", str(self.config_path))
         self.config = config
 
 
-def scaled_down(config: dict[str, Any], models_root: Path) -> dict[str, Any]:
+def scaled_down(config: dict[str, Any], models_root: Path, http_port: int) -> dict[str, Any]:
     """The shipped config with one replica per model at most; kimi starts at zero and goes back
     to zero after a few idle seconds; the simulated RTT is reported but not slept."""
+    config["http_options"] = {**config.get("http_options", {}), "host": "127.0.0.1"}
+    config["http_options"]["port"] = http_port
     app = config["applications"][0]
     app["args"]["models_dir"] = str(models_root)
     app["args"]["edge"]["latency"]["real_delay_scale"] = 0
@@ -126,22 +107,20 @@ def scaled_down(config: dict[str, Any], models_root: Path) -> dict[str, Any]:
 def serve_cluster(
     models_root: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServeCluster]:
-    cli("ray", "stop", "--force")  # a cluster left by an earlier run would hold the port
+    """Its own Ray (temp dir, free ports, own process groups), stopped by its own process ids:
+    another Ray on this machine is never touched."""
     TRACES_FILE.unlink(missing_ok=True)
-    cli(
-        "ray",
-        "start",
-        "--head",
-        "--disable-usage-stats",
-        "--num-cpus",
-        "4",
-        "--metrics-export-port",
-        str(METRICS_PORT),
-    )
+    ray = LocalCluster.start(num_cpus=4, env=CLUSTER_ENV)
     try:
-        config = scaled_down(yaml.safe_load((REPO / "serve_config.yaml").read_text()), models_root)
+        http_port = free_port()
+        config = scaled_down(
+            yaml.safe_load((REPO / "serve_config.yaml").read_text()), models_root, http_port
+        )
         cluster = ServeCluster(
-            "http://127.0.0.1:8000", tmp_path_factory.mktemp("serve") / "serve_config.yaml", config
+            ray,
+            f"http://127.0.0.1:{http_port}",
+            tmp_path_factory.mktemp("serve") / "serve_config.yaml",
+            config,
         )
         # The first deploy also starts Serve; on a starved machine its controller may kill a
         # proxy that is slow to pass its health check, failing that deploy: a second one works.
@@ -154,7 +133,7 @@ def serve_cluster(
                     raise
                 time.sleep(5)
         wait_until(
-            lambda: serve_status()["applications"]["edge"]["status"] == "RUNNING",
+            lambda: cluster.serve_status()["applications"]["edge"]["status"] == "RUNNING",
             timeout_s=240,
             what="the edge application to be RUNNING",
             every_s=1,
@@ -166,4 +145,4 @@ def serve_cluster(
         )
         yield cluster
     finally:
-        cli("ray", "stop", "--force")
+        ray.stop()

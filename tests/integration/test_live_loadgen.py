@@ -6,11 +6,11 @@ import json
 import subprocess
 import sys
 
-from conftest import KIMI_TO_ZERO_S, RAY_ENV, USER_KEY, running_replicas, wait_until
+from conftest import KIMI_TO_ZERO_S, USER_KEY, wait_until
 
 
 def test_burst_after_idle_reports_a_cold_start_and_no_errors(serve_cluster, tmp_path):
-    wait_until(lambda: running_replicas("kimi") == 0, 90, "kimi at zero replicas")
+    wait_until(lambda: serve_cluster.running_replicas("kimi") == 0, 90, "kimi at zero replicas")
     out = tmp_path / "report"
     run = subprocess.run(
         [
@@ -30,7 +30,7 @@ def test_burst_after_idle_reports_a_cold_start_and_no_errors(serve_cluster, tmp_
             "--replicas-every-s=1",
             "--no-progress",
         ],
-        env=RAY_ENV,
+        env=serve_cluster.env,
         capture_output=True,
         text=True,
         timeout=300,

@@ -7,7 +7,7 @@ import uuid
 
 import httpx
 import pytest
-from conftest import METRICS_PORT, TRACES_FILE, USER, wait_until
+from conftest import TRACES_FILE, USER, wait_until
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN = "00f067aa0ba902b7"
@@ -48,9 +48,9 @@ def test_router_and_model_spans_share_one_trace_with_genai_attributes(traced_cha
     assert model["attributes"]["gen_ai.response.finish_reasons"]
 
 
-def test_metrics_endpoint_exposes_the_named_metrics(traced_chat):
+def test_metrics_endpoint_exposes_the_named_metrics(traced_chat, serve_cluster):
     def exported() -> list[str] | None:
-        text = httpx.get(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10).text
+        text = httpx.get(serve_cluster.metrics_url, timeout=10).text
         lines = [line for line in text.splitlines() if line.startswith("ray_edge_")]
         glm = [line for line in lines if 'model="glm"' in line]
         return lines if any(line.startswith("ray_edge_requests_total") for line in glm) else None

@@ -12,15 +12,15 @@ import time
 import httpx
 import pytest
 import yaml
-from conftest import KIMI_TO_ZERO_S, LOAD, USER, cli, running_replicas, serve_status, wait_until
+from conftest import KIMI_TO_ZERO_S, LOAD, USER, wait_until
 
 from deployments.keep_warm import KEEP_WARM_POLICY
 
 
-def replica_actors() -> dict[str, set[str]]:
+def replica_actors(serve_cluster) -> dict[str, set[str]]:
     """Alive replica actor ids per deployment, from Ray's state API."""
     listed = yaml.safe_load(
-        cli(
+        serve_cluster.cli(
             "ray", "list", "actors", "--filter", "state=ALIVE", "--format", "yaml", "--limit", "500"
         )
     )
@@ -33,17 +33,17 @@ def replica_actors() -> dict[str, set[str]]:
     return replicas
 
 
-def applied_deployment(name: str) -> dict:
-    applied = yaml.safe_load(cli("serve", "config", "--name", "edge"))
+def applied_deployment(serve_cluster, name: str) -> dict:
+    applied = yaml.safe_load(serve_cluster.cli("serve", "config", "--name", "edge"))
     return next(d for d in applied["deployments"] if d["name"] == name)
 
 
-def app_status() -> dict:
-    return serve_status()["applications"]["edge"]
+def app_status(serve_cluster) -> dict:
+    return serve_cluster.serve_status()["applications"]["edge"]
 
 
 def test_live_autoscaling_change_keeps_replicas_and_requests(serve_cluster):
-    before = replica_actors()
+    before = replica_actors(serve_cluster)
     assert before.get("embedding") and before.get("router")
     changed = copy.deepcopy(serve_cluster.config)
     embedding = next(
@@ -76,8 +76,8 @@ def test_live_autoscaling_change_keeps_replicas_and_requests(serve_cluster):
         serve_cluster.deploy(changed)
         wait_until(
             lambda: (
-                applied_deployment("embedding")["max_ongoing_requests"] == 48
-                and app_status()["status"] == "RUNNING"
+                applied_deployment(serve_cluster, "embedding")["max_ongoing_requests"] == 48
+                and app_status(serve_cluster)["status"] == "RUNNING"
             ),
             timeout_s=120,
             what="the changed config to be applied",
@@ -85,10 +85,10 @@ def test_live_autoscaling_change_keeps_replicas_and_requests(serve_cluster):
     finally:
         stop.set()
         worker.join(timeout=60)
-    applied = applied_deployment("embedding")
+    applied = applied_deployment(serve_cluster, "embedding")
     assert applied["autoscaling_config"]["target_ongoing_requests"] == 16
     assert applied["user_config"]["max_batch_size"] == 16
-    after = replica_actors()
+    after = replica_actors(serve_cluster)
     # No replica restarted, not even the changed one's. (kimi is left out: the test config
     # scales it to zero seconds after its last request, so it may come or go meanwhile.)
     steady = sorted(set(before) - {"kimi"})
@@ -97,7 +97,7 @@ def test_live_autoscaling_change_keeps_replicas_and_requests(serve_cluster):
 
 
 def test_a_keep_warm_window_wakes_a_model_before_traffic_and_holds_it_idle(serve_cluster):
-    wait_until(lambda: running_replicas("kimi") == 0, 90, "kimi at zero replicas")
+    wait_until(lambda: serve_cluster.running_replicas("kimi") == 0, 90, "kimi at zero replicas")
     good = serve_cluster.config
     scheduled = copy.deepcopy(good)
     kimi = next(d for d in scheduled["applications"][0]["deployments"] if d["name"] == "kimi")
@@ -109,7 +109,9 @@ def test_a_keep_warm_window_wakes_a_model_before_traffic_and_holds_it_idle(serve
     try:
         serve_cluster.deploy(scheduled)
         # Generous: applying a config rebuilds the app, slow on a busy machine.
-        wait_until(lambda: running_replicas("kimi") == 1, 180, "kimi up with no request sent")
+        wait_until(
+            lambda: serve_cluster.running_replicas("kimi") == 1, 180, "kimi up with no request sent"
+        )
         chat = {"model": "kimi", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         reply = httpx.post(
             f"{serve_cluster.base_url}/v1/chat/completions", json=chat, headers=USER, timeout=60
@@ -117,10 +119,14 @@ def test_a_keep_warm_window_wakes_a_model_before_traffic_and_holds_it_idle(serve
         assert reply.status_code == 200, reply.text
         assert reply.headers["x-edge-cold-start"] == "0"  # the schedule took the cold start
         time.sleep(KIMI_TO_ZERO_S + 3)  # idle past the delay that takes kimi to zero
-        assert running_replicas("kimi") == 1
+        assert serve_cluster.running_replicas("kimi") == 1
     finally:
         serve_cluster.deploy(good)
-    wait_until(lambda: running_replicas("kimi") == 0, 180, "kimi at zero without the schedule")
+    wait_until(
+        lambda: serve_cluster.running_replicas("kimi") == 0,
+        180,
+        "kimi at zero without the schedule",
+    )
 
 
 def bad_config(good: dict) -> dict:
@@ -148,7 +154,11 @@ def test_invalid_config_is_rejected_naming_the_field(serve_cluster):
     try:
         serve_cluster.deploy(bad)
         status = wait_until(
-            lambda: app_status() if app_status()["status"] == "DEPLOY_FAILED" else None,
+            lambda: (
+                app_status(serve_cluster)
+                if app_status(serve_cluster)["status"] == "DEPLOY_FAILED"
+                else None
+            ),
             timeout_s=120,
             what="the bad config to fail",
         )
@@ -159,4 +169,6 @@ def test_invalid_config_is_rejected_naming_the_field(serve_cluster):
         assert httpx.get(f"{serve_cluster.base_url}/healthz", timeout=10).status_code == 200
     finally:
         serve_cluster.deploy(good)
-        wait_until(lambda: app_status()["status"] == "RUNNING", 120, "the good config again")
+        wait_until(
+            lambda: app_status(serve_cluster)["status"] == "RUNNING", 120, "the good config again"
+        )

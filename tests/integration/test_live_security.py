@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 import yaml
-from conftest import LIMITED_KEY, LIMITED_RPM, LOAD, USER, cli, running_replicas, wait_until
+from conftest import LIMITED_KEY, LIMITED_RPM, LOAD, USER, wait_until
 
 CHAT = {"model": "glm", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
 
@@ -60,9 +60,9 @@ def test_moderation_gate_refuses_offensive_chat_input(http):
     assert streamed.status_code == 400  # refused before the first byte
 
 
-def replica_actor_id(deployment: str) -> str:
+def replica_actor_id(serve_cluster, deployment: str) -> str:
     listed = yaml.safe_load(
-        cli(
+        serve_cluster.cli(
             "ray", "list", "actors", "--filter", "state=ALIVE", "--format", "yaml", "--limit", "500"
         )
     )
@@ -76,12 +76,12 @@ def replica_actor_id(deployment: str) -> str:
 
 
 def test_killing_a_model_replica_mid_load_fails_no_request(serve_cluster):
-    victim = replica_actor_id("embedding")
+    victim = replica_actor_id(serve_cluster, "embedding")
     done = threading.Event()
 
     def kill_when_busy() -> None:
         done.wait(timeout=30)
-        cli("python", "-c", KILL.format(name=victim), timeout_s=60)
+        serve_cluster.cli("python", "-c", KILL.format(name=victim), timeout_s=60)
 
     async def load() -> list[httpx.Response]:
         async with httpx.AsyncClient(
@@ -107,8 +107,17 @@ def test_killing_a_model_replica_mid_load_fails_no_request(serve_cluster):
     killer.join()
     failed = [(r.status_code, r.text[:200]) for r in responses if r.status_code != 200]
     assert failed == []
-    assert replica_actor_id("embedding") != victim  # Serve replaced the killed replica
-    wait_until(lambda: running_replicas("embedding") == 1, 60, "embedding back to one replica")
+    # Serve replaces the killed replica (on a loaded machine, after the load is over).
+    wait_until(
+        lambda: replica_actor_id(serve_cluster, "embedding") != victim,
+        120,
+        "a new embedding replica in place of the killed one",
+    )
+    wait_until(
+        lambda: serve_cluster.running_replicas("embedding") == 1,
+        60,
+        "embedding back to one replica",
+    )
 
 
 KILL = """

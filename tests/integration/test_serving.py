@@ -8,7 +8,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
-from conftest import USER, USER_KEY, running_replicas, wait_until
+from conftest import USER, USER_KEY, wait_until
 
 CHAT_MODELS = ["glm", "kimi"]
 
@@ -24,9 +24,9 @@ def http(serve_cluster) -> httpx.Client:
         yield c
 
 
-def test_a_model_at_zero_replicas_scales_up_for_a_request(http):
+def test_a_model_at_zero_replicas_scales_up_for_a_request(http, serve_cluster):
     # The test config sends kimi back to zero a few seconds after its last request.
-    wait_until(lambda: running_replicas("kimi") == 0, 90, "kimi at zero replicas")
+    wait_until(lambda: serve_cluster.running_replicas("kimi") == 0, 90, "kimi at zero replicas")
     response = http.post(
         "/v1/chat/completions",
         json={
@@ -38,8 +38,9 @@ def test_a_model_at_zero_replicas_scales_up_for_a_request(http):
     assert response.status_code == 200
     assert response.json()["choices"][0]["finish_reason"] in ("stop", "length")
     assert response.headers["x-edge-cold-start"] == "1"
+    # The replica that answered reported its own start phases: a replica really started for
+    # this request. (Counting replicas afterwards would race with the 3 s scale-to-zero.)
     assert float(response.headers["x-edge-cold-start-ms"]) > 0
-    assert running_replicas("kimi") == 1
 
 
 def test_models_lists_every_model_with_task_and_family(client):

@@ -130,13 +130,6 @@ def test_cancelled_requests_do_not_count_as_failures():
     assert order(net)[0] == "AAA"
 
 
-def test_record_result_without_slots():
-    net = network()
-    net.record_result("BBB", False)
-    net.record_result("BBB", False)
-    assert order(net) == ["AAA", "CCC"]
-
-
 def test_injected_error_rate_is_seeded():
     def draws(seed: int) -> list[bool]:
         net = network(seed=seed)

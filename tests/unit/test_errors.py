@@ -28,12 +28,17 @@ EXPECTED_STATUS: dict[type[ServingError], int] = {
     errors.ContentPolicyViolationError: 400,
     errors.AuthenticationError: 401,
     errors.PermissionDeniedError: 403,
+    errors.NotFoundError: 404,
     errors.ModelNotFoundError: 404,
+    errors.RouteNotFoundError: 404,
+    errors.ColoNotFoundError: 404,
+    errors.MethodNotAllowedError: 405,
     errors.PayloadTooLargeError: 413,
     errors.RateLimitedError: 429,
     errors.OverloadedError: 503,
     errors.ModelNotReadyError: 503,
     errors.QueueFullError: 503,
+    errors.RegionNotFoundError: 404,
     errors.RegionFaultError: 503,
     errors.InternalServerError: 500,
 }
@@ -151,6 +156,45 @@ def test_bad_header_error_names_the_header_in_param_and_message():
     assert error.param == "x-client-geo"
     assert "x-client-geo" in error.message and "expected '<lat>,<lon>'" in error.message
     assert error.code == "invalid_header"
+
+
+# The headers each class adds to its response; every other class adds none.
+EXPECTED_HEADER_NAMES: dict[type[ServingError], set[str]] = {
+    errors.RateLimitedError: {"retry-after", "x-ratelimit-remaining-requests"},
+    errors.OverloadedError: {"retry-after"},
+    errors.ModelNotReadyError: {"retry-after"},
+    errors.QueueFullError: {"retry-after"},
+    errors.RegionFaultError: {"retry-after"},
+    errors.MethodNotAllowedError: {"allow"},
+}
+
+
+@pytest.mark.parametrize("cls", ALL, ids=IDS)
+def test_each_error_carries_its_own_response_headers(cls: type[ServingError]):
+    error = make(cls)
+    if isinstance(error, errors.RateLimitedError):
+        error.headers = {"x-ratelimit-remaining-requests": "0"}
+    if isinstance(error, errors.MethodNotAllowedError):
+        error.allow = "POST"
+    headers = error.response_headers()
+    assert set(headers) == EXPECTED_HEADER_NAMES.get(cls, set())
+    if "retry-after" in headers:
+        assert headers["retry-after"] == "8"  # 7.5 s, rounded up to whole seconds
+    # ... and they survive the trip from a replica.
+    assert pickle.loads(pickle.dumps(error)).response_headers() == headers
+
+
+def test_a_subsecond_retry_hint_is_one_second():
+    assert OverloadedError("busy", retry_after_s=0.2).response_headers() == {"retry-after": "1"}
+
+
+def test_not_found_errors_share_a_base_and_differ_by_code():
+    for cls, code in (
+        (errors.ModelNotFoundError, "model_not_found"),
+        (errors.RouteNotFoundError, "route_not_found"),
+        (errors.ColoNotFoundError, "colo_not_found"),
+    ):
+        assert issubclass(cls, errors.NotFoundError) and cls("x").code == code
 
 
 def test_overloaded_defaults_to_a_retry_hint():

@@ -1,4 +1,5 @@
-"""The router's HTTP plumbing on a tiny FastAPI app (no Ray): body limit and OpenAI error bodies."""
+"""The router's HTTP plumbing on a tiny FastAPI app (no Ray): body limit and OpenAI error bodies.
+The Workers-AI envelope on the real routes is tested in test_router_api."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import pytest
 from fastapi import Body, FastAPI, Request
 from fastapi.testclient import TestClient
 
+from deployments.api.body_limit import BodyLimitMiddleware
+from deployments.api.errors import ErrorShapes, install_error_handler
 from deployments.errors import (
     InternalServerError,
     ModelNotFoundError,
@@ -17,8 +20,8 @@ from deployments.errors import (
     OverloadedError,
     ServingError,
 )
-from deployments.http import BodyLimitMiddleware, as_serving_error, install_error_handlers
 from deployments.protocol import EmbeddingRequest
+from deployments.serving.calls import as_serving_error
 
 LIMIT = 2048
 SECRET = "do-not-leak-4f1c"  # what a bug's exception says; a client must never see it
@@ -26,8 +29,9 @@ SECRET = "do-not-leak-4f1c"  # what a bug's exception says; a client must never 
 
 def build_app(reached: list[str]) -> FastAPI:
     app = FastAPI()
-    install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, limit=lambda: LIMIT)
+    shapes = ErrorShapes({})
+    install_error_handler(app, shapes)
+    app.add_middleware(BodyLimitMiddleware, limit=LIMIT, shapes=shapes)
 
     @app.post("/echo")
     async def echo(body: Annotated[dict[str, Any], Body()]) -> dict[str, int]:
@@ -151,23 +155,6 @@ def test_one_byte_over_the_limit_is_refused_either_way(client: TestClient):
     assert client.post("/raw", content=chunks(body)).status_code == 413
 
 
-def test_the_limit_is_read_per_request():
-    # The router sets the limit from its config after the app (and middleware) exist.
-    state = {"limit": 10_000}
-    app = FastAPI()
-    install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, limit=lambda: state["limit"])
-
-    @app.post("/raw")
-    async def raw(request: Request) -> dict[str, int]:
-        return {"bytes": len(await request.body())}
-
-    with TestClient(app, raise_server_exceptions=False) as test_client:
-        assert test_client.post("/raw", content=b"x" * 5000).status_code == 200
-        state["limit"] = 4096
-        assert test_client.post("/raw", content=b"x" * 5000).status_code == 413
-
-
 # ---- errors as OpenAI bodies -------------------------------------------------------------------
 
 
@@ -209,7 +196,9 @@ def test_an_unknown_route_is_404_in_openai_shape(client: TestClient):
 
 def test_a_wrong_method_is_405_in_openai_shape(client: TestClient):
     response = client.get("/echo")
-    assert_openai_error(response, 405, "invalid_request_error")
+    error = assert_openai_error(response, 405, "invalid_request_error")
+    assert error["code"] == "method_not_allowed" and "GET" in error["message"]
+    assert response.headers["allow"] == "POST"
 
 
 @pytest.mark.parametrize("path", ["/echo", "/v1/embeddings"])

@@ -28,8 +28,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode, format_span_id, format_trace_id
 from pydantic import ValidationError
 
+from deployments.api.errors import ErrorShapes, install_error_handler
 from deployments.errors import ContextLengthExceededError, InternalServerError, ModelNotFoundError
-from deployments.http import install_error_handlers
 from deployments.observability import attributes as attrs
 from deployments.observability import config as config_module
 from deployments.observability.access_log import (
@@ -734,8 +734,8 @@ def test_the_access_log_file_takes_lines_from_many_writers(tmp_path: Path):
 
 def build_app(router: RouterObservability | None) -> FastAPI:
     app = FastAPI()
-    install_error_handlers(app)
-    app.add_middleware(TelemetryMiddleware, observability=lambda: router)
+    install_error_handler(app, ErrorShapes({}))
+    app.add_middleware(TelemetryMiddleware, observability=router)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

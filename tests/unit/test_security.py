@@ -17,8 +17,8 @@ from deployments.errors import (
     AuthenticationError,
     InvalidRequestError,
     InvalidUTF8Error,
-    ModelNotFoundError,
     PermissionDeniedError,
+    RouteNotFoundError,
 )
 from deployments.protocol import ChatCompletionRequest
 from deployments.runtime.llm import GenerationChunk
@@ -128,9 +128,8 @@ def test_admin_and_user_keys_are_separate():
 
 def test_without_an_admin_key_the_admin_api_does_not_exist():
     store = store_from({"EDGE_API_KEYS": ALICE})
-    assert not store.admin_enabled
     for header in (None, f"Bearer {ALICE}", f"Bearer {ADMIN}"):
-        with pytest.raises(ModelNotFoundError) as missing:
+        with pytest.raises(RouteNotFoundError) as missing:
             store.authorize_admin(header, path="/admin/colos")
         assert missing.value.status == 404
         assert missing.value.code == "route_not_found"

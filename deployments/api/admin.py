@@ -1,0 +1,43 @@
+"""The admin API (fault drills): list colos and regions, set and clear their faults. It needs the
+admin key, and does not exist (404) when none is configured."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request, Response
+
+from deployments.api.responses import json_response
+from deployments.serving.services import RouterServices
+from edge_sim.faults import ColoFault
+
+
+def admin_routes(services: RouterServices) -> APIRouter:
+    def admin_only(request: Request) -> None:
+        services.keys.authorize_admin(request.headers.get("authorization"), request.url.path)
+
+    routes = APIRouter(prefix="/admin", include_in_schema=False, dependencies=[Depends(admin_only)])
+
+    @routes.get("/colos")
+    async def colos() -> Response:
+        return json_response(await services.drills.colos())
+
+    @routes.post("/colos/{colo_id}/faults")
+    async def set_fault(colo_id: str, fault: ColoFault) -> Response:
+        return json_response(await services.drills.set_fault(colo_id, fault))
+
+    @routes.delete("/colos/{colo_id}/faults")
+    async def clear_faults(colo_id: str) -> Response:
+        return json_response(await services.drills.clear_faults(colo_id))
+
+    @routes.get("/regions")
+    async def regions() -> Response:
+        return json_response(await services.drills.region_states())
+
+    @routes.post("/regions/{region}/faults")
+    async def set_region_fault(region: str, fault: ColoFault) -> Response:
+        return json_response(await services.drills.set_region_fault(region, fault))
+
+    @routes.delete("/regions/{region}/faults")
+    async def clear_region_faults(region: str) -> Response:
+        return json_response(await services.drills.clear_region_faults(region))
+
+    return routes

@@ -1,0 +1,34 @@
+"""`make_app`: the router's FastAPI app, built once from the config and the services it serves."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from deployments.api import workers_ai
+from deployments.api.admin import admin_routes
+from deployments.api.body_limit import BodyLimitMiddleware
+from deployments.api.errors import ErrorShapes, install_error_handler
+from deployments.api.health import health_routes
+from deployments.api.openai import openai_routes
+from deployments.config import AppConfig
+from deployments.observability import TelemetryMiddleware
+from deployments.serving.services import RouterServices
+
+
+def make_app(config: AppConfig, services: RouterServices) -> FastAPI:
+    app = FastAPI(
+        title="ray-edge-ai",
+        description="OpenAI-compatible and Workers-AI-style inference at the (simulated) edge",
+        version="0.1.0",
+    )
+    shapes = ErrorShapes({workers_ai.PREFIX: workers_ai.error_body})
+    install_error_handler(app, shapes)
+    app.include_router(health_routes(services))
+    app.include_router(openai_routes(services))
+    app.include_router(workers_ai.workers_ai_routes(services))
+    app.include_router(admin_routes(services))
+    app.add_middleware(BodyLimitMiddleware, limit=config.router.max_body_bytes, shapes=shapes)
+    # Outermost, so a 413 is measured too. Ray Serve's proxy already echoes the client's
+    # x-request-id (or makes one) on every response.
+    app.add_middleware(TelemetryMiddleware, observability=services.observability)
+    return app

@@ -1,0 +1,40 @@
+"""Who calls and from where: the API key checked (401 before the body is validated), and the
+request's plain `RequestContext` plus its telemetry, which is all a service gets of it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from deployments.cache import wants_bypass
+from deployments.observability import RequestTelemetry, request_telemetry
+from deployments.security import KeyStore
+from deployments.serving.context import RequestContext
+
+
+@dataclass(frozen=True)
+class Caller:
+    context: RequestContext
+    telemetry: RequestTelemetry
+
+
+def caller_of(keys: KeyStore) -> Callable[[Request], Caller]:
+    """The FastAPI dependency of a model route."""
+
+    def authenticated(request: Request) -> Caller:
+        principal = keys.authenticate(request.headers.get("authorization"))
+        telemetry = request_telemetry(request)
+        telemetry.authenticated(principal.key_id)
+        context = RequestContext(
+            principal=principal,
+            request_id=request.headers.get("x-request-id") or telemetry.request_id,
+            traceparent=telemetry.traceparent,
+            client_ip=request.client.host if request.client else None,
+            location_headers=RequestContext.location_of(request.headers),
+            cache_bypass=wants_bypass(request.headers),
+        )
+        return Caller(context, telemetry)
+
+    return authenticated

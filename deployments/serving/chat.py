@@ -1,0 +1,200 @@
+"""Chat for both APIs: admission, the moderation gate, the cache (deterministic requests), the
+edge and the model's handle, and the settlement of the key's tokens however the request ends."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from deployments.edge import EdgeTrace
+from deployments.observability import RequestTelemetry
+from deployments.protocol import (
+    ChatCompletion,
+    ChatCompletionMessage,
+    ChatCompletionRequest,
+    Choice,
+    Usage,
+    chat_completion_id,
+    chat_messages_as_dicts,
+    created_timestamp,
+)
+from deployments.runtime.llm import Completion, GenerationChunk
+from deployments.runtime.sampling import SamplingParams
+from deployments.security import ModerationGate, metered_stream
+from deployments.servers.base import Reply
+from deployments.serving.answer import Answer
+from deployments.serving.base import ModelService
+from deployments.serving.context import RequestContext
+from deployments.serving.models import ServedModel
+
+# An opened stream: its first reply (proof the colo answered) and the generator of the rest.
+OpenedStream = tuple[Reply[GenerationChunk], Any]
+
+
+def is_deterministic(chat: ChatCompletionRequest) -> bool:
+    """Only an answer the same request would get again may be cached."""
+    return not chat.stream and (chat.temperature == 0 or chat.seed is not None)
+
+
+def chat_completion(model: str, done: Completion) -> ChatCompletion:
+    return ChatCompletion(
+        id=chat_completion_id(),
+        created=created_timestamp(),
+        model=model,
+        choices=[
+            Choice(
+                index=0,
+                message=ChatCompletionMessage(content=done.text),
+                finish_reason=done.finish_reason,
+            )
+        ],
+        usage=Usage.from_counts(done.prompt_tokens, done.completion_tokens),
+    )
+
+
+@dataclass(frozen=True)
+class ChatService(ModelService):
+    gate: ModerationGate
+
+    def _begin(self, chat: ChatCompletionRequest, telemetry: RequestTelemetry) -> ServedModel:
+        telemetry.request(
+            task="chat",
+            model=chat.model,
+            stream=chat.stream,
+            max_tokens=chat.effective_max_tokens,
+            temperature=chat.temperature,
+            top_p=chat.top_p,
+            seed=chat.seed,
+            prompt=chat_messages_as_dicts(chat),
+        )
+        return self.catalogue.get(chat.model, "chat")
+
+    async def complete(
+        self,
+        chat: ChatCompletionRequest,
+        ctx: RequestContext,
+        telemetry: RequestTelemetry,
+        *,
+        use_cache: bool = True,
+    ) -> Answer[ChatCompletion]:
+        """A whole answer; a deterministic one is cached when `use_cache`."""
+        model = self._begin(chat, telemetry)
+        messages, params, quota = self.admission.admit_chat(chat, ctx.principal)
+        used_tokens = 0
+        try:
+
+            async def generate() -> tuple[ChatCompletion, EdgeTrace]:
+                return await self._generate(model, messages, params, ctx, telemetry)
+
+            if use_cache and is_deterministic(chat):
+                completion, trace = await self.cached.get_or_make(
+                    "chat", model.name, chat, ctx, telemetry, generate
+                )
+            else:
+                completion, trace = await generate()
+            usage = completion.usage
+            used_tokens = usage.total_tokens
+            telemetry.usage(
+                input_tokens=usage.prompt_tokens,
+                output_tokens=usage.completion_tokens,
+                finish_reason=completion.choices[0].finish_reason,
+            )
+        finally:
+            quota.settle(used_tokens)
+        return Answer.of(completion, trace, quota)
+
+    async def _generate(
+        self,
+        model: ServedModel,
+        messages: list[dict[str, Any]],
+        params: SamplingParams,
+        ctx: RequestContext,
+        telemetry: RequestTelemetry,
+    ) -> tuple[ChatCompletion, EdgeTrace]:
+        gated = self.gate.applies_to(model.name)
+        if gated:
+            await self.gate.check_input(messages)
+        reply, trace = await self.edge.call(
+            model.name,
+            ctx,
+            telemetry,
+            lambda handle: handle.complete.remote(messages, params, ctx.traceparent),
+        )
+        done: Completion = reply.value
+        if gated:
+            text, finish = await self.gate.filter_output(done.text, done.finish_reason)
+            done = dataclasses.replace(done, text=text, finish_reason=finish)
+        return chat_completion(model.name, done), trace
+
+    async def stream(
+        self, chat: ChatCompletionRequest, ctx: RequestContext, telemetry: RequestTelemetry
+    ) -> Answer[AsyncIterator[GenerationChunk]]:
+        """The generation's chunks once its first one came: until then the edge may fail over
+        and an error has a real status; after it, the route turns errors into an error event.
+        The key's tokens are settled when the stream ends, fails or is abandoned."""
+        model = self._begin(chat, telemetry)
+        messages, params, quota = self.admission.admit_chat(chat, ctx.principal)
+        gated = self.gate.applies_to(model.name)
+        try:
+            if gated:
+                await self.gate.check_input(messages)
+            (first, stream), trace = await self.edge.call(
+                model.name,
+                ctx,
+                telemetry,
+                lambda handle: self._open_stream(handle, messages, params, ctx.traceparent),
+                reply_of=lambda opened: opened[0],
+            )
+        except BaseException:
+            quota.settle(0)
+            raise
+        chunks = _rest(first, stream)
+        if gated:
+            chunks = self.gate.guard_stream(chunks)
+        return Answer.of(metered_stream(_observed(chunks, telemetry), quota), trace, quota)
+
+    @staticmethod
+    async def _open_stream(
+        handle: Any,
+        messages: list[dict[str, Any]],
+        params: SamplingParams,
+        traceparent: str | None,
+    ) -> OpenedStream:
+        stream = handle.options(stream=True).stream.remote(messages, params, traceparent)
+        try:
+            return await stream.__anext__(), stream
+        except BaseException:
+            stream.cancel()
+            raise
+
+
+async def _rest(first: Reply[GenerationChunk], stream: Any) -> AsyncIterator[GenerationChunk]:
+    chunk = first.value
+    try:
+        while True:
+            yield chunk
+            if chunk.finish_reason is not None:
+                return
+            chunk = (await stream.__anext__()).value
+    finally:
+        stream.cancel()  # the client left or the stream ended: free the model's slot
+
+
+async def _observed(
+    chunks: AsyncIterator[GenerationChunk], telemetry: RequestTelemetry
+) -> AsyncIterator[GenerationChunk]:
+    """Pass a stream through, telling the request's telemetry its usage or its failure."""
+    try:
+        async for chunk in chunks:
+            if chunk.finish_reason is not None:
+                telemetry.usage(
+                    input_tokens=chunk.prompt_tokens,
+                    output_tokens=chunk.completion_tokens,
+                    finish_reason=chunk.finish_reason,
+                )
+            yield chunk
+    except Exception as exc:
+        telemetry.failed(exc)
+        raise

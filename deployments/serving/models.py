@@ -1,0 +1,92 @@
+"""The served models, looked up by name and task (their handles, one per region, are the
+edge's: deployments.edge.RegionPools)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from deployments.errors import ModelNotFoundError, WrongTaskError
+from deployments.protocol import ModelCard, ModelList
+from deployments.protocol.models import Task
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    name: str
+    task: Task
+    family: str
+
+
+@dataclass(frozen=True)
+class DeploymentState:
+    """A model deployment as Ray Serve reports it, for /readyz."""
+
+    status: str
+    running_replicas: int
+
+
+# Ray Serve's view of the model deployments, by name (the ingress asks `serve.status()`).
+DeploymentStates = Callable[[], Awaitable[Mapping[str, DeploymentState]]]
+
+
+class ModelCatalogue:
+    def __init__(
+        self,
+        models: Mapping[str, ServedModel],
+        created: int,
+        deployments: Mapping[str, Mapping[str, str]] | None = None,
+    ):
+        """`deployments`: model -> region -> Serve deployment name (default: the model's own)."""
+        self.models = dict(models)
+        self.created = created
+        self.deployments = {
+            name: dict((deployments or {}).get(name) or {"default": name}) for name in self.models
+        }
+
+    def get(self, name: str, task: Task | None = None) -> ServedModel:
+        """The model `name`; 404 if unknown, 400 if `task` is given and it serves another."""
+        model = self.models.get(name)
+        if model is None:
+            raise ModelNotFoundError(
+                f"the model {name!r} does not exist; GET /v1/models lists them", param="model"
+            )
+        if task is not None and model.task != task:
+            raise WrongTaskError(
+                f"{name!r} serves the {model.task} task; this endpoint needs a {task} model",
+                param="model",
+            )
+        return model
+
+    def cards(self) -> ModelList:
+        return ModelList(
+            data=[
+                ModelCard(id=m.name, created=self.created, task=m.task, family=m.family)
+                for m in self.models.values()
+            ]
+        )
+
+    def readiness(
+        self,
+        states: Mapping[str, DeploymentState],
+        last_cold_start: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        """/readyz: each model's replicas per region and last cold start; `ready` lists the
+        models with a running replica in some region."""
+        models = {}
+        for name, by_region in self.deployments.items():
+            regions = {
+                region: {
+                    "status": states[deployment].status,
+                    "running_replicas": states[deployment].running_replicas,
+                }
+                for region, deployment in by_region.items()
+            }
+            models[name] = {
+                "running_replicas": sum(r["running_replicas"] for r in regions.values()),
+                "regions": regions,
+                "last_cold_start": last_cold_start.get(name),
+            }
+        ready = [name for name, model in models.items() if model["running_replicas"] > 0]
+        return {"ready": ready, "models": models}

@@ -1,0 +1,109 @@
+"""All of the router's services, built once from the validated config and the model handles."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from deployments.cache import ResponseCache
+from deployments.config import AppConfig
+from deployments.edge import EdgeDispatcher, RegionPools
+from deployments.observability import RouterObservability
+from deployments.security import KeyStore, ModerationGate, RateLimiter
+from deployments.serving.admission import Admission
+from deployments.serving.caching import CachedAnswers
+from deployments.serving.calls import resolve
+from deployments.serving.chat import ChatService
+from deployments.serving.drills import FaultDrills
+from deployments.serving.edge_calls import EdgeCalls
+from deployments.serving.models import (
+    DeploymentState,
+    DeploymentStates,
+    ModelCatalogue,
+    ServedModel,
+)
+from deployments.serving.texts import EmbeddingService, ModerationService
+from edge_sim.network import EdgeNetwork
+
+
+@dataclass(frozen=True)
+class RouterServices:
+    keys: KeyStore
+    catalogue: ModelCatalogue
+    chat: ChatService
+    embeddings: EmbeddingService
+    moderations: ModerationService
+    drills: FaultDrills
+    pools: RegionPools
+    deployment_states: DeploymentStates
+    observability: RouterObservability | None = None
+
+    async def readiness(self) -> dict[str, Any]:
+        states = await self.deployment_states()
+        return self.catalogue.readiness(states, self.pools.last_cold_start)
+
+
+async def _no_deployments() -> Mapping[str, DeploymentState]:
+    return {}
+
+
+def build_services(
+    config: AppConfig,
+    handles: Mapping[str, Mapping[str, Any]],
+    *,
+    keys: KeyStore,
+    control: Any | None = None,
+    observability: RouterObservability | None = None,
+    deployment_states: DeploymentStates = _no_deployments,
+    rate_limit_share: float = 1.0,
+) -> RouterServices:
+    """`handles`: model -> region -> the handle of that model's deployment in that region.
+    `control`: the edge-control deployment, where routers share region state and drills.
+    `rate_limit_share`: this replica's part of each key's budget (1/N with N router replicas)."""
+    router, edge_config = config.router, config.edge
+    deployments: dict[str, dict[str, str]] = {}
+    for deployment, (model, region) in config.model_deployments().items():
+        deployments.setdefault(model, {})[region] = deployment
+    catalogue = ModelCatalogue(
+        {name: ServedModel(name, m.task, m.family) for name, m in config.models.items()},
+        created=int(time.time()),
+        deployments=deployments,
+    )
+    network = EdgeNetwork(edge_config)
+    pools = RegionPools(
+        handles, edge_config.region_policy, router.default_cold_start_ms, control=control
+    )
+    dispatcher: EdgeDispatcher[Any] = EdgeDispatcher(
+        network,
+        edge_config.region_map(),
+        pools,
+        router.failover_attempts,
+        edge_config.routing.max_extra_rtt_ms,
+    )
+    edge = EdgeCalls(dispatcher, router.request_timeout_s)
+    cached = CachedAnswers(ResponseCache(router.cache), edge)
+    security = config.security
+    admission = Admission(RateLimiter(share=rate_limit_share), security.request_limits)
+    gate_config = security.moderation_gate
+
+    async def flags(texts: list[str]) -> list[bool]:
+        """The gate's classifier: the moderation deployment, called directly (not via a colo),
+        in a region where it is warm if there is one."""
+        handle = pools.serving_handle(gate_config.moderation_model)
+        reply = await resolve(handle.classify.remote(texts))
+        return [result.flagged for result in reply.value]
+
+    path = (catalogue, admission, cached, edge)  # what every service's request path goes through
+    return RouterServices(
+        keys=keys,
+        catalogue=catalogue,
+        chat=ChatService(*path, gate=ModerationGate(gate_config, flags)),
+        embeddings=EmbeddingService(*path),
+        moderations=ModerationService(*path),
+        drills=FaultDrills(network, control, edge_config.region_names),
+        pools=pools,
+        deployment_states=deployment_states,
+        observability=observability,
+    )

@@ -1,0 +1,281 @@
+"""A Ray cluster on this machine that we start and alone stop: its own temp dir, free ports, and
+each node's processes in a process group of their own, so stopping it (or killing one node, a
+real node failure) never touches another Ray on the same machine. Used by the integration tests
+and the benchmarks; driven with the same CLI the README gives operators (`ray start`, `serve`)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+BIN = Path(sys.executable).parent
+START_TIMEOUT_S = 120
+STOP_GRACE_S = 10
+
+
+def free_port() -> int:
+    """A port nobody listens on right now (the kernel's choice)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_until(check: Callable[[], Any], timeout_s: float, what: str, every_s: float = 0.5) -> Any:
+    """Poll until `check()` returns something truthy; fail with `what` at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            result = check()
+            if result:
+                return result
+        except Exception as exc:  # noqa: BLE001 - keep polling; reported at the deadline
+            last_error = exc
+        time.sleep(every_s)
+    raise TimeoutError(
+        f"timed out after {timeout_s}s waiting for {what} (last error: {last_error})"
+    )
+
+
+@dataclass
+class RayNode:
+    """One `ray start --block` process: the leader of its node's process group."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    resources: Mapping[str, float]
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def signal_group(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signum)
+
+
+@dataclass
+class LocalCluster:
+    """Start with `LocalCluster.start(...)`; always `stop()` (or use `running(...)`)."""
+
+    root: Path
+    gcs_port: int
+    dashboard_port: int
+    metrics_port: int
+    env: dict[str, str]
+    token_path: Path
+    nodes: list[RayNode] = field(default_factory=list)
+
+    @property
+    def gcs_address(self) -> str:
+        return f"127.0.0.1:{self.gcs_port}"
+
+    @property
+    def dashboard_url(self) -> str:
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    def dashboard_get(self, path: str) -> Any:
+        """GET the dashboard's REST API (token auth on, as on an operator's cluster)."""
+        reply = httpx.get(
+            f"{self.dashboard_url}{path}",
+            headers={"authorization": f"Bearer {self.token_path.read_text().strip()}"},
+            timeout=10,
+        )
+        reply.raise_for_status()
+        return reply.json()
+
+    @classmethod
+    def start(
+        cls,
+        *,
+        num_cpus: float = 4,
+        resources: Mapping[str, float] | None = None,
+        env: Mapping[str, str] | None = None,
+        root: Path | None = None,
+    ) -> LocalCluster:
+        """A head node with the dashboard (Serve's REST API) and a Prometheus metrics port."""
+        root = root or Path(tempfile.mkdtemp(prefix="edge-ray-"))
+        gcs_port, dashboard_port, metrics_port = free_port(), free_port(), free_port()
+        # A token of our own (never ~/.ray's): the cluster is as locked as an operator's.
+        token_path = root / "auth_token"
+        token_path.write_text(secrets.token_hex(32))
+        token_path.chmod(0o600)
+        cluster_env = {
+            **os.environ,
+            **(env or {}),
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(token_path),
+            "RAY_ADDRESS": f"127.0.0.1:{gcs_port}",
+            "RAY_DASHBOARD_ADDRESS": f"http://127.0.0.1:{dashboard_port}",
+        }
+        cluster = cls(root, gcs_port, dashboard_port, metrics_port, cluster_env, token_path)
+        try:
+            cluster._start_node(
+                "head",
+                num_cpus,
+                resources or {},
+                [
+                    "--head",
+                    "--port",
+                    str(gcs_port),
+                    "--dashboard-host",
+                    "127.0.0.1",
+                    "--dashboard-port",
+                    str(dashboard_port),
+                    "--metrics-export-port",
+                    str(metrics_port),
+                    "--ray-client-server-port",
+                    str(free_port()),
+                    "--temp-dir",
+                    str(root / "ray"),
+                ],
+            )
+            head = cluster.nodes[0]
+            wait_until(
+                lambda: not head.alive or cluster._dashboard_answers(),
+                START_TIMEOUT_S,
+                "the Ray dashboard to answer",
+            )
+            if not head.alive:
+                raise RuntimeError(f"ray start exited:\n{_tail(head.log_path)}")
+        except BaseException:
+            cluster.stop()
+            raise
+        return cluster
+
+    def add_node(self, name: str, *, num_cpus: float, resources: Mapping[str, float]) -> RayNode:
+        """A worker node joining the head: its own raylet, its own process group."""
+        node = self._start_node(name, num_cpus, resources, ["--address", self.gcs_address])
+        wait_until(
+            lambda: self._node_registered(node.resources),
+            START_TIMEOUT_S,
+            f"node {name} to join the cluster",
+        )
+        return node
+
+    def kill_node(self, node: RayNode) -> None:
+        """A real node failure: every process of that node dies at once, no goodbye."""
+        node.signal_group(signal.SIGKILL)
+        node.process.wait(timeout=STOP_GRACE_S)
+
+    def restart_node(self, node: RayNode, *, num_cpus: float) -> RayNode:
+        self.nodes.remove(node)
+        return self.add_node(node.name, num_cpus=num_cpus, resources=node.resources)
+
+    def stop(self) -> None:
+        """SIGTERM each node's group (worker nodes first), then SIGKILL what is left."""
+        for node in reversed(self.nodes):
+            node.signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for node in reversed(self.nodes):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                node.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            # Workers the raylet forked may outlive it for a moment: nothing of ours stays.
+            node.signal_group(signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                node.process.wait(timeout=5)
+        self.nodes.clear()
+
+    def cli(self, *args: str, timeout_s: float = 180, check: bool = True) -> str:
+        """`ray ...` / `serve ...` against this cluster, as an operator types them."""
+        done = subprocess.run(
+            [str(BIN / args[0]), *args[1:]],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+        if check and done.returncode != 0:
+            raise RuntimeError(
+                f"{' '.join(args)} failed ({done.returncode}):\n{done.stderr[-3000:]}"
+            )
+        return done.stdout
+
+    def serve_applications(self) -> dict[str, Any]:
+        """Serve's state from the dashboard's REST API: what `serve status` prints."""
+        return dict(self.dashboard_get("/api/serve/applications/"))
+
+    def _start_node(
+        self, name: str, num_cpus: float, resources: Mapping[str, float], extra: list[str]
+    ) -> RayNode:
+        log_path = self.root / f"{name}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        command = [
+            str(BIN / "ray"),
+            "start",
+            "--block",
+            "--disable-usage-stats",
+            "--num-cpus",
+            str(num_cpus),
+            "--resources",
+            json.dumps(dict(resources)),
+            "--node-manager-port",
+            str(free_port()),
+            "--object-manager-port",
+            str(free_port()),
+            "--dashboard-agent-listen-port",
+            str(free_port()),
+            "--dashboard-agent-grpc-port",
+            str(free_port()),
+            "--runtime-env-agent-port",
+            str(free_port()),
+            # 0: workers bind random free ports, never a range another cluster may hold.
+            "--min-worker-port",
+            "0",
+            "--max-worker-port",
+            "0",
+            *extra,
+        ]
+        with log_path.open("ab") as log:
+            process = subprocess.Popen(
+                command,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # its own process group: ours alone to signal
+            )
+        node = RayNode(name, process, log_path, dict(resources))
+        self.nodes.append(node)
+        return node
+
+    def _dashboard_answers(self) -> bool:
+        return bool(self.dashboard_get("/api/version"))
+
+    def _node_registered(self, resources: Mapping[str, float]) -> bool:
+        summary = self.dashboard_get("/nodes?view=summary")["data"]["summary"]
+        for node in summary:
+            if node.get("raylet", {}).get("state") != "ALIVE":
+                continue
+            total = node.get("raylet", {}).get("resourcesTotal", {})
+            if all(total.get(key) == value for key, value in resources.items()):
+                return True
+        return False
+
+
+def _tail(path: Path, chars: int = 3000) -> str:
+    return path.read_text(errors="replace")[-chars:] if path.exists() else ""
+
+
+@contextlib.contextmanager
+def running(**start_args: Any) -> Iterator[LocalCluster]:
+    cluster = LocalCluster.start(**start_args)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -1,0 +1,180 @@
+"""Fake model handles and a router built on them (no Ray): what the router's unit tests drive."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from deployments.config import AppConfig, parse_app_config
+from deployments.runtime.embedding import EmbeddingResult
+from deployments.runtime.llm import Completion, GenerationChunk
+from deployments.runtime.moderation import ModerationResult
+from deployments.security import KeyStore
+from deployments.servers.base import Reply
+from deployments.servers.batched import check_dimensions
+from deployments.serving.services import RouterServices, build_services
+
+SERVE_CONFIG = Path(__file__).resolve().parents[2] / "serve_config.yaml"
+DIMENSION = 4
+BAD_WORD = "darn"  # what the fake moderation model flags
+
+
+def reply(value: Any) -> Reply[Any]:
+    return Reply(value, replica_ready_at=0.0, replica_load_s=0.0)
+
+
+class Method:
+    """`handle.method.remote(...)`: records the call, returns an awaitable of the reply."""
+
+    def __init__(self, run: Callable[..., Any]):
+        self.run = run
+        self.calls: list[tuple[Any, ...]] = []
+
+    def remote(self, *args: Any) -> Any:
+        self.calls.append(args)
+        return self.run(*args)
+
+
+class FakeStream:
+    """A DeploymentResponseGenerator of Replies; raises `error` after `fail_after` chunks."""
+
+    def __init__(self, chunks: list[GenerationChunk], fail_after: int | None, error: Exception):
+        self._chunks = list(chunks)
+        self._fail_after = fail_after
+        self._error = error
+        self._sent = 0
+        self.cancelled = False
+
+    def __aiter__(self) -> FakeStream:
+        return self
+
+    async def __anext__(self) -> Reply[GenerationChunk]:
+        if self._fail_after is not None and self._sent >= self._fail_after:
+            raise self._error
+        if self._sent >= len(self._chunks):
+            raise StopAsyncIteration
+        self._sent += 1
+        return reply(self._chunks[self._sent - 1])
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FakeChatHandle:
+    """Answers `text` in pieces; `fail` (an exception) fails every call before its first byte,
+    `stream_fails_after` fails a stream after that many chunks."""
+
+    def __init__(
+        self,
+        text: str = "hello from the fake model",
+        fail: Exception | None = None,
+        stream_fails_after: int | None = None,
+        stream_error: Exception | None = None,
+    ):
+        self.text = text
+        self.fail = fail
+        self.stream_fails_after = stream_fails_after
+        self.stream_error = stream_error or RuntimeError("the replica crashed mid-stream")
+        self.complete = Method(self._complete)
+        self.stream = Method(self._stream)
+        self.streams: list[FakeStream] = []
+
+    def options(self, **_: Any) -> FakeChatHandle:
+        return self
+
+    async def _complete(self, messages: Any, params: Any, traceparent: Any) -> Reply[Completion]:
+        if self.fail is not None:
+            raise self.fail
+        return reply(Completion(self.text, "stop", prompt_tokens=7, completion_tokens=5))
+
+    def _stream(self, messages: Any, params: Any, traceparent: Any) -> FakeStream:
+        if self.fail is not None:
+            stream = FakeStream([], 0, self.fail)
+        else:
+            words = self.text.split(" ")
+            chunks = [
+                GenerationChunk(
+                    word + ("" if last else " "),
+                    "stop" if last else None,
+                    prompt_tokens=7,
+                    completion_tokens=index + 1,
+                )
+                for index, word in enumerate(words)
+                for last in [index == len(words) - 1]
+            ]
+            stream = FakeStream(chunks, self.stream_fails_after, self.stream_error)
+        self.streams.append(stream)
+        return stream
+
+
+class FakeEmbeddingHandle:
+    def __init__(self, fail: Exception | None = None):
+        self.fail = fail
+        self.embed = Method(self._embed)
+
+    async def _embed(
+        self, texts: list[str], traceparent: Any = None, dimensions: int | None = None
+    ) -> Reply[EmbeddingResult]:
+        check_dimensions(dimensions, DIMENSION, "embedding")  # as the replica does
+        if self.fail is not None:
+            raise self.fail
+        vectors = np.tile(np.arange(DIMENSION, dtype=np.float32) / 10, (len(texts), 1))
+        return reply(EmbeddingResult(vectors, [len(text.split()) + 2 for text in texts]))
+
+
+class FakeModerationHandle:
+    def __init__(self) -> None:
+        self.classify = Method(self._classify)
+
+    async def _classify(
+        self, texts: list[str], traceparent: Any = None
+    ) -> Reply[list[ModerationResult]]:
+        results = []
+        for text in texts:
+            bad = BAD_WORD in text
+            results.append(
+                ModerationResult(
+                    flagged=bad,
+                    categories={"profanity": bad, "harassment": False},
+                    category_scores={"profanity": 0.9 if bad else 0.1, "harassment": 0.0},
+                )
+            )
+        return reply(results)
+
+
+def app_config(**router: Any) -> AppConfig:
+    """serve_config.yaml's args, with no real network delay and `router` settings changed."""
+    (application,) = yaml.safe_load(SERVE_CONFIG.read_text(encoding="utf-8"))["applications"]
+    args = copy.deepcopy(application["args"])
+    args["edge"]["latency"]["real_delay_scale"] = 0
+    args["router"].update(router)
+    return parse_app_config(args)
+
+
+def fake_handles(**overrides: Any) -> dict[str, Any]:
+    handles: dict[str, Any] = {
+        "glm": FakeChatHandle(),
+        "kimi": FakeChatHandle(),
+        "embedding": FakeEmbeddingHandle(),
+        "moderation": FakeModerationHandle(),
+    }
+    handles.update(overrides)
+    return handles
+
+
+def services_for(
+    config: AppConfig,
+    handles: Mapping[str, Any],
+    environ: Mapping[str, str] | None = None,
+) -> RouterServices:
+    """`handles` by model; every region of the config shares its model's fake handle."""
+    keys = KeyStore.from_env(environ or {}, config.security)
+    regions = config.edge.region_names
+    return build_services(
+        config, {model: dict.fromkeys(regions, h) for model, h in handles.items()}, keys=keys
+    )

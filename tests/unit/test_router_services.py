@@ -1,0 +1,309 @@
+"""The router's services with fake model handles, no Ray and no HTTP: admission and settlement,
+the cache, the moderation gate, failover surfaced in the trace, streams."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from router_fakes import (
+    BAD_WORD,
+    DIMENSION,
+    FakeChatHandle,
+    FakeEmbeddingHandle,
+    app_config,
+    fake_handles,
+    services_for,
+)
+
+from deployments.errors import (
+    ContentPolicyViolationError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    OverloadedError,
+    RateLimitedError,
+    WrongTaskError,
+)
+from deployments.observability import RequestTelemetry
+from deployments.protocol import ChatCompletionRequest, EmbeddingRequest, ModerationRequest
+from deployments.security import Principal, RateLimits
+from deployments.serving.context import RequestContext
+
+TOKENS_PER_MINUTE = 10_000
+LIMITED = Principal("alice", RateLimits(requests_per_minute=100, tokens_per_minute=10_000))
+LONDON = {"x-client-geo": "51.5,-0.12"}
+
+
+def run(coroutine: Any) -> Any:
+    return asyncio.run(coroutine)
+
+
+def context(principal: Principal = LIMITED, **fields: Any) -> RequestContext:
+    return RequestContext(principal=principal, location_headers=LONDON, **fields)
+
+
+def telemetry() -> RequestTelemetry:
+    return RequestTelemetry.disabled()
+
+
+def chat(model: str = "glm", **fields: Any) -> ChatCompletionRequest:
+    return ChatCompletionRequest(
+        model=model, messages=[{"role": "user", "content": "hi there"}], **fields
+    )
+
+
+def tokens_left(services: Any, principal: Principal = LIMITED) -> int:
+    limiter = services.chat.admission.limiter
+    return int(limiter.headers(principal)["x-ratelimit-remaining-tokens"])
+
+
+def no_gate(**router: Any):
+    config = app_config(**router)
+    gate = config.security.moderation_gate.model_copy(update={"models": []})
+    security = config.security.model_copy(update={"moderation_gate": gate})
+    return config.model_copy(update={"security": security})
+
+
+# ---- chat: admission, settlement, cache --------------------------------------------------------
+
+
+def test_a_completion_is_charged_its_real_usage_not_its_estimate():
+    services = services_for(no_gate(), fake_handles())
+    answer = run(services.chat.complete(chat(max_tokens=500), context(), telemetry()))
+    assert answer.value.choices[0].message.content == "hello from the fake model"
+    assert answer.value.usage.total_tokens == 12
+    # The reservation (input + 500) was settled to the 12 tokens used.
+    assert TOKENS_PER_MINUTE - tokens_left(services) in (12, 11)
+    assert answer.headers["x-edge-colo"] == "LHR" and "x-ratelimit-limit-tokens" in answer.headers
+
+
+def test_a_failed_completion_refunds_its_reservation():
+    handles = fake_handles(glm=FakeChatHandle(fail=InvalidRequestError("bad", param="messages")))
+    services = services_for(no_gate(), handles)
+    with pytest.raises(InvalidRequestError):
+        run(services.chat.complete(chat(max_tokens=500), context(), telemetry()))
+    assert tokens_left(services) >= TOKENS_PER_MINUTE - 1
+
+
+def test_admission_refuses_over_the_rate_limit_before_any_model_call():
+    handles = fake_handles()
+    services = services_for(no_gate(), handles)
+    tiny = Principal("bob", RateLimits(requests_per_minute=1))
+    run(services.chat.complete(chat(), context(tiny), telemetry()))
+    with pytest.raises(RateLimitedError) as limited:
+        run(services.chat.complete(chat(), context(tiny), telemetry()))
+    assert "retry-after" in limited.value.response_headers()
+    assert len(handles["glm"].complete.calls) == 1
+
+
+def test_unknown_model_and_wrong_task_are_refused_before_admission():
+    services = services_for(no_gate(), fake_handles())
+    with pytest.raises(ModelNotFoundError):
+        run(services.chat.complete(chat("gpt-5"), context(), telemetry()))
+    with pytest.raises(WrongTaskError):
+        run(services.chat.complete(chat("embedding"), context(), telemetry()))
+    assert tokens_left(services) == TOKENS_PER_MINUTE  # nothing reserved
+
+
+def test_a_deterministic_chat_is_cached_per_key_and_a_hit_is_still_charged():
+    handles = fake_handles()
+    services = services_for(no_gate(), handles)
+    first = run(services.chat.complete(chat(temperature=0), context(), telemetry()))
+    again = run(services.chat.complete(chat(temperature=0), context(), telemetry()))
+    assert (first.headers["x-edge-cache"], again.headers["x-edge-cache"]) == ("MISS", "HIT")
+    assert again.value == first.value and len(handles["glm"].complete.calls) == 1
+    assert TOKENS_PER_MINUTE - tokens_left(services) in (24, 23)  # the hit used 12 too
+    other = Principal("carol", LIMITED.limits)
+    assert (
+        run(services.chat.complete(chat(temperature=0), context(other), telemetry())).headers[
+            "x-edge-cache"
+        ]
+        == "MISS"
+    )
+
+
+def test_sampled_bypassed_and_workers_chats_are_not_cached():
+    handles = fake_handles()
+    services = services_for(no_gate(), handles)
+    sampled = run(services.chat.complete(chat(temperature=0.7), context(), telemetry()))
+    bypass = run(services.chat.complete(chat(seed=1), context(cache_bypass=True), telemetry()))
+    workers = run(services.chat.complete(chat(seed=2), context(), telemetry(), use_cache=False))
+    for answer in (sampled, bypass, workers):
+        assert "x-edge-cache" not in answer.headers
+    assert len(handles["glm"].complete.calls) == 3
+
+
+# ---- the moderation gate ------------------------------------------------------------------------
+
+
+def test_the_gate_refuses_flagged_input_of_a_gated_model_before_generation():
+    handles = fake_handles()
+    services = services_for(app_config(), handles)  # glm and kimi are gated in serve_config
+    bad = ChatCompletionRequest(
+        model="glm", messages=[{"role": "user", "content": f"you {BAD_WORD} fool"}]
+    )
+    with pytest.raises(ContentPolicyViolationError):
+        run(services.chat.complete(bad, context(), telemetry()))
+    assert handles["glm"].complete.calls == []
+    assert tokens_left(services) >= TOKENS_PER_MINUTE - 1  # refunded
+
+
+def test_the_gate_replaces_a_flagged_answer_and_is_off_for_ungated_models():
+    gated = services_for(app_config(), fake_handles(glm=FakeChatHandle(text=f"well {BAD_WORD}")))
+    answer = run(gated.chat.complete(chat(), context(), telemetry()))
+    assert answer.value.choices[0].finish_reason == "content_filter"
+    assert BAD_WORD not in answer.value.choices[0].message.content
+    open_ = services_for(no_gate(), fake_handles(glm=FakeChatHandle(text=f"well {BAD_WORD}")))
+    answer = run(open_.chat.complete(chat(), context(), telemetry()))
+    assert answer.value.choices[0].message.content == f"well {BAD_WORD}"
+
+
+# ---- edge: failover -----------------------------------------------------------------------------
+
+
+def test_a_failing_region_is_failed_over_and_the_trace_says_so():
+    calls = {"n": 0}
+    handle = FakeChatHandle()
+    succeed = handle.complete.run
+
+    async def first_fails(*args: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OverloadedError("the first region's replica failed")
+        return await succeed(*args)
+
+    handle.complete.run = first_fails
+    services = services_for(no_gate(), fake_handles(glm=handle))
+    answer = run(services.chat.complete(chat(), context(), telemetry()))
+    assert answer.headers["x-edge-route-reason"] == "failover"
+    tried = answer.headers["x-edge-failover"].split(",")
+    assert len(tried) == 2 and tried[-1] == answer.headers["x-edge-region"]
+
+
+def test_when_every_colo_fails_the_error_is_a_503():
+    handles = fake_handles(glm=FakeChatHandle(fail=OverloadedError("busy", retry_after_s=2)))
+    services = services_for(no_gate(), handles)
+    with pytest.raises(OverloadedError):
+        run(services.chat.complete(chat(), context(), telemetry()))
+    assert len(handles["glm"].complete.calls) == services.chat.edge.dispatcher.max_attempts
+
+
+# ---- streams ------------------------------------------------------------------------------------
+
+
+async def collect(stream: Any) -> list[Any]:
+    return [chunk async for chunk in stream]
+
+
+def test_a_stream_is_settled_when_it_ends():
+    handles = fake_handles()
+    services = services_for(no_gate(), handles)
+
+    async def go() -> list[Any]:
+        answer = await services.chat.stream(
+            chat(stream=True, max_tokens=500), context(), telemetry()
+        )
+        assert answer.headers["x-edge-colo"]
+        return await collect(answer.value)
+
+    chunks = run(go())
+    assert "".join(c.text for c in chunks) == "hello from the fake model"
+    assert TOKENS_PER_MINUTE - tokens_left(services) in (12, 11)
+    assert handles["glm"].streams[0].cancelled  # the model's slot is freed
+
+
+def test_a_stream_error_after_the_first_chunk_surfaces_while_iterating():
+    handles = fake_handles(glm=FakeChatHandle(stream_fails_after=2))
+    services = services_for(no_gate(), handles)
+
+    async def go() -> list[str]:
+        answer = await services.chat.stream(chat(stream=True), context(), telemetry())
+        seen = []
+        with pytest.raises(RuntimeError):
+            async for chunk in answer.value:
+                seen.append(chunk.text)
+        return seen
+
+    assert run(go()) == ["hello ", "from "]
+    assert handles["glm"].streams[0].cancelled
+
+
+def test_a_stream_failing_before_its_first_chunk_raises_with_a_status():
+    handles = fake_handles(glm=FakeChatHandle(fail=InvalidRequestError("too long")))
+    services = services_for(no_gate(), handles)
+    with pytest.raises(InvalidRequestError):
+        run(services.chat.stream(chat(stream=True), context(), telemetry()))
+    assert tokens_left(services) >= TOKENS_PER_MINUTE - 1
+
+
+# ---- embeddings and moderation ------------------------------------------------------------------
+
+
+def embedding_request(**fields: Any) -> EmbeddingRequest:
+    return EmbeddingRequest(model="embedding", input=["one two", "three"], **fields)
+
+
+def test_embeddings_are_cached_and_charged_their_tokens():
+    handles = fake_handles()
+    services = services_for(no_gate(), handles)
+    first = run(services.embeddings.create(embedding_request(), context(), telemetry()))
+    again = run(services.embeddings.create(embedding_request(), context(), telemetry()))
+    assert len(first.value.data) == 2 and len(first.value.data[0].embedding) == DIMENSION
+    assert (first.headers["x-edge-cache"], again.headers["x-edge-cache"]) == ("MISS", "HIT")
+    assert len(handles["embedding"].embed.calls) == 1
+    assert TOKENS_PER_MINUTE - tokens_left(services) in (2 * 7, 2 * 7 - 1)
+
+
+def test_a_wrong_dimensions_is_refused_by_the_replica_check_and_refunded():
+    services = services_for(no_gate(), fake_handles())
+    with pytest.raises(InvalidRequestError) as refused:
+        run(services.embeddings.create(embedding_request(dimensions=3), context(), telemetry()))
+    assert refused.value.param == "dimensions"
+    assert tokens_left(services) >= TOKENS_PER_MINUTE - 1
+
+
+def test_the_dimensions_travel_to_the_replica_with_the_texts():
+    handles = fake_handles()
+    services = services_for(no_gate(), handles)
+    run(services.embeddings.create(embedding_request(dimensions=DIMENSION), context(), telemetry()))
+    texts, _, dimensions = handles["embedding"].embed.calls[0]
+    assert (texts, dimensions) == (["one two", "three"], DIMENSION)
+
+
+def test_a_failed_embedding_refunds_and_a_workers_embedding_is_uncached():
+    services = services_for(
+        no_gate(), fake_handles(embedding=FakeEmbeddingHandle(fail=OverloadedError("x")))
+    )
+    with pytest.raises(OverloadedError):
+        run(services.embeddings.embed("embedding", ["a"], context(), telemetry()))
+    assert tokens_left(services) >= TOKENS_PER_MINUTE - 1
+    fine = services_for(no_gate(), fake_handles())
+    answer = run(fine.embeddings.embed("embedding", ["a"], context(), telemetry()))
+    assert answer.value.vectors.shape == (1, DIMENSION) and "x-edge-cache" not in answer.headers
+
+
+def test_moderation_settles_its_reservation_at_the_estimate():
+    services = services_for(no_gate(), fake_handles())
+    request = ModerationRequest(input=["fine words", f"{BAD_WORD} words"])
+    answer = run(services.moderations.create(request, context(), telemetry()))
+    assert [r.flagged for r in answer.value.results] == [False, True]
+    charged = TOKENS_PER_MINUTE - tokens_left(services)
+    assert (
+        0 < charged <= 8
+    )  # its estimate (the model counts no tokens), never the reservation's leftovers
+    run(services.moderations.classify("moderation", ["x"], context(), telemetry()))
+    assert TOKENS_PER_MINUTE - tokens_left(services) > charged
+
+
+def test_a_failed_moderation_is_refunded():
+    handles = fake_handles()
+
+    async def fails(*args: Any) -> Any:
+        raise OverloadedError("down")
+
+    handles["moderation"].classify.run = fails
+    services = services_for(no_gate(), handles)
+    with pytest.raises(OverloadedError):
+        run(services.moderations.create(ModerationRequest(input="hello"), context(), telemetry()))
+    assert tokens_left(services) >= TOKENS_PER_MINUTE - 1
