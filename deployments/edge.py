@@ -206,15 +206,26 @@ class EdgeDispatcher(Generic[T]):
 
     def plan(
         self, model: str, headers: Mapping[str, str], client_ip: str | None
-    ) -> tuple[RouteCandidate, ClientLocation, RegionPlan]:
-        """(entry colo, client, regions in order)."""
+    ) -> tuple[RouteCandidate, list[str], ClientLocation, RegionPlan]:
+        """(entry colo, colos skipped on the way, client, regions in order). A colo drilled
+        down is not an entry point; one drilled to fail a share of requests passes those on
+        to the next colo (the colos are simulated: this is where their faults act)."""
         try:
             colos = self.network.route(model, headers, client_ip)
         except BadHeaderError as exc:
             raise BadHeaderValueError(exc.message, header=exc.header) from None
         except NoColoAvailableError as exc:
             raise OverloadedError(exc.message, retry_after_s=5) from None
-        entry = colos.candidates[0]
+        skipped = []
+        for entry in colos.candidates:
+            if not self.network.should_fail(entry.colo_id):
+                break
+            skipped.append(entry.colo_id)
+        else:
+            raise OverloadedError(
+                f"every colo near the client failed the request ({','.join(skipped)})",
+                retry_after_s=1,
+            )
         reachable = [
             (region, entry.rtt_ms + backhaul_ms)
             for region, backhaul_ms in self.regions.from_colo(entry.colo_id)
@@ -227,13 +238,13 @@ class EdgeDispatcher(Generic[T]):
             max_extra_rtt_ms=self.max_extra_rtt_ms,
             max_candidates=self.max_attempts,
         )
-        return entry, colos.client, plan
+        return entry, skipped, colos.client, plan
 
     async def nearest(
         self, model: str, headers: Mapping[str, str], client_ip: str | None
     ) -> EdgeTrace:
         """The trace of an answer the entry colo gives from its cache: the client->colo RTT only."""
-        entry, client, _ = self.plan(model, headers, client_ip)
+        entry, _, client, _ = self.plan(model, headers, client_ip)
         await asyncio.sleep(self.network.delay_s(entry))
         return EdgeTrace(
             entry.colo_id,
@@ -255,13 +266,13 @@ class EdgeDispatcher(Generic[T]):
     ) -> tuple[T, EdgeTrace]:
         """`call(handle)` runs the request on one region's deployment handle."""
         await self.pools.ready()
-        entry, client, plan = self.plan(model, headers, client_ip)
+        entry, skipped, client, plan = self.plan(model, headers, client_ip)
         if plan.wake is not None:
             self.pools.wake(model, plan.wake)
         arrived_at = time.time()
         deadline = time.monotonic() + deadline_s
-        tried: list[str] = []
-        failed = spilled = False
+        tried: list[str] = list(skipped)
+        failed, spilled = bool(skipped), False
         last_error: ServingError | None = None
         candidates = plan.candidates
         for index, candidate in enumerate(candidates):

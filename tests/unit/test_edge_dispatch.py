@@ -240,3 +240,14 @@ def test_a_cold_region_waiting_for_its_first_replica_is_not_lost() -> None:
     rig.handles["ap"].behaviour = slow_start
     reply, trace = asyncio.run(rig.send(TOKYO))
     assert reply.value == "ap" and trace.reason == "nearest"
+
+
+def test_a_colo_drilled_to_fail_passes_the_request_to_the_next_colo() -> None:
+    from edge_sim.faults import ColoFault
+
+    rig = Rig(ALL_WARM)
+    rig.dispatcher.network.set_fault("NRT", ColoFault(error_rate=1.0))
+    reply, trace = asyncio.run(rig.send(TOKYO))
+    assert trace.colo != "NRT" and trace.reason == "failover"
+    assert trace.headers()["x-edge-failover"].startswith("NRT,")
+    assert rig.reported == [Outcome(MODEL, trace.region, "ok")]  # no region blamed
