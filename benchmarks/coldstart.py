@@ -40,7 +40,7 @@ from benchmarks.coldstart_upscale import run_upscale
 from benchmarks.coldstart_warm_pool import prestart_workers
 from benchmarks.models import ModelsBenchConfig, bench_load
 from benchmarks.private_serve import apply_applications
-from deployments.config import PROJECT_ROOT, ModelConfig, parse_app_config
+from deployments.config import PROJECT_ROOT, ModelConfig, parse_app_config, without_regions
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_coldstart_suite(config: ColdStartBenchConfig) -> dict[str, Any]:
-    shipped = yaml.safe_load(config.serve_config.read_text())
+    # One pool per model: the cold start of a model, not the regions' detours around it.
+    shipped = without_regions(yaml.safe_load(config.serve_config.read_text()), home="eu")
     edge = edge_application(
         shipped, str(config.models_dir), config.models, config.scaling, config.variant
     )

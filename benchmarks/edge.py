@@ -148,6 +148,7 @@ def failover_drill(rate: float, phase_s: float) -> dict[str, Any]:
     args = config["args"]
     args["models_dir"] = os.path.abspath(args.get("models_dir", "models"))
     args["accelerator"] = "cpu"
+    args["edge"].pop("regions", None)  # a colo drill on one pool per model
     os.environ["EDGE_ADMIN_KEY"] = ADMIN_KEY
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:

@@ -6,6 +6,7 @@ file's `deployments:` section, where ops edit them; this covers what Ray Serve h
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any, Literal
 
@@ -182,6 +183,30 @@ def check_serve_config(path: str | Path) -> list[str]:
             if problem:
                 problems.append(f"application {app.name!r}: {problem}")
     return problems
+
+
+def without_regions(serve_config: dict[str, Any], home: str) -> dict[str, Any]:
+    """A copy of a serve config as one deployment per model (named after it), from the `home`
+    region's `<model>-<home>` entries: what a config without `regions` is. For tools that measure
+    one pool per model (benchmarks, the shared integration cluster)."""
+    config = copy.deepcopy(serve_config)
+    for app in config["applications"]:
+        if app.get("import_path") != "deployments.app:build_app":
+            continue
+        edge = app["args"].get("edge", {})
+        if "regions" not in edge:
+            continue
+        del edge["regions"]
+        models = app["args"]["models"]
+        kept = []
+        for deployment in app.get("deployments", []):
+            model, _, region = deployment["name"].rpartition("-")
+            if model in models and region == home:
+                kept.append({**deployment, "name": model})
+            elif deployment["name"] in APP_DEPLOYMENTS:
+                kept.append(deployment)
+        app["deployments"] = kept
+    return config
 
 
 def _keep_warm_problem(deployment: str, scaling: Any) -> str | None:

@@ -15,6 +15,7 @@ import httpx
 import pytest
 import yaml
 
+from deployments.config import without_regions
 from edgectl.local_cluster import LocalCluster, free_port, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,27 +77,12 @@ class ServeCluster:
         self.config = config
 
 
-def without_regions(config: dict[str, Any], home: str = "eu") -> dict[str, Any]:
-    """The shipped config as one deployment per model (named after it), from the `home` region's
-    entries: what a config without `regions` is. Regions are tested on clusters of their own
-    (test_regions.py, test_region_outage.py)."""
-    app = config["applications"][0]
-    del app["args"]["edge"]["regions"]
-    deployments = []
-    for deployment in app["deployments"]:
-        model, _, region = deployment["name"].rpartition("-")
-        if model in app["args"]["models"] and region == home:
-            deployments.append({**deployment, "name": model})
-        elif deployment["name"] not in app["args"]["models"] and not model:
-            deployments.append(deployment)  # router
-    app["deployments"] = deployments
-    return config
-
-
 def scaled_down(config: dict[str, Any], models_root: Path, http_port: int) -> dict[str, Any]:
     """The shipped config with one replica per model at most; kimi starts at zero and goes back
     to zero after a few idle seconds; the simulated RTT is reported but not slept."""
-    config = without_regions(config)
+    # One pool per model, as a config without regions has: regions get clusters of their own
+    # (test_regions.py, test_region_outage.py).
+    config = without_regions(config, home="eu")
     config["http_options"] = {**config.get("http_options", {}), "host": "127.0.0.1"}
     config["http_options"]["port"] = http_port
     app = config["applications"][0]

@@ -125,14 +125,16 @@ def test_killing_a_regions_node_fails_no_request_and_its_traffic_comes_back(clus
         (ap_node,) = [node for node in cluster.nodes if node.name == "ap"]
         killed_at = time.monotonic()
         cluster.kill_node(ap_node)
-        # ap's clients move to another region once Ray declares the node dead (a few seconds).
-        wait_until(
-            lambda: len([a for a in load.from_city("tokyo", killed_at) if a.region]) >= 10,
-            120,
-            "Tokyo served elsewhere",
-        )
-        moved = [a.region for a in load.from_city("tokyo", killed_at) if a.status == 200]
-        assert moved and set(moved[-5:]) <= {"eu", "us"}
+
+        # ap's clients move to another region once Ray declares the node dead (a few seconds;
+        # replicas already serving may finish what they hold).
+        def tokyo_moved() -> bool:
+            served = [a.region for a in load.from_city("tokyo", killed_at) if a.status == 200]
+            return len(served) >= 5 and set(served[-5:]) <= {"eu", "us"}
+
+        wait_until(tokyo_moved, 120, "Tokyo served elsewhere")
+        moved_at = time.monotonic()
+        time.sleep(5)  # a few more answers while ap is down
         restarted_at = time.monotonic()
         restart_node(cluster, ap_node)
         wait_until(
@@ -144,8 +146,8 @@ def test_killing_a_regions_node_fails_no_request_and_its_traffic_comes_back(clus
         load.stop()
     failed = [a for a in load.answers if a.status != 200]
     assert not failed, failed[:5]
-    during = [a for a in load.from_city("tokyo", killed_at) if a.sent_at < restarted_at]
-    assert during and all(a.region in {"eu", "us"} for a in during[-5:])
+    during = [a for a in load.from_city("tokyo", moved_at) if a.sent_at < restarted_at]
+    assert during and {a.region for a in during} <= {"eu", "us"}
     # The other regions' clients never noticed.
     for city in ("frankfurt", "new_york"):
         assert {a.region for a in load.from_city(city, started)} == {CITIES[city][1]}

@@ -17,6 +17,7 @@ from deployments.config import (
     ConfigError,
     check_serve_config,
     parse_app_config,
+    without_regions,
 )
 from edge_sim.config import EdgeConfig
 
@@ -249,3 +250,21 @@ def test_batching_config_refuses_out_of_range_and_unknown_fields():
         BatchingConfig.model_validate({"batch_wait_timeout_s": 2})
     with pytest.raises(ValueError, match="max_batch"):
         BatchingConfig.model_validate({"max_batch": 8})
+
+
+def test_without_regions_keeps_one_deployment_per_model_from_the_home_region(
+    application: dict[str, Any],
+):
+    shipped = {"applications": [copy.deepcopy(application)]}
+    single = without_regions(shipped, home="eu")
+    (app,) = single["applications"]
+    assert "regions" not in app["args"]["edge"]
+    names = [d["name"] for d in app["deployments"]]
+    assert names == [*application["args"]["models"], "router"]
+    eu = {d["name"]: d for d in application["deployments"]}["glm-eu"]
+    glm = {d["name"]: d for d in app["deployments"]}["glm"]
+    assert glm == {**eu, "name": "glm"}
+    assert "regions" in shipped["applications"][0]["args"]["edge"]  # the input is untouched
+    assert parse_app_config(app["args"]).model_deployments() == {
+        name: (name, "default") for name in application["args"]["models"]
+    }
