@@ -18,7 +18,9 @@ COPY --chown=ray:users edge_sim edge_sim
 RUN pip install --no-cache-dir -e ".[cpu,export]"
 USER root
 RUN mkdir /models && chown ray:users /models
-USER ray
+# Numeric (user `ray`, group `users`), so Kubernetes can check runAsNonRoot; the pods' runAsUser
+# and runAsGroup are the same (deployments/k8s/pod_security.py).
+USER 1000:100
 RUN python -m deployments.export defaults --out /models && ln -s /models models
 EXPOSE 8000
 CMD ["serve", "run", "serve_config.yaml"]
@@ -32,3 +34,4 @@ COPY --chown=ray:users edge_sim edge_sim
 # onnxruntime-gpu only: the export extras (torch, transformers) stay out of the serving image.
 # KubeRay starts Ray in these pods and submits serveConfigV2 (models_dir /models) itself.
 RUN pip install --no-cache-dir ".[gpu]"
+USER 1000:100

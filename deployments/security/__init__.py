@@ -1,5 +1,5 @@
-"""The router's security layer, free of Ray and HTTP: API keys, per-key rate limits, request
-limits and the moderation gate of chat models."""
+"""The router's security layer, free of Ray and HTTP: API keys (and whether it may run without
+any), per-key rate limits, request limits and the moderation gate of chat models."""
 
 from deployments.errors import ContentPolicyViolationError, RateLimitedError
 from deployments.security.config import (
@@ -19,6 +19,7 @@ from deployments.security.keys import (
     bearer_token,
 )
 from deployments.security.moderation_gate import Classify, ModerationGate
+from deployments.security.open_mode import KUBERNETES_ENV, on_kubernetes, open_start_refusal
 from deployments.security.rate_limit import (
     RateLimiter,
     Reservation,
@@ -36,6 +37,7 @@ __all__ = [
     "Classify",
     "ContentPolicyViolationError",
     "KeyConfigError",
+    "KUBERNETES_ENV",
     "KeyStore",
     "ModerationGate",
     "ModerationGateConfig",
@@ -54,4 +56,6 @@ __all__ = [
     "estimate_text_tokens",
     "format_reset",
     "metered_stream",
+    "on_kubernetes",
+    "open_start_refusal",
 ]

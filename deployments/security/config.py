@@ -1,5 +1,5 @@
-"""The `security:` settings of the router: per-key rate limits, request limits and the moderation
-gate. Proposed as `AppConfig.security` (serve_config.yaml `args.security`)."""
+"""The `security:` settings of the router: per-key rate limits, request limits, the moderation
+gate, and whether it may run open on Kubernetes (serve_config.yaml `args.security`)."""
 
 from __future__ import annotations
 
@@ -88,6 +88,11 @@ class ModerationGateConfig(_Strict):
 
 
 class SecurityConfig(_Strict):
+    allow_open: bool = Field(
+        default=False,
+        description="on Kubernetes, start even with no API key (the API open to anyone who can "
+        "reach it); elsewhere an open API is always allowed, with a warning",
+    )
     default_limits: RateLimits = RateLimits()
     per_key: dict[str, RateLimits] = Field(
         default_factory=dict,

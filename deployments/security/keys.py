@@ -6,13 +6,16 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import os
 import re
+import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from deployments.errors import AuthenticationError, PermissionDeniedError, RouteNotFoundError
 from deployments.security.config import RateLimits, SecurityConfig
+from deployments.security.open_mode import open_start_refusal
 
 API_KEYS_ENV = "EDGE_API_KEYS"
 API_KEYS_FILE_ENV = "EDGE_API_KEYS_FILE"
@@ -103,6 +106,41 @@ def parse_key_file(text: str, path: str) -> list[tuple[str | None, str]]:
     return keys
 
 
+def read_key_file(path: Path, log: logging.Logger) -> list[tuple[str | None, str]]:
+    """The keys of EDGE_API_KEYS_FILE (on Kubernetes, a Secret mounted read-only). Each way it
+    can fail gets its own message, naming the file and never its content."""
+    where = f"{API_KEYS_FILE_ENV}={path}"
+    try:
+        text = path.read_text(encoding="utf-8")
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise KeyConfigError(
+            f"{where}: no such file (on Kubernetes: is the API keys Secret mounted there?)"
+        ) from None
+    except IsADirectoryError:
+        raise KeyConfigError(f"{where}: is a directory; name the key file in it") from None
+    except PermissionError:
+        raise KeyConfigError(
+            f"{where}: not readable by this process (uid {os.getuid()}); on Kubernetes give the "
+            "Secret volume defaultMode 0440 and the pod an fsGroup"
+        ) from None
+    except UnicodeDecodeError:
+        raise KeyConfigError(f"{where}: not UTF-8 text") from None
+    except OSError as exc:
+        raise KeyConfigError(f"{where}: cannot read it ({type(exc).__name__})") from None
+    keys = parse_key_file(text, str(path))
+    if not keys:
+        # Naming a file says keys are wanted: an empty one is a mistake, not a wish to run open.
+        raise KeyConfigError(f"{where}: holds no key (one `[name:]key` per line)")
+    if mode & stat.S_IROTH:
+        log.warning(
+            "%s is readable by every user of this machine (mode %s): chmod 600 it",
+            path,
+            oct(stat.S_IMODE(mode)),
+        )
+    return keys
+
+
 def bearer_token(authorization: str | None) -> str | None:
     """The token of `Authorization: Bearer <token>` (the OpenAI SDK's way), or None."""
     if not authorization:
@@ -159,18 +197,23 @@ class KeyStore:
         log: logging.Logger | None = None,
     ) -> KeyStore:
         """Keys from EDGE_API_KEYS and the file named by EDGE_API_KEYS_FILE (both may be set),
-        the admin key from EDGE_ADMIN_KEY. A named key file that cannot be read stops the start:
+        the admin key from EDGE_ADMIN_KEY. A named key file that cannot be read, or holds no key,
+        stops the start, and so does no key at all on Kubernetes unless `security.allow_open`:
         running open by accident would be worse."""
+        config = config or SecurityConfig()
+        log = log or logging.getLogger("ray.serve")
         keys = parse_env_keys(environ.get(API_KEYS_ENV, ""))
         file_name = environ.get(API_KEYS_FILE_ENV, "").strip()
         if file_name:
-            try:
-                text = Path(file_name).read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                raise KeyConfigError(
-                    f"{API_KEYS_FILE_ENV}={file_name}: cannot read it ({type(exc).__name__})"
-                ) from None
-            keys += parse_key_file(text, file_name)
+            keys += read_key_file(Path(file_name), log)
+        refusal = open_start_refusal(environ, has_keys=bool(keys), allow_open=config.allow_open)
+        if refusal is not None:
+            message = (
+                f"refusing to start: {refusal}; give it keys ({API_KEYS_FILE_ENV} from the API "
+                "keys Secret, see the README's Kubernetes section) or set security.allow_open: true"
+            )
+            log.error(message)
+            raise KeyConfigError(message)
         admin_key = environ.get(ADMIN_KEY_ENV, "").strip() or None
         return cls(keys, admin_key, config, log)
 

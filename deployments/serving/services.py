@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,10 +58,12 @@ def build_services(
     observability: RouterObservability | None = None,
     deployment_states: DeploymentStates = _no_deployments,
     rate_limit_share: float = 1.0,
+    clock: Callable[[], float] = time.monotonic,
 ) -> RouterServices:
     """`handles`: model -> region -> the handle of that model's deployment in that region.
     `control`: the edge-control deployment, where routers share region state and drills.
-    `rate_limit_share`: this replica's part of each key's budget (1/N with N router replicas)."""
+    `rate_limit_share`: this replica's part of each key's budget (1/N with N router replicas).
+    `clock`: the rate limiter's (tests)."""
     router, edge_config = config.router, config.edge
     deployments: dict[str, dict[str, str]] = {}
     for deployment, (model, region) in config.model_deployments().items():
@@ -85,7 +87,7 @@ def build_services(
     edge = EdgeCalls(dispatcher, router.request_timeout_s)
     cached = CachedAnswers(ResponseCache(router.cache), edge)
     security = config.security
-    admission = Admission(RateLimiter(share=rate_limit_share), security.request_limits)
+    admission = Admission(RateLimiter(clock=clock, share=rate_limit_share), security.request_limits)
     gate_config = security.moderation_gate
 
     async def flags(texts: list[str]) -> list[bool]:

@@ -175,6 +175,10 @@ def services_for(
     """`handles` by model; every region of the config shares its model's fake handle."""
     keys = KeyStore.from_env(environ or {}, config.security)
     regions = config.edge.region_names
+    # A clock that stands still: token buckets refill with time, and a loaded machine is slow.
     return build_services(
-        config, {model: dict.fromkeys(regions, h) for model, h in handles.items()}, keys=keys
+        config,
+        {model: dict.fromkeys(regions, h) for model, h in handles.items()},
+        keys=keys,
+        clock=lambda: 0.0,
     )

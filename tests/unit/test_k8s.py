@@ -1,14 +1,17 @@
 """The Kubernetes manifests in k8s/: valid against KubeRay's own CRD schemas, shaped as the
-README promises (GPU work on the GPU group only, scale to zero, read-only models), and the
-RayService never drifting from serve_config.yaml."""
+README promises (GPU work on the GPU group only, scale to zero, read-only models, token auth),
+and never drifting from serve_config.yaml and the templates. Their security: test_k8s_security."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
+import os
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import jsonschema
 import pytest
@@ -19,8 +22,11 @@ from deployments.config import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"
-# CI clones the repository next to a copy of shared/, so it is always <repo>/../shared.
-CRD_DIR = REPO.parent / "shared" / "kuberay-crds"
+TEMPLATES = K8S / "templates"
+# KubeRay's CRDs are not ours to vendor: KUBERAY_CRDS names their folder, else CI's copy of
+# shared/ beside the clone.
+CRDS_ENV = "KUBERAY_CRDS"
+SHARED_CRD_DIR = REPO.parent / "shared" / "kuberay-crds"
 GPU = "nvidia.com/gpu"
 ZERO_DOWNTIME_UPGRADES = {"NewCluster", "NewClusterWithIncrementalUpgrade"}
 
@@ -29,17 +35,28 @@ def _load(path: Path) -> dict[str, Any]:
     return yaml.load(path.read_text(), Loader=yaml.CSafeLoader)
 
 
+def crd_dir(environ: dict[str, str]) -> Path | None:
+    """Where KubeRay's CRDs are: $KUBERAY_CRDS, else ../shared/kuberay-crds; None if neither."""
+    candidates = [Path(environ[CRDS_ENV])] if environ.get(CRDS_ENV) else []
+    return next((d for d in [*candidates, SHARED_CRD_DIR] if d.is_dir()), None)
+
+
 @pytest.fixture(scope="module")
-def crd_schemas() -> dict[str, dict[str, Any]]:
+def crd_schemas(unavailable: Callable[[str], NoReturn]) -> dict[str, dict[str, Any]]:
     """kind -> the v1 openAPIV3Schema of KubeRay's CRD for it."""
-    if not CRD_DIR.is_dir():
-        pytest.fail(f"KubeRay CRD schemas not found at {CRD_DIR}: shared/ must sit beside the repo")
+    found = crd_dir(dict(os.environ))
+    if found is None:
+        unavailable(
+            f"KubeRay v1.7.0 CRD schemas not found: set {CRDS_ENV} to a folder with "
+            "ray.io_rayservices.yaml and ray.io_rayclusters.yaml (KubeRay's "
+            f"ray-operator/config/crd/bases/), or put them in {SHARED_CRD_DIR}"
+        )
     schemas = {}
-    for path in sorted(CRD_DIR.glob("ray.io_*.yaml")):
+    for path in sorted(found.glob("ray.io_*.yaml")):
         crd = _load(path)
         (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
         schemas[crd["spec"]["names"]["kind"]] = v1["schema"]["openAPIV3Schema"]
-    assert {"RayService", "RayCluster"} <= schemas.keys(), f"incomplete CRDs in {CRD_DIR}"
+    assert {"RayService", "RayCluster"} <= schemas.keys(), f"incomplete CRDs in {found}"
     return schemas
 
 
@@ -47,8 +64,13 @@ def _k8s_files() -> list[Path]:
     return sorted(K8S.rglob("*.yaml"))
 
 
+def _manifest_files() -> list[Path]:
+    """What an operator applies (templates are the render's input, not manifests)."""
+    return [p for p in _k8s_files() if TEMPLATES not in p.parents]
+
+
 def _documents_of_kind(kind: str) -> list[dict[str, Any]]:
-    return [doc for doc in map(_load, _k8s_files()) if doc.get("kind") == kind]
+    return [doc for doc in map(_load, _manifest_files()) if doc.get("kind") == kind]
 
 
 @pytest.fixture(scope="module")
@@ -141,10 +163,18 @@ def test_every_k8s_file_is_a_named_kubernetes_object(path: Path) -> None:
 
 
 def test_applying_the_k8s_folder_applies_one_rayservice_the_generated_one() -> None:
-    # `kubectl apply -f k8s/` does not descend into templates/.
+    # `kubectl apply -f k8s/` does not descend into templates/ or examples/.
     kinds = {p.name: _load(p)["kind"] for p in K8S.glob("*.yaml")}
     assert [name for name, kind in kinds.items() if kind == "RayService"] == ["rayservice.yaml"]
-    assert {"PersistentVolumeClaim", "Job"} <= set(kinds.values())
+    assert {"PersistentVolumeClaim", "Job", "NetworkPolicy"} <= set(kinds.values())
+    assert "Secret" not in kinds.values(), "example Secrets must not be applied with the rest"
+
+
+def test_crds_come_from_kuberay_crds_else_shared_beside_the_repo(tmp_path: Path) -> None:
+    assert crd_dir({CRDS_ENV: str(tmp_path)}) == tmp_path
+    fallback = SHARED_CRD_DIR if SHARED_CRD_DIR.is_dir() else None
+    assert crd_dir({CRDS_ENV: str(tmp_path / "absent")}) == fallback
+    assert crd_dir({}) == fallback
 
 
 @pytest.mark.parametrize("kind", ["RayService", "RayCluster"])
@@ -172,6 +202,21 @@ def test_schema_checks_catch_a_wrong_type_and_a_misspelt_field(
     assert any("minReplicas" in e for e in _schema_errors(broken, schema))
     assert _unknown_fields(broken, schema) == [
         ".spec.rayClusterConfig.autoscalerOptions.idleTimeoutSecond"
+    ]
+
+
+def test_token_auth_validates_and_the_schema_rejects_a_wrong_mode(
+    rayservice: dict[str, Any], crd_schemas: dict[str, dict[str, Any]]
+) -> None:
+    cluster_schema = crd_schemas["RayCluster"]["properties"]["spec"]
+    auth = rayservice["spec"]["rayClusterConfig"]["authOptions"]
+    assert auth["mode"] == "token" and auth["secretName"]
+    assert _schema_errors(auth, cluster_schema["properties"]["authOptions"]) == []
+    broken = copy.deepcopy(rayservice)
+    broken["spec"]["rayClusterConfig"]["authOptions"] = {"mode": "tokens", "secretname": "x"}
+    assert any("authOptions" in e for e in _schema_errors(broken, crd_schemas["RayService"]))
+    assert _unknown_fields(broken, crd_schemas["RayService"]) == [
+        ".spec.rayClusterConfig.authOptions.secretname"
     ]
 
 
@@ -309,11 +354,11 @@ def test_models_job_fills_the_shared_volume_once(rayservice: dict[str, Any]) -> 
     assert {"ReadWriteMany", "ReadOnlyMany"} & set(pvc["spec"]["accessModes"])
     (job,) = _documents_of_kind("Job")
     pod = job["spec"]["template"]["spec"]
-    (volume,) = pod["volumes"]
+    (volume,) = [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
     assert volume["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
     (container,) = pod["containers"]
-    (mount,) = container["volumeMounts"]
-    assert mount["name"] == volume["name"] and not mount.get("readOnly", False)
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+    assert not mount.get("readOnly", False), "the Job writes the volume"
     command = container["command"]
     assert command[:3] == ["python", "-m", "deployments.export"]
     assert command[command.index("--out") + 1] == mount["mountPath"]
@@ -323,11 +368,14 @@ def test_models_job_fills_the_shared_volume_once(rayservice: dict[str, Any]) -> 
 # --- the render ------------------------------------------------------------------------------
 
 
-def test_committed_manifest_is_a_fresh_render(capsys: pytest.CaptureFixture[str]) -> None:
+def test_committed_manifests_are_a_fresh_render(capsys: pytest.CaptureFixture[str]) -> None:
     sources = k8s.RenderSources.of_repo(REPO)
-    assert sources.output.read_text() == k8s.render(sources), (
-        "k8s/rayservice.yaml is stale: run `python -m deployments.k8s render`"
-    )
+    manifests = k8s.render(sources)
+    assert {k8s.RAYSERVICE, k8s.NETWORK_POLICY, k8s.MODELS_JOB} <= manifests.keys()
+    for name, text in manifests.items():
+        assert (K8S / name).read_text() == text, (
+            f"k8s/{name} is stale: run `python -m deployments.k8s render`"
+        )
     assert k8s.main(["render", "--check"]) == 0
 
 
@@ -341,19 +389,27 @@ def test_check_fails_when_serve_config_yaml_changes(
     config.write_text(yaml.safe_dump(changed, sort_keys=False))
 
     assert k8s.main(["render", "--check", "--config", str(config)]) == 1
-    diff = capsys.readouterr().out
+    captured = capsys.readouterr()
     replicas = first["autoscaling_config"]["max_replicas"]
-    assert re.search(rf"^-\s+max_replicas: {replicas - 1}$", diff, flags=re.MULTILINE)
-    assert re.search(rf"^\+\s+max_replicas: {replicas}$", diff, flags=re.MULTILINE)
+    assert re.search(rf"^-\s+max_replicas: {replicas - 1}$", captured.out, flags=re.MULTILINE)
+    assert re.search(rf"^\+\s+max_replicas: {replicas}$", captured.out, flags=re.MULTILINE)
+    assert "rayservice.yaml" in captured.err and "networkpolicy.yaml" not in captured.err
 
-    out = tmp_path / "rayservice.yaml"
+    out = tmp_path / "k8s"
     assert k8s.main(["render", "--config", str(config), "--out", str(out)]) == 0
     assert k8s.main(["render", "--check", "--config", str(config), "--out", str(out)]) == 0
+    (out / k8s.NETWORK_POLICY).unlink()
+    assert k8s.main(["render", "--check", "--config", str(config), "--out", str(out)]) == 1
 
 
 def test_render_is_the_same_bytes_every_time() -> None:
     sources = k8s.RenderSources.of_repo(REPO)
     assert k8s.render(sources) == k8s.render(sources)
+
+
+def _sources_with(tmp_path: Path, **replaced: Path) -> k8s.RenderSources:
+    sources = k8s.RenderSources.of_repo(REPO)
+    return dataclasses.replace(sources, out_dir=tmp_path / "k8s", **replaced)
 
 
 def test_render_refuses_an_invalid_app_config(
@@ -363,6 +419,16 @@ def test_render_refuses_an_invalid_app_config(
     next(iter(broken["applications"][0]["args"]["models"].values()))["num_gpus"] = 0
     config = tmp_path / "serve_config.yaml"
     config.write_text(yaml.safe_dump(broken, sort_keys=False))
-    sources = k8s.RenderSources.of_repo(REPO)
     with pytest.raises(ConfigError, match="num_gpus"):
-        k8s.render(k8s.RenderSources(config, sources.template, sources.pyproject, sources.output))
+        k8s.render(_sources_with(tmp_path, serve_config=config))
+
+
+def test_render_refuses_a_serve_port_the_head_does_not_expose(
+    tmp_path: Path, source_config: dict[str, Any]
+) -> None:
+    moved = copy.deepcopy(source_config)
+    moved.setdefault("http_options", {})["port"] = 8001
+    config = tmp_path / "serve_config.yaml"
+    config.write_text(yaml.safe_dump(moved, sort_keys=False))
+    with pytest.raises(ValueError, match="http_options.port"):
+        k8s.render(_sources_with(tmp_path, serve_config=config))

@@ -23,6 +23,7 @@ from deployments.errors import (
 from deployments.protocol import ChatCompletionRequest
 from deployments.runtime.llm import GenerationChunk
 from deployments.security import (
+    KUBERNETES_ENV,
     ContentPolicyViolationError,
     KeyConfigError,
     KeyStore,
@@ -40,6 +41,8 @@ from deployments.security import (
     estimate_chat_tokens,
     format_reset,
     metered_stream,
+    on_kubernetes,
+    open_start_refusal,
 )
 
 ALICE = "sk-alice-0123456789abcdef"
@@ -180,6 +183,105 @@ def test_short_keys_are_warned_about(caplog):
 def test_an_unreadable_key_file_stops_the_start(tmp_path):
     with pytest.raises(KeyConfigError, match="EDGE_API_KEYS_FILE"):
         store_from({"EDGE_API_KEYS_FILE": str(tmp_path / "missing.txt")})
+
+
+def _key_file_error(env: dict[str, str]) -> str:
+    with pytest.raises(KeyConfigError) as caught:
+        store_from(env)
+    message = str(caught.value)
+    assert "\n" not in message and ALICE not in message
+    return message
+
+
+def test_each_key_file_failure_says_what_is_wrong(tmp_path, monkeypatch):
+    missing = tmp_path / "keys" / "api-keys"
+    assert "no such file" in _key_file_error({"EDGE_API_KEYS_FILE": str(missing)})
+    assert str(missing) in _key_file_error({"EDGE_API_KEYS_FILE": str(missing)})
+    missing.parent.mkdir()
+    assert "is a directory" in _key_file_error({"EDGE_API_KEYS_FILE": str(missing.parent)})
+    missing.write_bytes(b"alice:\xff\xfe" + ALICE.encode())
+    assert "not UTF-8" in _key_file_error({"EDGE_API_KEYS_FILE": str(missing)})
+    missing.write_text("# rotated out\n\n", encoding="utf-8")
+    assert "holds no key" in _key_file_error({"EDGE_API_KEYS_FILE": str(missing)})
+    missing.write_text(f"alice:{ALICE}\n", encoding="utf-8")
+
+    def _denied(self: object, *args: object, **kwargs: object) -> str:
+        raise PermissionError(13, "Permission denied")
+
+    # Tests may run as root, whom no file mode stops: the OS's refusal is simulated.
+    monkeypatch.setattr(type(missing), "read_text", _denied)
+    message = _key_file_error({"EDGE_API_KEYS_FILE": str(missing)})
+    assert "not readable by this process" in message and "defaultMode" in message
+
+
+def test_a_key_file_readable_by_everyone_is_warned_about(tmp_path, caplog):
+    path = tmp_path / "api-keys"
+    path.write_text(f"alice:{ALICE}\n", encoding="utf-8")
+    path.chmod(0o644)
+    with caplog.at_level(logging.WARNING, logger="test.security"):
+        store = store_from({"EDGE_API_KEYS_FILE": str(path)})
+    assert store.key_ids == ("alice",)
+    assert any("readable by every user" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    path.chmod(0o440)  # what the Kubernetes Secret volume gives it
+    with caplog.at_level(logging.WARNING, logger="test.security"):
+        store_from({"EDGE_API_KEYS_FILE": str(path)})
+    assert not caplog.records
+
+
+# ---- open mode on Kubernetes ----------------------------------------------------------------
+
+ON_K8S = {KUBERNETES_ENV: "10.96.0.1"}
+
+
+@pytest.mark.parametrize(
+    ("environ", "has_keys", "allow_open", "refused"),
+    [
+        (ON_K8S, False, False, True),
+        (ON_K8S, True, False, False),
+        (ON_K8S, False, True, False),
+        ({}, False, False, False),
+        ({KUBERNETES_ENV: " "}, False, False, False),
+    ],
+)
+def test_open_start_is_refused_only_on_kubernetes_without_keys_or_consent(
+    environ, has_keys, allow_open, refused
+):
+    reason = open_start_refusal(environ, has_keys=has_keys, allow_open=allow_open)
+    assert (reason is not None) == refused
+    assert on_kubernetes(environ) == (KUBERNETES_ENV in environ and environ[KUBERNETES_ENV] != " ")
+
+
+def test_router_keys_on_kubernetes_without_any_key_stop_the_start_in_one_line(caplog):
+    with (
+        caplog.at_level(logging.ERROR, logger="test.security"),
+        pytest.raises(KeyConfigError) as caught,
+    ):
+        store_from({**ON_K8S, "EDGE_API_KEYS": " , ", "EDGE_ADMIN_KEY": ADMIN})
+    message = str(caught.value)
+    assert message.startswith("refusing to start: on Kubernetes")
+    assert "\n" not in message and ADMIN not in message
+    assert "EDGE_API_KEYS_FILE" in message and "security.allow_open: true" in message
+    assert [r.getMessage() for r in caplog.records] == [message]
+
+
+def test_on_kubernetes_keys_from_the_secret_file_or_explicit_consent_start(tmp_path, caplog):
+    path = tmp_path / "api-keys"
+    path.write_text(f"alice:{ALICE}\n", encoding="utf-8")
+    path.chmod(0o440)
+    store = store_from({**ON_K8S, "EDGE_API_KEYS_FILE": str(path), "EDGE_ADMIN_KEY": ADMIN})
+    assert store.key_ids == ("alice",)
+    assert store.authorize_admin(f"Bearer {ADMIN}").is_admin
+    with caplog.at_level(logging.WARNING, logger="test.security"):
+        store = store_from(ON_K8S, config=SecurityConfig(allow_open=True))
+    assert store.is_open
+    assert any("OPEN" in r.getMessage() for r in caplog.records)
+
+
+def test_allow_open_is_a_strict_boolean():
+    assert SecurityConfig().allow_open is False
+    with pytest.raises(ValidationError):
+        SecurityConfig(allow_open="sometimes")
 
 
 @pytest.mark.parametrize(

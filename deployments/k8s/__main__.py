@@ -1,0 +1,5 @@
+import sys
+
+from deployments.k8s.cli import main
+
+sys.exit(main())
