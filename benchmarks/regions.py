@@ -294,7 +294,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         time.sleep(2)  # the routers' shared state follows within a second
         result["cold_start_avoidance"] = asyncio.run(cold_start_avoidance(base_url))
         result["overload_3x"] = asyncio.run(overload(base_url, args.regions_phase_s))
-        # ap back up for the outage: a Tokyo request woke it; wait for the replica.
+        # ap held up for the outage (the cold-start case let it go back to zero at once).
+        ap["autoscaling_config"].update(
+            min_replicas=1, downscale_delay_s=600, downscale_to_zero_delay_s=600
+        )
+        (root / "serve.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        cluster.cli("serve", "deploy", str(root / "serve.yaml"))
         wait_until(
             lambda: status()["deployments"]["embedding-ap"]["replica_states"].get("RUNNING"),
             300,

@@ -53,6 +53,7 @@ class EdgeNetwork:
             geoip,
         )
         self._ranker = ColoRanker(self._topology, config.latency, config.routing)
+        self._regions = config.region_map()
         self._health = OutlierDetector(ids, config.health, clock)
         self._slots = InFlightCounter({colo.id: colo.capacity for colo in self._topology.colos})
         # Separate streams, so turning jitter on does not change which requests fail.
@@ -154,6 +155,7 @@ class EdgeNetwork:
                     "id": colo.id,
                     "city": colo.city,
                     "country": colo.country,
+                    "region": self._regions.home(colo.id),
                     "lat": colo.lat,
                     "lon": colo.lon,
                     "models": colo.models,

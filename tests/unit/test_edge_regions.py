@@ -250,3 +250,14 @@ def test_backhaul_off_makes_regions_free_to_reach() -> None:
 def test_bad_regions_are_named(regions: dict[str, object], problem: str) -> None:
     with pytest.raises(EdgeConfigError, match=problem):
         EdgeConfig.from_mapping({"regions": regions})
+
+
+def test_admin_colo_states_name_each_colos_region() -> None:
+    from edge_sim.geo import CountryCentroids
+    from edge_sim.network import EdgeNetwork
+
+    network = EdgeNetwork(
+        EdgeConfig.from_mapping({"regions": REGIONS}), centroids=CountryCentroids({})
+    )
+    regions = {state["id"]: state["region"] for state in network.colo_states()}
+    assert regions["NRT"] == "ap" and regions["FRA"] == "eu" and regions["ORD"] == "us"
