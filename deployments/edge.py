@@ -124,7 +124,10 @@ class RegionPools:
     def cold_start_ms(self, model: str) -> float:
         return self.snapshot.cold_start_ms.get(model, self._default_cold_start_ms)
 
-    def report(self, model: str, region: str, kind: OutcomeKind, cold_ms: float | None = None):
+    def report(
+        self, model: str, region: str, kind: OutcomeKind, cold_ms: float | None = None
+    ) -> None:
+        """How an attempt went; back-pressure also marks the pool full here at once."""
         if kind == "saturated":
             self._full_until[(model, region)] = self._clock() + self.policy.saturation_hold_s
         if self._control is not None:
@@ -147,7 +150,7 @@ class RegionPools:
 
     async def ready(self) -> None:
         """Start syncing with edge-control if not yet; the first request waits for one snapshot
-        (at most a second), so it routes from real state."""
+        (FIRST_SYNC_TIMEOUT_S at most), so it routes from real state."""
         if self._control is None or self._synced is None:
             return
         if self._syncer is None or self._syncer.done():
@@ -159,6 +162,7 @@ class RegionPools:
                 log.warning("no region state from edge-control yet: routing by distance")
 
     async def sync(self) -> None:
+        """Hand edge-control this replica's outcomes; take every pool's state in return."""
         outcomes, self._outcomes = self._outcomes, []
         try:
             self.snapshot = await self._control.sync.remote(outcomes)
