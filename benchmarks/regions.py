@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import statistics
 import tempfile
 import time
@@ -29,6 +30,7 @@ from edge_sim.config import EdgeConfig
 from edge_sim.regions import PoolView, plan_regions
 
 REPO = Path(__file__).resolve().parent.parent
+log = logging.getLogger("benchmarks")
 ADMIN_KEY = "bench-admin-key"
 LOAD_KEY = "sk-bench-load-0000"
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
@@ -261,6 +263,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "RAY_health_check_failure_threshold": "3",
     }
     cluster = LocalCluster.start(num_cpus=2, resources={"region:eu": 100, "ingress": 100}, env=env)
+    phase = "cluster"
     try:
         for region in ("us", "ap"):
             cluster.add_node(region, num_cpus=1, resources={f"region:{region}": 100})
@@ -275,6 +278,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         wait_until(lambda: status()["status"] == "RUNNING", 600, "the app RUNNING", every_s=2)
         edge = EdgeConfig.from_mapping(config["applications"][0]["args"]["edge"])
+        phase = "all_warm"
+        log.info("regions: all warm, %d rounds", args.regions_rounds)
         result["all_warm"] = asyncio.run(all_warm(base_url, edge, args.regions_rounds))
         # The detour case needs ap cold for `embedding`: redeploy it at zero there.
         ap = next(
@@ -290,13 +295,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             states = status()["deployments"]["embedding-ap"]["replica_states"]
             return not states.get("RUNNING") and not states.get("STARTING")
 
+        phase = "cold_start_avoidance"
         wait_until(ap_at_zero, 300, "embedding-ap at zero", every_s=2)
         time.sleep(2)  # the routers' shared state follows within a second
+        log.info("regions: cold-start avoidance")
         result["cold_start_avoidance"] = asyncio.run(cold_start_avoidance(base_url))
+        phase = "overload_3x"
+        log.info("regions: overload")
         result["overload_3x"] = asyncio.run(overload(base_url, args.regions_phase_s))
         # ap held up for the outage (the cold-start case let it go back to zero at once).
         ap["autoscaling_config"].update(
-            min_replicas=1, downscale_delay_s=600, downscale_to_zero_delay_s=600
+            min_replicas=1, initial_replicas=1, downscale_delay_s=600, downscale_to_zero_delay_s=600
         )
         (root / "serve.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         cluster.cli("serve", "deploy", str(root / "serve.yaml"))
@@ -306,7 +315,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "embedding-ap running",
             every_s=2,
         )
+        phase = "region_outage"
+        log.info("regions: outage")
         result["region_outage"] = asyncio.run(outage(base_url, cluster, args.regions_phase_s))
+    except Exception as exc:  # noqa: BLE001 - what was measured is kept, the failure named
+        log.exception("regions: %s failed", phase)
+        result["error"] = f"{phase}: {type(exc).__name__}: {exc}"
     finally:
         cluster.stop()
     return result
