@@ -22,9 +22,8 @@ REGIONS = {
     "us": {"lat": 39.04, "lon": -77.49},
     "ap": {"lat": 1.36, "lon": 103.99},
 }
-# From Tokyo: ap is nearest, then us, then eu (RTTs in ms, as the region map gives them).
-FROM_TOKYO = [("ap", 80.0), ("us", 165.0), ("eu", 145.0)]
-FROM_TOKYO = sorted(FROM_TOKYO, key=lambda entry: (entry[0] != "ap", entry[1]))
+# From Tokyo: its own region ap first, then the others by RTT (ms), as the region map gives them.
+FROM_TOKYO = [("ap", 80.0), ("eu", 145.0), ("us", 165.0)]
 WARM = PoolView(running=1)
 COLD = PoolView(running=0)
 COLD_START_MS = 3000.0
