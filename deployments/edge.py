@@ -278,7 +278,9 @@ class EdgeDispatcher(Generic[T]):
         tried: list[str] = list(skipped)
         failed, spilled = bool(skipped), False
         last_error: ServingError | None = None
-        candidates = plan.candidates
+        # Fewer regions than attempts (one, without `regions`): the rest retry them in order;
+        # Serve routes a retry to another replica of the pool, or a restarted one.
+        candidates = [plan.candidates[i % len(plan.candidates)] for i in range(self.max_attempts)]
         for index, candidate in enumerate(candidates):
             remaining = deadline - time.monotonic()
             if remaining <= 0:

@@ -251,3 +251,28 @@ def test_a_colo_drilled_to_fail_passes_the_request_to_the_next_colo() -> None:
     assert trace.colo != "NRT" and trace.reason == "failover"
     assert trace.headers()["x-edge-failover"].startswith("NRT,")
     assert rig.reported == [Outcome(MODEL, trace.region, "ok")]  # no region blamed
+
+
+def test_with_one_region_a_failed_attempt_is_retried_there() -> None:
+    """Without `regions` there is one pool per model: a retry goes to it again (Serve picks
+    another replica, or the one that replaced a dead one)."""
+    config = EdgeConfig.from_mapping({"latency": {"real_delay_scale": 0}})
+    handle = FakeRegion("default")
+    calls = {"n": 0}
+
+    def first_fails(method: str) -> Any:
+        calls["n"] += 1
+        return _raise(RegionFaultError("dead replica")) if calls["n"] == 1 else _ok("default")
+
+    handle.behaviour = first_fails
+    pools = RegionPools({MODEL: {"default": handle}}, config.region_policy, 3000.0)
+    dispatcher: EdgeDispatcher[Reply[str]] = EdgeDispatcher(
+        EdgeNetwork(config, centroids=CountryCentroids({})), config.region_map(), pools, 3
+    )
+    reply, trace = asyncio.run(
+        dispatcher.dispatch(
+            MODEL, TOKYO, None, lambda h: h.complete.remote(), lambda r: r, deadline_s=5.0
+        )
+    )
+    assert reply.value == "default" and trace.reason == "failover"
+    assert trace.headers()["x-edge-failover"] == "default,default"
