@@ -22,7 +22,17 @@ log = logging.getLogger("benchmarks")
 
 # The registry: each name is a module benchmarks/<name>.py exposing `run(args) -> dict` and,
 # optionally, `add_arguments(parser)`. A name whose module is not written yet is reported, not run.
-SUITES: tuple[str, ...] = ("models", "router", "edge", "coldstart", "security", "regions")
+SUITES: tuple[str, ...] = (
+    "models",
+    "router",
+    "router_cpu",
+    "edge",
+    "coldstart",
+    "security",
+    "peers",
+    "structured",
+    "regions",
+)
 
 DEFAULT_MODELS_DIR = "models"
 DEFAULT_THREADS = 2

@@ -47,6 +47,14 @@ class ModelConfig(_Strict):
     num_cpus: float = Field(default=0.25, gt=0, le=64)
     num_gpus: float = Field(default=0.25, gt=0, le=8, description="used when accelerator is gpu")
     intra_op_threads: int = Field(default=1, ge=0, le=64, description="ONNX Runtime threads")
+    aliases: tuple[str, ...] = Field(
+        default=(),
+        description="other names clients may use, e.g. Workers AI catalogue names (@cf/...)",
+    )
+    categories: tuple[str, ...] = Field(
+        default=(), description="moderation: the categories the model really judges"
+    )
+    description: str = Field(default="", description="shown by GET .../ai/models/search")
 
 
 class BatchingConfig(_Strict):
@@ -100,6 +108,20 @@ class AppConfig(_Strict):
                 f"security.moderation_gate.moderation_model: {gate.moderation_model!r} "
                 "is not a moderation model"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _aliases_are_unambiguous(self) -> AppConfig:
+        owner: dict[str, str] = {name: name for name in self.models}
+        for name, model in self.models.items():
+            for alias in model.aliases:
+                if not alias.strip() or alias != alias.strip():
+                    raise ValueError(f"models.{name}.aliases: {alias!r} is blank or padded")
+                if alias in owner:
+                    raise ValueError(
+                        f"models.{name}.aliases: {alias!r} already names {owner[alias]!r}"
+                    )
+                owner[alias] = name
         return self
 
     @field_validator("models")

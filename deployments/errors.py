@@ -68,6 +68,12 @@ class BadHeaderValueError(InvalidRequestError):
         super().__init__(f"invalid {header} header: {message}", param=header)
 
 
+class UnsupportedParameterError(InvalidRequestError):
+    """An OpenAI parameter we do not honour; `param` names it (OpenAI's own code for this)."""
+
+    default_code = "unsupported_parameter"
+
+
 class ContextLengthExceededError(InvalidRequestError):
     default_code = "context_length_exceeded"
 

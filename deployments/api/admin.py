@@ -11,7 +11,7 @@ from edge_sim.faults import ColoFault
 
 
 def admin_routes(services: RouterServices) -> APIRouter:
-    def admin_only(request: Request) -> None:
+    async def admin_only(request: Request) -> None:  # async: no thread-pool hop (caller.py)
         services.keys.authorize_admin(request.headers.get("authorization"), request.url.path)
 
     routes = APIRouter(prefix="/admin", include_in_schema=False, dependencies=[Depends(admin_only)])

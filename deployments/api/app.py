@@ -21,11 +21,16 @@ def make_app(config: AppConfig, services: RouterServices) -> FastAPI:
         description="OpenAI-compatible and Workers-AI-style inference at the (simulated) edge",
         version="0.1.0",
     )
-    shapes = ErrorShapes({workers_ai.PREFIX: workers_ai.error_body})
+    shapes = ErrorShapes({}, by_pattern={workers_ai.ERROR_PATTERN: workers_ai.error_body})
     install_error_handler(app, shapes)
     app.include_router(health_routes(services))
     app.include_router(openai_routes(services))
     app.include_router(workers_ai.workers_ai_routes(services))
+    for prefix in workers_ai.ACCOUNT_PREFIXES:
+        # Workers AI's own paths, and its OpenAI-compatible ones (.../ai/v1/chat/completions):
+        # the cloudflare SDK and an OpenAI SDK with base_url .../ai/v1 both work unchanged.
+        app.include_router(workers_ai.workers_ai_routes(services, prefix))
+        app.include_router(openai_routes(services), prefix=prefix)
     app.include_router(admin_routes(services))
     app.add_middleware(BodyLimitMiddleware, limit=config.router.max_body_bytes, shapes=shapes)
     # Outermost, so a 413 is measured too. Ray Serve's proxy already echoes the client's

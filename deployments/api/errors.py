@@ -4,6 +4,7 @@ trace."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -35,11 +36,21 @@ class ErrorShapes:
     OpenAI's. By path, so errors raised before any route runs (bad JSON, 404, 405, 413) get it
     too."""
 
-    def __init__(self, by_prefix: Mapping[str, ErrorBody], default: ErrorBody = openai_error_body):
+    def __init__(
+        self,
+        by_prefix: Mapping[str, ErrorBody],
+        default: ErrorBody = openai_error_body,
+        by_pattern: Mapping[str, ErrorBody] | None = None,
+    ):
         self._by_prefix = dict(by_prefix)
         self._default = default
+        # Regular expressions, for prefixes with a path parameter (Cloudflare's account id).
+        self._by_pattern = [(re.compile(p), body) for p, body in (by_pattern or {}).items()]
 
     def body_for(self, path: str) -> ErrorBody:
+        for pattern, body in self._by_pattern:
+            if pattern.match(path):
+                return body
         for prefix, body in self._by_prefix.items():
             if path == prefix or path.startswith(prefix + "/"):
                 return body

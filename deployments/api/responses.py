@@ -1,31 +1,69 @@
-"""JSON bodies, encoded once: our answers are already validated models, so routes return them as
-responses directly instead of letting FastAPI validate them again."""
+"""JSON bodies, encoded once and in one place, by orjson: our answers are already validated models
+or plain data built from them, so routes return them as responses directly instead of letting
+FastAPI validate them again, and numpy vectors are written as they are, never as one Python float
+per dimension."""
 
 from __future__ import annotations
 
-import json
+import logging
 from collections.abc import Mapping
 from typing import Any
 
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+import numpy as np
+import orjson
+from starlette.responses import Response
+
+from deployments.protocol import json_ready
+
+# float32 arrays are written as the shortest text that reads back as the same float32.
+OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+
+log = logging.getLogger("ray.serve")
 
 
-def jsonable(value: Any) -> Any:
-    """A response model (or plain data holding some) as JSON-ready data."""
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json", by_alias=True)
-    if isinstance(value, list):
-        return [jsonable(item) for item in value]
-    return value
+def _default(value: Any) -> Any:
+    """What orjson leaves to us: arrays it will not write as they are (a non-contiguous slice,
+    an unsupported dtype) and numpy scalars of such dtypes."""
+    if isinstance(value, np.ndarray):
+        return np.ascontiguousarray(value).tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def encode_json(body: Any) -> bytes:
+    """`body` (a response model, plain data holding some, numpy arrays) as compact UTF-8 JSON."""
+    return orjson.dumps(json_ready(body), default=_default, option=OPTIONS)
+
+
+class JSONBody(Response):
+    """Starlette's JSONResponse, encoded by `encode_json`."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return encode_json(content)
 
 
 def json_response(
     body: Any, headers: Mapping[str, str] | None = None, status: int = 200
-) -> JSONResponse:
-    return JSONResponse(jsonable(body), status_code=status, headers=dict(headers or {}))
+) -> JSONBody:
+    return JSONBody(body, status_code=status, headers=dict(headers or {}))
 
 
 def json_text(body: Any) -> str:
-    """One SSE event's data, encoded as JSONResponse would encode it."""
-    return json.dumps(jsonable(body), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    """One SSE event's data, encoded as `json_response` encodes a body."""
+    return encode_json(body).decode()
+
+
+IGNORED_FIELDS_HEADER = "x-ignored-fields"
+
+
+def ignored_fields_header(body: Any) -> dict[str, str]:
+    """Fields of the request OpenAI does not define, which we accepted and did not use: named
+    in a response header (and the log), never dropped silently."""
+    ignored = body.ignored_fields() if hasattr(body, "ignored_fields") else []
+    if not ignored:
+        return {}
+    log.info("ignored request fields: %s", ", ".join(ignored))
+    return {IGNORED_FIELDS_HEADER: ", ".join(ignored)}

@@ -1,12 +1,15 @@
-"""The Workers-AI-style API: `POST /ai/run/{model}` runs any model with its task's natural input
-and answers in Cloudflare's `{result, success, errors, messages}` envelope, errors included."""
+"""The Workers AI API: `POST /ai/run/{model}`, and Cloudflare's own paths
+`/client/v4/accounts/{account_id}/ai/run/{model}` and `/accounts/{account_id}/ai/run/{model}` (what
+the cloudflare SDK calls; the model a path, so `@cf/...` catalogue names work), run any model with
+its task's natural input and answer in Cloudflare's `{result, success, errors, messages}`
+envelope, errors included; `.../ai/models/search` lists the models as Workers AI does."""
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations at runtime,
 # and `Authenticated` is local to the router factory.
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Response
+from fastapi import APIRouter, Body, Depends, Query, Response
 from pydantic import ValidationError
 
 from deployments.api.caller import Caller, caller_of
@@ -16,27 +19,38 @@ from deployments.errors import ServingError
 from deployments.protocol import (
     WORKERS_INPUT_BY_TASK,
     WorkersChatResult,
-    WorkersEmbeddingResult,
     error_envelope,
     ok_envelope,
     request_error_from_validation,
     workers_chat_to_chat_request,
+    workers_embedding_result,
+)
+from deployments.protocol.workers_ai import (
+    MAX_MODELS_PER_PAGE,
+    WorkersModerationVerdict,
+    WorkersToolCall,
+    page_envelope,
+    unknown_fields_error,
 )
 from deployments.runtime.llm import GenerationChunk
 from deployments.serving.services import RouterServices
 
 PREFIX = "/ai"
+# Cloudflare's account-scoped prefixes (with and without the API's /client/v4 base)
+ACCOUNT_PREFIXES = ("/client/v4/accounts/{account_id}/ai", "/accounts/{account_id}/ai")
+# Paths answered in the envelope: ours and Cloudflare's, except the OpenAI-compatible /ai/v1/*.
+ERROR_PATTERN = r"^(/ai|(/client/v4)?/accounts/[^/]+/ai)(/(?!v1/)|$)"
 
 
 def error_body(error: ServingError) -> dict[str, Any]:
     return error_envelope(error.status, error.message)
 
 
-def workers_ai_routes(services: RouterServices) -> APIRouter:
-    routes = APIRouter(prefix=PREFIX)
+def workers_ai_routes(services: RouterServices, prefix: str = PREFIX) -> APIRouter:
+    routes = APIRouter(prefix=prefix)
     Authenticated = Annotated[Caller, Depends(caller_of(services.keys))]
 
-    @routes.post("/run/{model_name}")
+    @routes.post("/run/{model_name:path}")
     async def run_model(
         model_name: str, body: Annotated[dict[str, Any], Body()], caller: Authenticated
     ) -> Response:
@@ -48,6 +62,9 @@ def workers_ai_routes(services: RouterServices) -> APIRouter:
             task_input: Any = WORKERS_INPUT_BY_TASK[model.task].model_validate(body)
         except ValidationError as exc:
             raise request_error_from_validation(exc.errors()) from None
+        unknown = unknown_fields_error(task_input, model.task)
+        if unknown is not None:
+            raise unknown
         result: Any
         if model.task == "chat":
             chat = workers_chat_to_chat_request(model.name, task_input)
@@ -56,18 +73,32 @@ def workers_ai_routes(services: RouterServices) -> APIRouter:
                 return event_stream(workers_chunks(stream.value), error_body, stream.headers)
             answer: Any = await services.chat.complete(chat, ctx, telemetry, use_cache=False)
             completion = answer.value
+            message = completion.choices[0].message
+            calls = [WorkersToolCall.from_openai(c) for c in message.tool_calls or []]
             result = WorkersChatResult(
-                response=completion.choices[0].message.content, usage=completion.usage
+                response=message.content, usage=completion.usage, tool_calls=calls or None
             )
         elif model.task == "embedding":
             answer = await services.embeddings.embed(model.name, task_input.texts, ctx, telemetry)
-            result = WorkersEmbeddingResult.from_vectors(answer.value.vectors)
+            result = workers_embedding_result(answer.value.vectors)
         else:
             answer = await services.moderations.classify(
                 model.name, task_input.texts, ctx, telemetry
             )
-            result = answer.value
+            result = [WorkersModerationVerdict.of(verdict) for verdict in answer.value]
         return json_response(ok_envelope(result), answer.headers)
+
+    @routes.get("/models/search")
+    async def search_models(
+        caller: Authenticated,
+        search: str | None = None,
+        task: str | None = None,
+        page: Annotated[int, Query(ge=1)] = 1,
+        per_page: Annotated[int, Query(ge=1, le=MAX_MODELS_PER_PAGE)] = 50,
+    ) -> Response:
+        """The models (by every name they answer to) in Workers AI's catalogue shape, paged."""
+        models = services.catalogue.workers_models(search, task)
+        return json_response(page_envelope(models, page, per_page))
 
     return routes
 

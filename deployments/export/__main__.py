@@ -31,6 +31,12 @@ def _parser() -> argparse.ArgumentParser:
     emb.add_argument("--out", type=Path, required=True)
     emb.add_argument("--quantize", choices=("int8",), default=None)
     emb.add_argument("--verify", action="store_true")
+    emb.add_argument(
+        "--graph",
+        choices=("fused", "plain"),
+        default="fused",
+        help="fused: ONNX Runtime's BERT fusions (default); plain: the unfused dynamo export",
+    )
     mod = sub.add_parser("moderation", help="text moderation classifier")
     mod.add_argument("--from", dest="source", help="dir with the scikit-learn model")
     mod.add_argument("--out", type=Path, required=True)
@@ -78,7 +84,13 @@ def main(argv: list[str] | None = None) -> int:
         elif args.model == "embedding":
             from deployments.export.embedding import export_embedding
 
-            export_embedding(args.source, args.out, verify=args.verify, quantize=args.quantize)
+            export_embedding(
+                args.source,
+                args.out,
+                verify=args.verify,
+                quantize=args.quantize,
+                graph=args.graph,
+            )
         else:
             from deployments.export.moderation import export_moderation
 

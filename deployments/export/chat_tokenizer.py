@@ -26,18 +26,32 @@ _TEXT_MACRO = (
     "{%- endmacro -%}"
 )
 
-# GLM-4: the message layout of THUDM/glm-4-9b-chat-hf (and GLM-4-0414) `chat_template`: the
-# `[gMASK]<sop>` prefix, every system message first, then `<|role|>\n content` per turn and a bare
-# `<|assistant|>` as the generation prompt. Reproduced from that template as mirrored in public
-# repositories; left out: the tool-declaration system block and `metadata` (function-call) turns,
-# which this platform does not serve. `tool` is accepted as an alias of GLM's `observation`.
+# GLM-4: the message layout of THUDM/glm-4-9b-chat-hf and GLM-4-0414's `chat_template`: the
+# `[gMASK]<sop>` prefix, the tool declarations (`# 可用工具`, one `## name` and its JSON per
+# function), every system message, then `<|role|>\n content` per turn and a bare `<|assistant|>`
+# as the generation prompt. A past tool call is `<|assistant|>{name}\n{arguments}` (the model
+# writes calls the same way); a tool result is an `<|observation|>` turn. Reproduced from those
+# templates as mirrored in public repositories; left out: `metadata` turns and `</think>`.
 GLM4_CHAT_TEMPLATE = (
-    "[gMASK]<sop>" + _TEXT_MACRO + "{%- for message in messages if message['role'] == 'system' -%}"
+    "[gMASK]<sop>" + _TEXT_MACRO + "{%- if tools -%}<|system|>\n# 可用工具"
+    "{%- for tool in tools -%}"
+    "{%- set function = tool['function'] if tool.get('function') else tool -%}"
+    "{{ '\\n\\n## ' }}{{ function['name'] }}{{ '\\n\\n' }}"
+    "{{ function | tojson(indent=4) }}{{ '\\n' }}"
+    "在调用上述函数时，请使用 Json 格式表示调用的参数。"
+    "{%- endfor -%}"
+    "{%- endif -%}"
+    "{%- for message in messages if message['role'] == 'system' -%}"
     "<|system|>\n{{ text(message['content']) }}"
     "{%- endfor -%}"
     "{%- for message in messages if message['role'] != 'system' -%}"
     "{%- set role = message['role'] -%}"
     "{%- if role == 'user' -%}<|user|>\n{{ text(message['content']) }}"
+    "{%- elif role == 'assistant' and message.get('tool_calls') -%}"
+    "{%- if message['content'] -%}<|assistant|>\n{{ text(message['content']) }}{%- endif -%}"
+    "{%- for call in message['tool_calls'] -%}"
+    "<|assistant|>{{ call['function']['name'] }}\n{{ call['function']['arguments'] }}"
+    "{%- endfor -%}"
     "{%- elif role == 'assistant' -%}<|assistant|>\n{{ text(message['content']) }}"
     "{%- elif role == 'observation' or role == 'tool' -%}<|observation|>\n"
     "{{ text(message['content']) }}"
@@ -47,13 +61,19 @@ GLM4_CHAT_TEMPLATE = (
 )
 
 # Kimi-K2: moonshotai/Kimi-K2-Instruct `chat_template.jinja` (as mirrored in llama.cpp's tests):
-# `<|im_{role}|>{name or role}<|im_middle|>content<|im_end|>`, tool results as a system turn named
-# `tool`, and Kimi's default system prompt when the conversation does not start with one. Left out:
-# the `tool_declare` block, assistant `tool_calls` and media parts. Deviation: a tool result is
-# `## Return of {id}\n{content}` (the original's indentation leaks 4 spaces after the newline).
+# the `tool_declare` system turn (the tools as compact JSON) when tools are given, then
+# `<|im_{role}|>{name or role}<|im_middle|>content<|im_end|>`, an assistant's past calls in a
+# `<|tool_calls_section_begin|>` section (`<|tool_call_begin|>{id}<|tool_call_argument_begin|>
+# {arguments}<|tool_call_end|>` each), tool results as a system turn named `tool`, and Kimi's
+# default system prompt when the conversation does not start with one. Left out: media parts.
+# Deviation: a tool result is `## Return of {id}\n{content}` (the original's indentation leaks 4
+# spaces after the newline).
 KIMI_K2_DEFAULT_SYSTEM = "You are Kimi, an AI assistant created by Moonshot AI."
 KIMI_K2_CHAT_TEMPLATE = (
-    _TEXT_MACRO + "{%- for message in messages -%}"
+    _TEXT_MACRO + "{%- if tools -%}"
+    "<|im_system|>tool_declare<|im_middle|>{{ tools | tojson(separators=(',', ':')) }}<|im_end|>"
+    "{%- endif -%}"
+    "{%- for message in messages -%}"
     "{%- if loop.first and messages[0]['role'] != 'system' -%}"
     "<|im_system|>system<|im_middle|>" + KIMI_K2_DEFAULT_SYSTEM + "<|im_end|>"
     "{%- endif -%}"
@@ -65,6 +85,14 @@ KIMI_K2_CHAT_TEMPLATE = (
     "{%- if message['role'] == 'tool' -%}"
     "## Return of {{ message.get('tool_call_id', '') }}\n{{ text(message['content']) }}"
     "{%- else -%}{{ text(message['content']) }}"
+    "{%- endif -%}"
+    "{%- if message['role'] == 'assistant' and message.get('tool_calls') -%}"
+    "<|tool_calls_section_begin|>"
+    "{%- for call in message['tool_calls'] -%}"
+    "<|tool_call_begin|>{{ call['id'] }}<|tool_call_argument_begin|>"
+    "{{ call['function']['arguments'] }}<|tool_call_end|>"
+    "{%- endfor -%}"
+    "<|tool_calls_section_end|>"
     "{%- endif -%}"
     "<|im_end|>"
     "{%- endfor -%}"

@@ -15,6 +15,7 @@ from pydantic import (
     Field,
     ModelWrapValidatorHandler,
     PrivateAttr,
+    ValidationInfo,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -27,6 +28,7 @@ INVALID_UTF8 = "invalid_utf8"
 EMPTY_INPUT = "empty_input"
 UNSUPPORTED_CONTENT = "unsupported_content"
 UNSUPPORTED_VALUE = "unsupported_value"
+UNSUPPORTED_PARAMETER = "unsupported_parameter"
 
 
 def ensure_utf8(text: str) -> str:
@@ -61,7 +63,12 @@ def check_text_inputs(value: Any, *, max_items: int) -> Any:
         raise PydanticCustomError(EMPTY_INPUT, "must not be an empty list")
     is_token_ids = all(isinstance(item, int) and not isinstance(item, bool) for item in value)
     if is_token_ids or all(isinstance(item, list) for item in value):
-        raise PydanticCustomError(UNSUPPORTED_CONTENT, "token arrays are not supported; send text")
+        raise PydanticCustomError(
+            UNSUPPORTED_CONTENT,
+            "token arrays are not supported: they are ids of another model's tokenizer "
+            "(OpenAI's tiktoken), which mean nothing to ours; send the text itself (LangChain: "
+            "OpenAIEmbeddings(..., check_embedding_ctx_length=False))",
+        )
     if len(value) > max_items:
         raise PydanticCustomError(
             "too_long",
@@ -133,6 +140,16 @@ class LenientModel(BaseModel):
                         yield from item._ignored_paths(f"{prefix}{name}.{index}.")
 
 
+def reject_unsupported(value: Any, info: ValidationInfo) -> Any:
+    """A field validator for an OpenAI parameter we do not honour: any value but null (which
+    means "not given") is a 400 naming it, never a silent drop."""
+    raise PydanticCustomError(
+        UNSUPPORTED_PARAMETER,
+        "'{name}' is an OpenAI parameter this server does not support",
+        {"name": info.field_name},
+    )
+
+
 class OpenAIRequest(LenientModel):
     """A top-level request body. `ignored_fields()` lists what was accepted but not used, nested
     ones as dotted paths ("messages.0.tool_calls"), so the router can log them."""
@@ -177,3 +194,13 @@ def moderation_id(uuid_source: Callable[[], uuid.UUID] = uuid.uuid4) -> str:
 def created_timestamp(clock: Callable[[], float] = time.time) -> int:
     """Unix seconds, as OpenAI's `created` fields are."""
     return int(clock())
+
+
+def json_ready(value: Any) -> Any:
+    """A response model, or plain data holding some (in lists), as data a JSON encoder writes;
+    anything else (dicts, numpy arrays) is left as it is."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", by_alias=True)
+    if isinstance(value, list):
+        return [json_ready(item) for item in value]
+    return value

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -50,17 +51,12 @@ def encode_embedding_base64(vector: Sequence[float] | np.ndarray) -> str:
 
 
 class Embedding(ResponseModel):
+    """One vector of a `CreateEmbeddingResponse`: the documented schema; bodies are built by
+    `EmbeddingList.body`."""
+
     object: Literal["embedding"] = "embedding"
     index: int
     embedding: list[float] | str
-
-    @classmethod
-    def from_vector(
-        cls, index: int, vector: Sequence[float] | np.ndarray, encoding_format: EncodingFormat
-    ) -> Embedding:
-        if encoding_format == "base64":
-            return cls(index=index, embedding=encode_embedding_base64(vector))
-        return cls(index=index, embedding=np.asarray(vector, dtype=np.float32).tolist())
 
 
 class EmbeddingUsage(ResponseModel):
@@ -73,3 +69,33 @@ class CreateEmbeddingResponse(ResponseModel):
     data: list[Embedding]
     model: str
     usage: EmbeddingUsage
+
+
+@dataclass(frozen=True, eq=False)  # eq on arrays is ambiguous
+class EmbeddingList:
+    """A `CreateEmbeddingResponse` before encoding. The vectors stay one float32 matrix from the
+    replica to the encoder: a model per vector, validating a Python float per dimension, cost the
+    router more CPU than the model spent."""
+
+    vectors: np.ndarray  # one row per input, in input order
+    model: str
+    prompt_tokens: int
+    encoding_format: EncodingFormat = "float"
+
+    def body(self) -> dict[str, Any]:
+        """The response as JSON-ready data: float rows stay numpy (the router's encoder writes
+        each float32 as the shortest text that reads back as it), base64 rows are strings."""
+        encode: Any = encode_embedding_base64 if self.encoding_format == "base64" else _as_float32
+        return {
+            "object": "list",
+            "data": [
+                {"object": "embedding", "index": index, "embedding": encode(row)}
+                for index, row in enumerate(self.vectors)
+            ],
+            "model": self.model,
+            "usage": {"prompt_tokens": self.prompt_tokens, "total_tokens": self.prompt_tokens},
+        }
+
+
+def _as_float32(row: np.ndarray) -> np.ndarray:
+    return np.asarray(row, dtype=np.float32)

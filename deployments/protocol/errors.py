@@ -10,8 +10,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from deployments.errors import EmptyInputError, InvalidRequestError, InvalidUTF8Error
-from deployments.protocol.common import EMPTY_INPUT, INVALID_UTF8
+from deployments.errors import (
+    EmptyInputError,
+    InvalidRequestError,
+    InvalidUTF8Error,
+    UnsupportedParameterError,
+)
+from deployments.protocol.common import EMPTY_INPUT, INVALID_UTF8, UNSUPPORTED_PARAMETER
 
 # Past a few errors a message stops being read; the count of the rest is enough.
 MAX_LISTED_ERRORS = 3
@@ -25,7 +30,11 @@ _SCALAR_TAGS = frozenset({"str", "int", "float", "bool", "none", "list", "dict"}
 _NOISE_PREFIXES = ("Value error, ", "Assertion failed, ")
 
 _ERROR_CLASS_BY_TYPE: Mapping[str, type[InvalidRequestError]] = MappingProxyType(
-    {INVALID_UTF8: InvalidUTF8Error, EMPTY_INPUT: EmptyInputError}
+    {
+        INVALID_UTF8: InvalidUTF8Error,
+        EMPTY_INPUT: EmptyInputError,
+        UNSUPPORTED_PARAMETER: UnsupportedParameterError,
+    }
 )
 
 

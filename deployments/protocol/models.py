@@ -20,6 +20,14 @@ class ModelCard(ResponseModel):
     owned_by: str = OWNED_BY
     task: Task = Field(description="Extension: which endpoint serves this model.")
     family: str | None = Field(default=None, description="Extension: the model family.")
+    aliases: list[str] = Field(
+        default_factory=list, description="Extension: other names this model answers to."
+    )
+    categories: list[str] | None = Field(
+        default=None,
+        description="Extension (moderation): the categories the model really judges; OpenAI's "
+        "others are always false / 0.0.",
+    )
 
 
 class ModelList(ResponseModel):

@@ -1,5 +1,6 @@
-"""`POST /v1/moderations`: text inputs in, one verdict per input out. Categories are whatever the
-model scores (ours: `harassment` and `profanity`), not OpenAI's fixed thirteen."""
+"""`POST /v1/moderations`: text inputs in, one verdict per input out. Every category of OpenAI's
+schema is present (the SDK's types require all thirteen); those the model does not judge are
+`false` / `0.0` with no applied input types; the model's own extras (ours: `profanity`) follow."""
 
 from __future__ import annotations
 
@@ -19,6 +20,23 @@ DEFAULT_MODERATION_MODEL = "moderation"
 MAX_MODERATION_INPUTS = 2048
 
 InputType = Literal["text"]
+
+# OpenAI's moderation categories, as `openai.types.Moderation` names them.
+OPENAI_CATEGORIES = (
+    "harassment",
+    "harassment/threatening",
+    "hate",
+    "hate/threatening",
+    "illicit",
+    "illicit/violent",
+    "self-harm",
+    "self-harm/instructions",
+    "self-harm/intent",
+    "sexual",
+    "sexual/minors",
+    "violence",
+    "violence/graphic",
+)
 
 
 class ModerationRequest(OpenAIRequest):
@@ -43,16 +61,19 @@ class Moderation(ResponseModel):
 
     @classmethod
     def from_scores(cls, scores: Mapping[str, float], flags: Mapping[str, bool]) -> Moderation:
-        """A text-only verdict; `flagged` if any category is. Categories come out sorted so a
-        response's bytes do not depend on the order the model listed them in."""
+        """A text-only verdict; `flagged` if any judged category is. OpenAI's categories the
+        model does not judge are false / 0.0 with no input types. Categories come out sorted so
+        a response's bytes do not depend on the order the model listed them in."""
         if set(scores) != set(flags):
             raise ValueError(f"scored {sorted(scores)} but flagged {sorted(flags)}")
-        names = sorted(scores)
+        names = sorted(set(scores) | set(OPENAI_CATEGORIES))
         return cls(
-            flagged=any(flags[name] for name in names),
-            categories={name: bool(flags[name]) for name in names},
-            category_scores={name: float(scores[name]) for name in names},
-            category_applied_input_types={name: ["text"] for name in names},
+            flagged=any(flags.values()),
+            categories={name: bool(flags.get(name, False)) for name in names},
+            category_scores={name: float(scores.get(name, 0.0)) for name in names},
+            category_applied_input_types={
+                name: ["text"] if name in scores else [] for name in names
+            },
         )
 
 

@@ -4,48 +4,103 @@ OpenAI chat request so one code path serves both APIs."""
 
 from __future__ import annotations
 
+import json
+import uuid
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
+from deployments.errors import InvalidRequestError
 from deployments.protocol.chat import (
     ChatCompletionRequest,
     ChatMessage,
+    ResponseFormat,
     StopSequences,
     check_stop_sequences,
 )
 from deployments.protocol.common import (
+    LenientModel,
     OpenAIRequest,
     ResponseModel,
     Usage,
     Utf8Str,
     as_text_list,
     check_text_inputs,
+    json_ready,
 )
 from deployments.protocol.embeddings import MAX_EMBEDDING_INPUTS
 from deployments.protocol.models import Task
-from deployments.protocol.moderations import MAX_MODERATION_INPUTS
+from deployments.protocol.moderations import MAX_MODERATION_INPUTS, Moderation
 
 # The fields a Workers chat input shares, by name and meaning, with the OpenAI chat request.
-SHARED_CHAT_FIELDS = frozenset({"max_tokens", "temperature", "top_p", "seed", "stream", "stop"})
+SHARED_CHAT_FIELDS = frozenset(
+    {
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "seed",
+        "stream",
+        "stop",
+        "raw",
+        "repetition_penalty",
+        "frequency_penalty",
+        "presence_penalty",
+    }
+)
+
+
+def unknown_fields_error(task_input: OpenAIRequest, task: str) -> InvalidRequestError | None:
+    """Workers AI refuses what its schemas do not define: the 400 naming the first such field."""
+    ignored = task_input.ignored_fields()
+    if not ignored:
+        return None
+    known = ", ".join(sorted(type(task_input).model_fields))
+    return InvalidRequestError(
+        f"unknown field {ignored[0]!r} for a {task} model (it takes: {known})", param=ignored[0]
+    )
+
+
+class WorkersResponseFormat(LenientModel):
+    """Workers AI's JSON mode: `json_schema` is the schema itself (not OpenAI's wrapper)."""
+
+    type: Literal["json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+    def as_openai(self) -> ResponseFormat:
+        if self.type == "json_object" or self.json_schema is None:
+            return ResponseFormat(type="json_object")
+        return ResponseFormat.model_validate(
+            {
+                "type": "json_schema",
+                "json_schema": {"name": "workers_ai", "schema": self.json_schema},
+            }
+        )
 
 
 class WorkersChatInput(OpenAIRequest):
-    """Workers AI text generation: either a bare `prompt` (one user turn) or a `messages`
-    conversation, never both. Sampling fields take OpenAI's ranges (the same engine serves both
-    APIs); unknown fields are accepted and ignored."""
+    """Workers AI text generation: either a bare `prompt` (one user turn, or with `raw` the
+    whole prompt, no chat template) or a `messages` conversation, never both. Sampling fields
+    take OpenAI's ranges (the same engine serves both APIs); an unknown field is a 400."""
 
     prompt: Utf8Str | None = Field(default=None, min_length=1)
     messages: list[ChatMessage] | None = Field(default=None, min_length=1, validate_default=True)
+    raw: bool = False
+    stream: bool = False
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
     seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
-    stream: bool = False
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    response_format: WorkersResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = None
     stop: StopSequences | None = None
 
     @field_validator("messages")
@@ -110,28 +165,55 @@ def workers_chat_to_chat_request(model: str, chat_input: WorkersChatInput) -> Ch
     else:
         messages = [ChatMessage(role="user", content=chat_input.prompt)]
     shared = chat_input.model_dump(include=set(SHARED_CHAT_FIELDS), exclude_unset=True)
-    return ChatCompletionRequest(model=model, messages=messages, **shared)
+    extra: dict[str, Any] = {}
+    if chat_input.response_format is not None:
+        extra["response_format"] = chat_input.response_format.as_openai()
+    if chat_input.tools:
+        # Workers AI takes OpenAI's {type, function} tools and its own flat {name, parameters}.
+        extra["tools"] = [
+            tool if "function" in tool else {"type": "function", "function": tool}
+            for tool in chat_input.tools
+        ]
+    return ChatCompletionRequest.model_validate(
+        {"model": model, "messages": messages, **shared, **extra}
+    )
+
+
+class WorkersToolCall(ResponseModel):
+    name: str
+    arguments: Any  # Workers AI gives the arguments as an object (the text if it is not JSON)
+
+    @classmethod
+    def from_openai(cls, call: Any) -> WorkersToolCall:
+        try:
+            arguments = json.loads(call.function.arguments)
+        except json.JSONDecodeError:
+            arguments = call.function.arguments
+        return cls(name=call.function.name, arguments=arguments)
 
 
 class WorkersChatResult(ResponseModel):
     """A whole answer, or, streamed, one `data:` event per piece of text."""
 
-    response: str
+    response: str | None
     usage: Usage | None = None
+    tool_calls: list[WorkersToolCall] | None = None
 
 
 class WorkersEmbeddingResult(ResponseModel):
+    """The documented schema; bodies are built by `workers_embedding_result`."""
+
     shape: list[int]
     data: list[list[float]]
 
-    @classmethod
-    def from_vectors(
-        cls, vectors: np.ndarray | Sequence[Sequence[float]]
-    ) -> WorkersEmbeddingResult:
-        matrix = np.asarray(vectors, dtype=np.float32)
-        if matrix.ndim != 2:
-            raise ValueError(f"expected one vector per text, got an array of shape {matrix.shape}")
-        return cls(shape=list(matrix.shape), data=matrix.tolist())
+
+def workers_embedding_result(vectors: np.ndarray | Sequence[Sequence[float]]) -> dict[str, Any]:
+    """A `WorkersEmbeddingResult` as JSON-ready data: the matrix stays float32 numpy, which the
+    router's encoder writes without a Python float per element."""
+    matrix = np.asarray(vectors, dtype=np.float32)
+    if matrix.ndim != 2:
+        raise ValueError(f"expected one vector per text, got an array of shape {matrix.shape}")
+    return {"shape": list(matrix.shape), "data": matrix}
 
 
 class WorkersError(ResponseModel):
@@ -147,8 +229,9 @@ class WorkersEnvelope(ResponseModel):
 
 
 def ok_envelope(result: Any) -> dict[str, Any]:
-    """The JSON body of a success; `result` may be a model, a list of models or plain data."""
-    return WorkersEnvelope(result=result, success=True).model_dump(mode="json")
+    """The JSON body of a success; `result` may be a model, a list of models or plain data
+    (numpy arrays included). Built as data: the envelope is ours, validating it is waste."""
+    return {"result": json_ready(result), "success": True, "errors": [], "messages": []}
 
 
 def error_envelope(status: int, message: str) -> dict[str, Any]:
@@ -156,3 +239,89 @@ def error_envelope(status: int, message: str) -> dict[str, Any]:
     return WorkersEnvelope(
         success=False, errors=[WorkersError(code=status, message=message)]
     ).model_dump(mode="json")
+
+
+# Workers AI's task names, as its catalogue shows them
+WORKERS_TASK_NAMES: Mapping[Task, str] = MappingProxyType(
+    {"chat": "Text Generation", "embedding": "Text Embeddings", "moderation": "Text Classification"}
+)
+MAX_MODELS_PER_PAGE = 1000
+
+
+class WorkersTask(ResponseModel):
+    id: str
+    name: str
+    description: str
+
+
+class WorkersModelProperty(ResponseModel):
+    property_id: str
+    value: str
+
+
+class WorkersModel(ResponseModel):
+    """One entry of `GET .../ai/models/search` (the cloudflare SDK's `client.ai.models.list`)."""
+
+    id: str
+    source: int = 1
+    name: str
+    description: str
+    task: WorkersTask
+    tags: list[str] = Field(default_factory=list)
+    properties: list[WorkersModelProperty] = Field(default_factory=list)
+
+    @classmethod
+    def of(
+        cls, name: str, served_as: str, task: Task, family: str, description: str
+    ) -> WorkersModel:
+        """`name` as a client may call it (`served_as` is the deployment it reaches)."""
+        task_name = WORKERS_TASK_NAMES[task]
+        return cls(
+            id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"ray-edge-ai/{name}")),
+            name=name,
+            description=description or f"{family} ({task_name})",
+            task=WorkersTask(
+                id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"ray-edge-ai/task/{task}")),
+                name=task_name,
+                description=task_name,
+            ),
+            properties=[
+                WorkersModelProperty(property_id="served_as", value=served_as),
+                WorkersModelProperty(property_id="family", value=family),
+            ],
+        )
+
+
+class WorkersResultInfo(ResponseModel):
+    page: int
+    per_page: int
+    count: int
+    total_count: int
+
+
+def page_envelope(models: Sequence[WorkersModel], page: int, per_page: int) -> dict[str, Any]:
+    """One page of a list in Cloudflare's v4 envelope; a page past the end is empty."""
+    start = (page - 1) * per_page
+    chosen = list(models[start : start + per_page])
+    body = ok_envelope(chosen)
+    body["result_info"] = WorkersResultInfo(
+        page=page, per_page=per_page, count=len(chosen), total_count=len(models)
+    ).model_dump()
+    return body
+
+
+class WorkersModerationVerdict(Moderation):
+    """A moderation verdict over Workers AI: OpenAI's fields plus Workers AI's text
+    classification pair (`label`, `score`), so the cloudflare SDK's `TextClassification`
+    type is filled too."""
+
+    label: Literal["FLAGGED", "SAFE"]
+    score: float = Field(description="the highest category score")
+
+    @classmethod
+    def of(cls, verdict: Moderation) -> WorkersModerationVerdict:
+        return cls(
+            **verdict.model_dump(),
+            label="FLAGGED" if verdict.flagged else "SAFE",
+            score=max(verdict.category_scores.values(), default=0.0),
+        )

@@ -8,10 +8,13 @@ cache. An empty cache is one masked slot, which keeps every graph input non-empt
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeAlias
 
 import numpy as np
+import onnxruntime as ort
 
 from deployments.runtime.manifest import KVCacheLayout
 from deployments.runtime.session import OnnxSession
@@ -30,6 +33,10 @@ class KVCache:
         return int(self.layers[0][0].shape[2])
 
 
+# A batch's cache between steps: host arrays, or device OrtValues when the session binds IO.
+CacheTensor: TypeAlias = np.ndarray | ort.OrtValue
+
+
 class DecoderGraph:
     """Runs a KV-cache decoder graph; knows nothing of requests, sampling or text."""
 
@@ -38,6 +45,7 @@ class DecoderGraph:
         self.layout = layout
         key_name, _ = layout.past_names(0)
         self.cache_dtype = _ORT_FLOAT[session.input_type(key_name)]
+        self.run_s = 0.0  # seconds inside the graph, summed: the step profile's "graph" share
 
     def _empty_layer(self, batch: int, length: int) -> tuple[np.ndarray, np.ndarray]:
         heads = self.layout.num_kv_heads
@@ -53,6 +61,7 @@ class DecoderGraph:
         position_ids: np.ndarray,
         past: Sequence[tuple[np.ndarray, np.ndarray]],
     ) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+        """Everything through host memory: prefill and the parity references slice the cache."""
         feeds = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
@@ -61,12 +70,43 @@ class DecoderGraph:
         for layer, (key, value) in enumerate(past):
             key_name, value_name = self.layout.past_names(layer)
             feeds[key_name], feeds[value_name] = key, value
+        started = time.perf_counter()
         out = self.session.run(feeds)
-        present = [
+        self.run_s += time.perf_counter() - started
+        return out["logits"], self._present(out)
+
+    def _run_on_device(
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        position_ids: np.ndarray,
+        past: Sequence[tuple[CacheTensor, CacheTensor]],
+    ) -> tuple[np.ndarray, list[tuple[CacheTensor, CacheTensor]]]:
+        """A decode step whose cache stays in device memory: the past comes in as the previous
+        step's present OrtValues (a host array only right after the batch was re-padded) and
+        the present stays on the device; only the ids, mask, positions and logits cross."""
+        host: dict[str, np.ndarray] = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+        }
+        device: dict[str, ort.OrtValue] = {}
+        for layer, pair in enumerate(past):
+            for name, tensor in zip(self.layout.past_names(layer), pair, strict=True):
+                if isinstance(tensor, ort.OrtValue):
+                    device[name] = tensor
+                else:
+                    host[name] = tensor
+        started = time.perf_counter()
+        logits, out = self.session.run_on_device(host, device, host_outputs=("logits",))
+        self.run_s += time.perf_counter() - started
+        return logits["logits"], self._present(out)
+
+    def _present(self, out: Mapping[str, Any]) -> list[tuple[Any, Any]]:
+        return [
             (out[k], out[v])
             for k, v in (self.layout.present_names(i) for i in range(self.layout.num_layers))
         ]
-        return out["logits"], present
 
     def prefill(self, token_ids: Sequence[int]) -> tuple[np.ndarray, KVCache]:
         """Process a whole prompt; returns the last position's logits [vocab] and its cache."""
@@ -92,7 +132,8 @@ class DecoderGraph:
         input_ids = np.asarray(last_tokens, dtype=np.int64)[:, None]
         positions = np.asarray(batch.lengths, dtype=np.int64)[:, None]
         mask = np.concatenate([batch.mask, np.ones((len(batch.lengths), 1), np.int64)], axis=1)
-        logits, batch.past = self._run(input_ids, mask, positions, batch.past)
+        run = self._run_on_device if self.session.io_binding else self._run
+        logits, batch.past = run(input_ids, mask, positions, batch.past)
         batch.mask = mask
         batch.lengths = [n + 1 for n in batch.lengths]
         return logits[:, -1]
@@ -166,17 +207,23 @@ class PaddedBatch:
         return self.graph.step_padded(self, last_tokens)
 
     def split(self) -> list[KVCache]:
-        """Each sequence's own cache again, without the padding."""
+        """Each sequence's own cache again, without the padding (in host memory: the batch is
+        re-padded only when its membership changes, so this copy is not paid per token)."""
         longest = self.mask.shape[1]
+        past = [(_on_host(k), _on_host(v)) for k, v in self.past]
         return [
             KVCache(
                 [
                     (k[row : row + 1, :, longest - n :], v[row : row + 1, :, longest - n :])
-                    for k, v in self.past
+                    for k, v in past
                 ]
             )
             for row, n in enumerate(self.lengths)
         ]
+
+
+def _on_host(tensor: CacheTensor) -> np.ndarray:
+    return tensor.numpy() if isinstance(tensor, ort.OrtValue) else tensor
 
 
 def _left_pad(tensors: list[np.ndarray], length: int) -> np.ndarray:

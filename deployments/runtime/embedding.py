@@ -25,6 +25,33 @@ from deployments.runtime.session import OnnxSession, SessionConfig, open_session
 
 OUTPUT_NAME = "embeddings"
 WARMUP_TEXT = "warm up the embedding graph"
+# What one extra forward pass costs, in padded tokens: measured on MiniLM with 2 CPU threads (a run
+# of 8 x 20 tokens beat one padded 32 x 30 by ~30%); it stops bucketing from splitting into singles.
+RUN_OVERHEAD_TOKENS = 48
+
+
+def length_buckets(
+    lengths: Sequence[int], run_overhead_tokens: int = RUN_OVERHEAD_TOKENS
+) -> list[list[int]]:
+    """Split a batch into forward passes of similar length: rows (indices into `lengths`) sorted by
+    length, cut where the padding saved outweighs one more run. Exact dynamic programme over the
+    sorted order, minimising padded tokens + `run_overhead_tokens` per run."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    # best[j]: cheapest cost of the first j sorted rows; cut[j]: where its last bucket starts.
+    best = [0.0] + [float("inf")] * len(order)
+    cut = [0] * (len(order) + 1)
+    for end in range(1, len(order) + 1):
+        longest = lengths[order[end - 1]]  # sorted: the bucket's last row is its longest
+        for start in range(end):
+            cost = best[start] + (end - start) * longest + run_overhead_tokens
+            if cost < best[end]:
+                best[end], cut[end] = cost, start
+    buckets: list[list[int]] = []
+    end = len(order)
+    while end > 0:
+        buckets.append(order[cut[end] : end])
+        end = cut[end]
+    return buckets[::-1]
 
 
 @dataclass(frozen=True)
@@ -160,11 +187,16 @@ class EmbeddingRuntime:
         return [len(encoding.ids) for encoding in self._encode_checked(texts)]
 
     def embed(self, texts: Sequence[str]) -> EmbeddingResult:
-        """Embed all texts in one padded forward pass; refuses (never truncates) over-long input."""
-        batch = self.tokenizer.pad(self._encode_checked(texts))
-        outputs = self.session.run(batch.feeds(self.session.input_names))
-        vectors = np.ascontiguousarray(outputs[OUTPUT_NAME], dtype=np.float32)
-        return EmbeddingResult(vectors=vectors, token_counts=batch.token_counts)
+        """Embed all texts, in length buckets so short texts are not padded to the longest one;
+        refuses (never truncates) over-long input."""
+        encodings = self._encode_checked(texts)
+        counts = [len(e.ids) for e in encodings]
+        vectors = np.empty((len(encodings), self.dimension), dtype=np.float32)
+        for rows in length_buckets(counts):
+            batch = self.tokenizer.pad([encodings[row] for row in rows])
+            outputs = self.session.run(batch.feeds(self.session.input_names))
+            vectors[rows] = outputs[OUTPUT_NAME]
+        return EmbeddingResult(vectors=vectors, token_counts=counts)
 
     def describe(self) -> dict[str, Any]:
         return {

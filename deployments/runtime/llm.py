@@ -21,27 +21,56 @@ import numpy as np
 from deployments.errors import (
     ContextLengthExceededError,
     InternalServerError,
+    InvalidRequestError,
     ServingError,
 )
 from deployments.observability.timings import InferenceTimings
 from deployments.runtime.decoder import DecoderGraph, KVCache, PaddedBatch
+from deployments.runtime.grammar import GrammarCompiler, GrammarConstraint, GrammarSpec
 from deployments.runtime.manifest import ModelManifest
-from deployments.runtime.sampling import SamplingParams, StopStringMatcher, sample_token
+from deployments.runtime.sampling import (
+    SampledToken,
+    SamplingParams,
+    SamplingState,
+    StopStringMatcher,
+    sample_batch,
+)
 from deployments.runtime.session import SessionConfig, open_session
 from deployments.runtime.tokenizer import ChatTokenizer, IncrementalDetokenizer
 
-FinishReason = Literal["stop", "length", "content_filter"]
+FinishReason = Literal["stop", "length", "content_filter", "tool_calls"]
 DEFAULT_MAX_NEW_TOKENS = 256
+DEFAULT_MAX_CHOICES = 8
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token as OpenAI's logprobs describe it, and its most likely alternatives."""
+
+    token: str
+    token_bytes: bytes
+    logprob: float
+    top_logprobs: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
 
 
 @dataclass(frozen=True)
 class GenerationChunk:
-    """New text since the previous chunk; the last chunk carries the finish reason."""
+    """New text since the previous chunk of the same choice; the last carries the finish reason."""
 
     text: str
     finish_reason: FinishReason | None
     prompt_tokens: int
     completion_tokens: int
+    index: int = 0  # which of the n choices
+    logprobs: tuple[TokenLogprob, ...] = ()  # the tokens sampled since the previous chunk
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -50,6 +79,9 @@ class Completion:
     finish_reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
+    index: int = 0
+    logprobs: tuple[TokenLogprob, ...] | None = None  # None unless asked for
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 @dataclass(eq=False)
@@ -59,8 +91,11 @@ class _Sequence:
     max_tokens: int
     eos: frozenset[int]
     tokenizer: ChatTokenizer
+    sampling: SamplingState
     queue: asyncio.Queue[GenerationChunk | ServingError] = field(default_factory=asyncio.Queue)
-    rng: np.random.Generator = field(init=False)
+    index: int = 0
+    constraint: GrammarConstraint | None = None
+    keep_special_tokens: bool = False
     matcher: StopStringMatcher = field(init=False)
     detokenizer: IncrementalDetokenizer = field(init=False)
     generated: list[int] = field(default_factory=list)
@@ -72,13 +107,20 @@ class _Sequence:
     cancelled: bool = False
 
     def __post_init__(self) -> None:
-        self.rng = np.random.default_rng(self.params.seed)
         self.matcher = StopStringMatcher(self.params.stop)
-        self.detokenizer = IncrementalDetokenizer(self.tokenizer)
+        self.detokenizer = IncrementalDetokenizer(
+            self.tokenizer, skip_special_tokens=not self.keep_special_tokens
+        )
 
-    def accept(self, logits: np.ndarray) -> GenerationChunk:
-        """Sample the next token and turn it into the text that is now safe to emit."""
-        token = sample_token(logits, self.params, self.rng)
+    def allowed(self) -> np.ndarray | None:
+        """The grammar's mask for the next token, if the request has a grammar."""
+        if self.constraint is None:
+            return None
+        return self.constraint.allowed(self.max_tokens - len(self.generated))
+
+    def accept(self, sampled: SampledToken) -> GenerationChunk:
+        """Take the sampled token and turn it into the text that is now safe to emit."""
+        token = sampled.token
         finish: FinishReason | None = None
         if token in self.eos:
             finish = "stop"
@@ -86,6 +128,10 @@ class _Sequence:
             self.generated.append(token)
             # Holds back an unfinished multi-byte character until its last byte arrives.
             self.text += self.detokenizer.push(token)
+            if self.constraint is not None:
+                self.constraint.accept(token)
+                if self.constraint.done:  # the document is complete: nothing may follow
+                    finish = "stop"
         if finish is None and len(self.generated) >= self.max_tokens:
             finish = "length"
         if finish is not None:
@@ -101,7 +147,51 @@ class _Sequence:
         delta = text[self.emitted_chars : max(end, self.emitted_chars)]
         self.emitted_chars += len(delta)
         self.finished = finish is not None
-        return GenerationChunk(delta, finish, len(self.prompt), len(self.generated))
+        return GenerationChunk(
+            delta,
+            finish,
+            len(self.prompt),
+            len(self.generated),
+            index=self.index,
+            logprobs=self._logprobs(sampled),
+        )
+
+    def _logprobs(self, sampled: SampledToken) -> tuple[TokenLogprob, ...]:
+        if sampled.logprob is None:
+            return ()
+        top = tuple(self._describe(t, lp) for t, lp in sampled.top_logprobs)
+        chosen = self._describe(sampled.token, sampled.logprob)
+        return (TokenLogprob(chosen.token, chosen.token_bytes, chosen.logprob, top),)
+
+    def _describe(self, token: int, logprob: float) -> TokenLogprob:
+        raw = self.tokenizer.token_bytes(token, skip_special_tokens=False)
+        return TokenLogprob(raw.decode("utf-8", errors="replace"), raw, logprob)
+
+
+@dataclass
+class StepProfile:
+    """Where the engine's time goes, summed over steps: the graph (`session.run`), the rest of a
+    step in the engine thread (sampling, detokenising, stop strings, batch bookkeeping), and the
+    round trips between the engine thread and the event loop (what is left of `wall_s`)."""
+
+    steps: int = 0
+    tokens: int = 0
+    graph_s: float = 0.0
+    step_s: float = 0.0
+    wall_s: float = 0.0
+    hops: int = 0
+
+    def per_step_ms(self) -> dict[str, float]:
+        steps = max(self.steps, 1)
+        return {
+            "steps": self.steps,
+            "tokens": self.tokens,
+            "executor_hops": self.hops,
+            "graph_ms": round(self.graph_s / steps * 1e3, 3),
+            "token_python_ms": round((self.step_s - self.graph_s) / steps * 1e3, 3),
+            "hop_ms": round((self.wall_s - self.step_s) / steps * 1e3, 3),
+            "wall_ms": round(self.wall_s / steps * 1e3, 3),
+        }
 
 
 class LLMRuntime:
@@ -114,6 +204,7 @@ class LLMRuntime:
         *,
         max_batch_size: int = 8,
         default_max_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        max_choices: int = DEFAULT_MAX_CHOICES,
     ):
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
@@ -125,6 +216,7 @@ class LLMRuntime:
         self.context_length = spec.context_length
         self.max_batch_size = max_batch_size
         self.default_max_tokens = default_max_tokens
+        self.max_choices = max_choices
         self._eos = frozenset(spec.eos_token_ids)
         self.tokenizer = ChatTokenizer(
             self.model_dir / (self.manifest.tokenizer or "tokenizer.json"),
@@ -132,6 +224,9 @@ class LLMRuntime:
             spec.special_tokens,
             spec.eos_token_ids,
         )
+        # Built on first use: a model that never sees a grammar never pays for one.
+        self._grammar_compiler: GrammarCompiler | None = None
+        self.vocab_size = self.manifest.vocab_size or self.tokenizer.vocab_size
         self.session = open_session(self.model_dir / self.manifest.graph, session_config)
         self.graph = DecoderGraph(self.session, spec.kv_cache)
         start = time.perf_counter()
@@ -148,14 +243,33 @@ class LLMRuntime:
         self._batch_members: list[_Sequence] = []
         self.steps = 0
         self.max_batch_seen = 0
+        self.profile = StepProfile()
+        self._closing = False  # read by the engine thread between back-to-back steps
 
     # ---- request side -------------------------------------------------------------------
 
+    @property
+    def grammar_compiler(self) -> GrammarCompiler:
+        if self._grammar_compiler is None:
+            self._grammar_compiler = GrammarCompiler(
+                self.model_dir / (self.manifest.tokenizer or "tokenizer.json"),
+                sorted(self._eos),
+                self.vocab_size,
+            )
+        return self._grammar_compiler
+
     def prepare(
-        self, messages: Sequence[Mapping[str, Any]], params: SamplingParams
+        self,
+        messages: Sequence[Mapping[str, Any]] | str,
+        params: SamplingParams,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> tuple[list[int], int]:
-        """Tokenize and check the context; returns (prompt ids, max new tokens)."""
-        prompt = self.tokenizer.encode_chat(messages)
+        """Tokenize and check the context; returns (prompt ids, max new tokens). A string is a
+        raw prompt: no chat template, and special-token strings in it stay text."""
+        if isinstance(messages, str):
+            prompt = self.tokenizer.encode_text(messages)
+        else:
+            prompt = self.tokenizer.encode_chat(messages, tools=tools)
         room = self.context_length - len(prompt)
         if room <= 0:
             raise ContextLengthExceededError(
@@ -173,43 +287,95 @@ class LLMRuntime:
 
     async def stream(
         self,
-        messages: Sequence[Mapping[str, Any]],
+        messages: Sequence[Mapping[str, Any]] | str,
         params: SamplingParams,
         timings: InferenceTimings | None = None,
+        *,
+        n: int = 1,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        grammar: GrammarSpec | None = None,
+        keep_special_tokens: bool = False,
     ) -> AsyncIterator[GenerationChunk]:
-        """Yield text as it is generated. Invalid requests raise before the first chunk."""
-        prompt, max_tokens = self.prepare(messages, params)
-        seq = _Sequence(prompt, params, max_tokens, self._eos, self.tokenizer)
+        """Yield text as it is generated, for `n` choices decoded side by side in the batch
+        (chunks say which by `index`). `tools` reach the chat template; `grammar` constrains
+        every choice. Invalid requests raise before the first chunk."""
+        if not 1 <= n <= self.max_choices:
+            raise InvalidRequestError(
+                f"n must be between 1 and {self.max_choices}, got {n}", param="n"
+            )
+        prompt, max_tokens = self.prepare(messages, params, tools)
+        queue: asyncio.Queue[GenerationChunk | ServingError] = asyncio.Queue()
+        choices = [
+            _Sequence(
+                prompt,
+                params,
+                max_tokens,
+                self._eos,
+                self.tokenizer,
+                SamplingState(params, self.vocab_size, prompt, seed_offset=index),
+                queue=queue,
+                index=index,
+                constraint=grammar.compile(self.grammar_compiler) if grammar else None,
+                keep_special_tokens=keep_special_tokens,
+            )
+            for index in range(n)
+        ]
         if timings is not None:
-            seq.timings = timings
-        self._waiting.append(seq)
+            choices[0].timings = timings
+        self._waiting.extend(choices)
         self._kick()
+        unfinished = n
         try:
-            while True:
-                item = await seq.queue.get()
+            while unfinished:
+                item = await queue.get()
                 if isinstance(item, ServingError):
                     raise item
                 yield item
                 if item.finish_reason is not None:
-                    return
+                    unfinished -= 1
         finally:
-            seq.cancelled = True  # a consumer that stops early frees its batch slot
+            for seq in choices:
+                seq.cancelled = True  # a consumer that stops early frees its batch slots
 
     async def complete(
         self,
-        messages: Sequence[Mapping[str, Any]],
+        messages: Sequence[Mapping[str, Any]] | str,
         params: SamplingParams,
         timings: InferenceTimings | None = None,
+        **options: Any,
     ) -> Completion:
-        parts: list[str] = []
-        last: GenerationChunk | None = None
-        async for chunk in self.stream(messages, params, timings):
-            parts.append(chunk.text)
-            last = chunk
-        assert last is not None and last.finish_reason is not None
-        return Completion(
-            "".join(parts), last.finish_reason, last.prompt_tokens, last.completion_tokens
-        )
+        """The first (usually only) choice; `options` as for `stream`."""
+        return (await self.complete_choices(messages, params, timings, **options))[0]
+
+    async def complete_choices(
+        self,
+        messages: Sequence[Mapping[str, Any]] | str,
+        params: SamplingParams,
+        timings: InferenceTimings | None = None,
+        **options: Any,
+    ) -> list[Completion]:
+        parts: dict[int, list[str]] = {}
+        logprobs: dict[int, list[TokenLogprob]] = {}
+        last: dict[int, GenerationChunk] = {}
+        async for chunk in self.stream(messages, params, timings, **options):
+            parts.setdefault(chunk.index, []).append(chunk.text)
+            logprobs.setdefault(chunk.index, []).extend(chunk.logprobs)
+            last[chunk.index] = chunk
+        done = []
+        for index in sorted(last):
+            final = last[index]
+            assert final.finish_reason is not None
+            done.append(
+                Completion(
+                    "".join(parts[index]),
+                    final.finish_reason,
+                    final.prompt_tokens,
+                    final.completion_tokens,
+                    index=index,
+                    logprobs=tuple(logprobs[index]) if params.logprobs else None,
+                )
+            )
+        return done
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -244,24 +410,61 @@ class LLMRuntime:
             batch = self._running + admitted
             if not batch:
                 continue
+            started = time.perf_counter()
             try:
-                chunks = await loop.run_in_executor(
-                    self._executor, self._step, admitted, self._running
+                await loop.run_in_executor(
+                    self._executor, self._steps_until_change, loop, admitted, self._running
                 )
             except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the engine
                 error = InternalServerError(f"generation failed: {type(exc).__name__}")
                 for seq in batch:
-                    seq.finished = True
-                    seq.queue.put_nowait(error)
+                    if not seq.finished:
+                        seq.finished = True
+                        seq.queue.put_nowait(error)
                 self._running = []
                 continue
-            for seq, chunk in zip(batch, chunks, strict=True):
-                seq.queue.put_nowait(chunk)
+            finally:
+                self.profile.wall_s += time.perf_counter() - started
+                self.profile.hops += 1
             self._running = [s for s in batch if not s.finished and not s.cancelled]
 
+    def _steps_until_change(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        admitted: list[_Sequence],
+        running: list[_Sequence],
+    ) -> None:
+        """Runs in the executor thread: steps back to back while the batch stays as it is (no
+        sequence finished or cancelled, nobody waiting for a free slot), handing each step's
+        chunks to the event loop without waiting for it. One executor round trip per batch
+        change instead of one per token: on a busy machine each round trip is a thread wake-up
+        that waits for a core."""
+        batch = running + admitted
+        chunks = self._profiled_step(admitted, running)
+        loop.call_soon_threadsafe(_deliver, batch, chunks)
+        while (
+            not self._closing
+            and not any(s.finished or s.cancelled for s in batch)
+            and not (self._waiting and len(batch) < self.max_batch_size)
+        ):
+            chunks = self._profiled_step([], batch)
+            loop.call_soon_threadsafe(_deliver, batch, chunks)
+
+    def _profiled_step(
+        self, admitted: list[_Sequence], running: list[_Sequence]
+    ) -> list[GenerationChunk]:
+        started, graph_before = time.perf_counter(), self.graph.run_s
+        chunks = self._step(admitted, running)
+        self.profile.steps += 1
+        self.profile.tokens += len(chunks)
+        self.profile.graph_s += self.graph.run_s - graph_before
+        self.profile.step_s += time.perf_counter() - started
+        return chunks
+
     def _step(self, admitted: list[_Sequence], running: list[_Sequence]) -> list[GenerationChunk]:
-        """Runs in the executor thread: one batched decode step, then prefill newcomers."""
-        chunks: list[GenerationChunk] = []
+        """Runs in the executor thread: one batched decode step, prefill newcomers, then sample
+        the next token of every sequence in one pass."""
+        rows: list[np.ndarray] = []
         size = len(running) + len(admitted)
         if running:
             batch = self._batch_for(running)
@@ -270,12 +473,23 @@ class LLMRuntime:
             seconds = time.perf_counter() - started
             for seq, row in zip(running, logits, strict=True):
                 seq.timings.decoded(seconds, size)
-                chunks.append(seq.accept(row))
+                rows.append(row)
         for seq in admitted:
             started = time.perf_counter()
             logits, seq.cache = self.graph.prefill(seq.prompt)
             seq.timings.prefilled(time.perf_counter() - started, size)
-            chunks.append(seq.accept(logits))
+            rows.append(logits)
+        batch_seqs = running + admitted
+        masks = [seq.allowed() for seq in batch_seqs]
+        allowed = None
+        if any(m is not None for m in masks):
+            allowed = np.ones((len(rows), rows[0].shape[-1]), bool)
+            for i, mask in enumerate(masks):
+                if mask is not None:
+                    allowed[i, : len(mask)] = mask
+                    allowed[i, len(mask) :] = False
+        sampled = sample_batch(np.stack(rows), [s.sampling for s in batch_seqs], allowed)
+        chunks = [seq.accept(token) for seq, token in zip(batch_seqs, sampled, strict=True)]
         self.steps += 1
         self.max_batch_seen = max(self.max_batch_seen, len(running))
         return chunks
@@ -292,4 +506,11 @@ class LLMRuntime:
         return self._batch
 
     def close(self) -> None:
+        self._closing = True
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _deliver(batch: list[_Sequence], chunks: list[GenerationChunk]) -> None:
+    """On the event loop: each sequence's chunk of one step to its consumer."""
+    for seq, chunk in zip(batch, chunks, strict=True):
+        seq.queue.put_nowait(chunk)

@@ -1,15 +1,23 @@
-"""Choosing the next token (greedy, temperature, nucleus) and where generated text must stop."""
+"""Choosing the next token for a whole batch in one numpy pass, and where generated text must stop.
+
+Per row, in this order (vLLM's): logit_bias, repetition penalty (prompt and output tokens), then
+frequency and presence penalties (output tokens), the grammar's token mask, temperature, top_k,
+top_p, one draw from the row's own seeded generator. Log-probabilities are those of the model's
+own distribution (log_softmax of the raw logits), as OpenAI reports them.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from deployments.errors import InvalidRequestError
 
 MAX_STOP_STRINGS = 4
+MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 100.0
 GREEDY_BELOW_TEMPERATURE = 1e-5
 
 
@@ -18,8 +26,16 @@ class SamplingParams:
     max_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0  # 0: off
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # 1: off
+    # (token id, bias) pairs: a tuple, so the params stay hashable and comparable
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: bool = False
+    top_logprobs: int = 0
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and self.max_tokens <= 0:
@@ -32,35 +48,199 @@ class SamplingParams:
             )
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}", param="top_p")
+        if self.top_k < 0:
+            raise InvalidRequestError(
+                f"top_k must be 0 (off) or more, got {self.top_k}", param="top_k"
+            )
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise InvalidRequestError(
+                    f"{name} must be between -2 and 2, got {getattr(self, name)}", param=name
+                )
+        if not 0.0 < self.repetition_penalty <= 2.0:
+            raise InvalidRequestError(
+                f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}",
+                param="repetition_penalty",
+            )
+        if any(abs(bias) > MAX_LOGIT_BIAS for _, bias in self.logit_bias):
+            raise InvalidRequestError(
+                f"logit_bias values must be between -{MAX_LOGIT_BIAS:g} and {MAX_LOGIT_BIAS:g}",
+                param="logit_bias",
+            )
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidRequestError(
+                f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {self.top_logprobs}",
+                param="top_logprobs",
+            )
         if len(self.stop) > MAX_STOP_STRINGS or any(not s for s in self.stop):
             raise InvalidRequestError(
                 f"stop takes up to {MAX_STOP_STRINGS} non-empty strings", param="stop"
             )
 
+    @classmethod
+    def bias_from(
+        cls, logit_bias: Mapping[str | int, float] | None
+    ) -> tuple[tuple[int, float], ...]:
+        """OpenAI's `{"token id": bias}` map as the params' sorted pairs."""
+        return tuple(sorted((int(k), float(v)) for k, v in (logit_bias or {}).items()))
+
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW_TEMPERATURE
 
+    @property
+    def counts_tokens(self) -> bool:
+        """Whether sampling depends on the tokens seen so far (a penalty is on)."""
+        return (
+            self.frequency_penalty != 0.0
+            or self.presence_penalty != 0.0
+            or self.repetition_penalty != 1.0
+        )
+
+
+@dataclass
+class SamplingState:
+    """One sequence's sampling memory: its generator and, when a penalty needs them, how often
+    each token was generated and which tokens the prompt holds."""
+
+    params: SamplingParams
+    vocab_size: int
+    prompt: Sequence[int] = ()
+    seed_offset: int = 0  # choice index for n > 1: each choice draws its own stream
+    rng: np.random.Generator = field(init=False)
+    output_counts: np.ndarray | None = field(init=False, default=None)
+    prompt_seen: np.ndarray | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        seed = self.params.seed
+        if seed is not None and self.seed_offset:
+            self.rng = np.random.default_rng([seed % 2**64, self.seed_offset])
+        else:
+            self.rng = np.random.default_rng(None if seed is None else seed % 2**64)
+        if self.params.counts_tokens:
+            self.output_counts = np.zeros(self.vocab_size, np.int32)
+            self.prompt_seen = np.zeros(self.vocab_size, bool)
+            ids = np.asarray(self.prompt, dtype=np.int64)
+            self.prompt_seen[ids[(ids >= 0) & (ids < self.vocab_size)]] = True
+
+    def record(self, token: int) -> None:
+        if self.output_counts is not None and 0 <= token < self.vocab_size:
+            self.output_counts[token] += 1
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    token: int
+    logprob: float | None = None  # of the model's distribution; None unless asked
+    top_logprobs: tuple[tuple[int, float], ...] = ()  # most likely first
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    peak = x.max(axis=-1, keepdims=True)
+    return x - peak - np.log(np.exp(x - peak).sum(axis=-1, keepdims=True))
+
+
+def sample_batch(
+    logits: np.ndarray,
+    states: Sequence[SamplingState],
+    allowed: np.ndarray | None = None,
+) -> list[SampledToken]:
+    """The next token of every row of `logits` [batch, vocab]. `allowed` [batch, vocab] (bool) is
+    the grammar's mask: a False token cannot be drawn. Rows without a grammar are all True."""
+    batch, vocab = logits.shape
+    params = [s.params for s in states]
+    x = logits.astype(np.float64)  # a copy: the caller's logits stay the model's
+
+    for row, p in enumerate(params):
+        if p.logit_bias:
+            ids = np.fromiter((t for t, _ in p.logit_bias), np.int64)
+            ok = (ids >= 0) & (ids < vocab)
+            x[row, ids[ok]] += np.fromiter((b for _, b in p.logit_bias), np.float64)[ok]
+
+    if any(p.counts_tokens for p in params):
+        counts = np.zeros((batch, vocab), np.float64)
+        seen = np.zeros((batch, vocab), bool)
+        for row, s in enumerate(states):
+            if s.output_counts is not None and s.prompt_seen is not None:
+                width = min(vocab, len(s.output_counts))
+                counts[row, :width] = s.output_counts[:width]
+                seen[row, :width] = s.prompt_seen[:width]
+        seen |= counts > 0
+        rep = np.array([p.repetition_penalty for p in params])[:, None]
+        # CTRL's rule: shrink a seen token's positive logit, grow its negative one.
+        x = np.where(seen, np.where(x > 0, x / rep, x * rep), x)
+        freq = np.array([p.frequency_penalty for p in params])[:, None]
+        presence = np.array([p.presence_penalty for p in params])[:, None]
+        x -= counts * freq + (counts > 0) * presence
+
+    if allowed is not None:
+        x = np.where(allowed[:, :vocab], x, -np.inf)
+        if not np.isfinite(x.max(axis=1)).all():
+            raise ValueError("the token mask allows no token in some row")
+
+    tokens = np.argmax(x, axis=1)  # greedy rows keep this
+    drawn = [row for row, p in enumerate(params) if not p.greedy]
+    if drawn:
+        tokens[drawn] = _draw(x[drawn], [params[r] for r in drawn], [states[r] for r in drawn])
+
+    wants = [row for row, p in enumerate(params) if p.logprobs]
+    logprobs = log_softmax(logits[wants]) if wants else None
+    out: list[SampledToken] = []
+    for row, token in enumerate(tokens.tolist()):
+        states[row].record(token)
+        p = params[row]
+        if not p.logprobs or logprobs is None:
+            out.append(SampledToken(token))
+            continue
+        lp = logprobs[wants.index(row)]
+        top: tuple[tuple[int, float], ...] = ()
+        if p.top_logprobs:
+            best = np.argpartition(-lp, p.top_logprobs - 1)[: p.top_logprobs]
+            best = best[np.argsort(-lp[best], kind="stable")]
+            top = tuple((int(t), float(lp[t])) for t in best)
+        out.append(SampledToken(token, float(lp[token]), top))
+    return out
+
+
+def _draw(
+    x: np.ndarray, params: Sequence[SamplingParams], states: Sequence[SamplingState]
+) -> np.ndarray:
+    """One draw per row from softmax(x / temperature), truncated by top_k and top_p."""
+    rows, vocab = x.shape
+    temperature = np.array([p.temperature for p in params])[:, None]
+    scaled = x / temperature
+    probs = np.exp(scaled - scaled.max(axis=1, keepdims=True))
+    probs /= probs.sum(axis=1, keepdims=True)
+    uniform = np.array([s.rng.random() for s in states])
+    top_k = np.array([p.top_k if 0 < p.top_k < vocab else vocab for p in params])
+    top_p = np.array([p.top_p for p in params])
+    if (top_k < vocab).any() or (top_p < 1.0).any():
+        order = np.argsort(-probs, axis=1, kind="stable")
+        ranked = np.take_along_axis(probs, order, axis=1)
+        mass_before = np.cumsum(ranked, axis=1) - ranked
+        # Keep the smallest prefix whose mass reaches top_p, and at most top_k (always one).
+        keep = (np.arange(vocab)[None, :] < top_k[:, None]) & (mass_before < top_p[:, None])
+        keep[:, 0] = True
+        ranked = np.where(keep, ranked, 0.0)
+        cdf = np.cumsum(ranked, axis=1)
+        picked = _inverse_cdf(cdf, uniform)
+        return order[np.arange(rows), picked]
+    return _inverse_cdf(np.cumsum(probs, axis=1), uniform)
+
+
+def _inverse_cdf(cdf: np.ndarray, uniform: np.ndarray) -> np.ndarray:
+    # One uniform per row against its own cumulative weights; zero-weight tokens are never hit.
+    target = uniform * cdf[:, -1]
+    picked = (cdf <= target[:, None]).sum(axis=1)
+    return np.minimum(picked, cdf.shape[1] - 1)
+
 
 def sample_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
-    if params.greedy:
-        return int(np.argmax(logits))
-    scaled = logits.astype(np.float64) / params.temperature
-    probs = np.exp(scaled - scaled.max())
-    probs /= probs.sum()
-    if params.top_p < 1.0:
-        order = np.argsort(-probs, kind="stable")
-        cumulative = np.cumsum(probs[order])
-        # Keep the smallest prefix whose mass reaches top_p (always at least one token).
-        keep = order[: int(np.searchsorted(cumulative, params.top_p)) + 1]
-        return int(keep[_draw(probs[keep], rng)])
-    return _draw(probs, rng)
-
-
-def _draw(weights: np.ndarray, rng: np.random.Generator) -> int:
-    # Inverse-CDF sampling: one uniform draw, half the cost of rng.choice(p=...) per token.
-    cdf = np.cumsum(weights)
-    return min(int(cdf.searchsorted(rng.random() * cdf[-1], side="right")), len(cdf) - 1)
+    """One row, no penalties or mask: kept for callers that sample outside a batch."""
+    state = SamplingState(params, logits.shape[-1])
+    state.rng = rng
+    return sample_batch(logits[None, :], [state])[0].token
 
 
 class StopStringMatcher:

@@ -7,6 +7,7 @@ No transformers import: a replica cold-starts with `tokenizers` and `jinja2` alo
 from __future__ import annotations
 
 import codecs
+import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -78,14 +79,23 @@ class ChatTokenizer:
     def vocab_size(self) -> int:
         return self._tokenizer.get_vocab_size(with_added_tokens=True)
 
-    def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> str:
         """The prompt text, ending with the assistant's generation prompt."""
-        parts, held = self._render_with_holes(messages)
+        parts, held = self._render_with_holes(messages, tools)
         return "".join(held[int(p)] if i % 2 else p for i, p in enumerate(parts))
 
-    def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
-        """Token ids of the rendered prompt; special tokens only where the template put them."""
-        parts, held = self._render_with_holes(messages)
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[int]:
+        """Token ids of the rendered prompt; special tokens only where the template put them.
+        `tools` (OpenAI function tools) are declared the way the template does it."""
+        parts, held = self._render_with_holes(messages, tools)
         ids: list[int] = []
         pending: list[str] = []  # plain text waiting for the next special token
 
@@ -109,6 +119,13 @@ class ChatTokenizer:
         flush()
         return ids
 
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of client text outside any template (a raw prompt): never special."""
+        _check_utf8(text, param="prompt")
+        if not text:
+            raise EmptyInputError("the prompt is empty", param="prompt")
+        return self._plain.encode(text, add_special_tokens=False).ids
+
     def encode(self, text: str) -> list[int]:
         """Token ids of trusted text (e.g. a rendered prompt): special-token strings in it become
         their single ids. Use `encode_chat` for anything a client wrote."""
@@ -127,7 +144,9 @@ class ChatTokenizer:
         return b""
 
     def _render_with_holes(
-        self, messages: Sequence[Mapping[str, Any]]
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> tuple[list[str], list[str]]:
         """The rendered template split as [template text, hole index, template text, ...] and the
         client strings the holes stand for."""
@@ -139,9 +158,27 @@ class ChatTokenizer:
             held.append(text)
             return f"{_HOLE_OPEN}{len(held) - 1}{_HOLE_CLOSE}"
 
+        def hold_json(text: str) -> str:
+            # A string the template prints with `tojson`: held already escaped, so the JSON
+            # around it stays valid once the hole is filled.
+            return hold(json.dumps(text, ensure_ascii=False)[1:-1])
+
         safe = [_sanitized(m, i, hold) for i, m in enumerate(_checked_list(messages))]
+
+        def risky(key: str) -> bool:
+            # Keys stay readable to the template (`tool['function']`) unless they could smuggle
+            # a special token in.
+            return bool(self._special_re and self._special_re.search(key))
+
+        if tools is not None and (
+            isinstance(tools, str | Mapping) or not isinstance(tools, Sequence)
+        ):
+            raise InvalidRequestError("tools must be a list of tool objects", param="tools")
+        safe_tools = [_held_strings(t, hold_json, risky) for t in tools] if tools else None
         try:
-            rendered = self._template.render(messages=safe, add_generation_prompt=True)
+            rendered = self._template.render(
+                messages=safe, tools=safe_tools, add_generation_prompt=True
+            )
         except _TemplateRaised as exc:
             raise InvalidRequestError(str(exc), param="messages") from exc
         return _HOLE_RE.split(rendered), held
@@ -184,7 +221,36 @@ def _compile_template(source: str) -> Any:
         trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
     )
     env.globals["raise_exception"] = _raise_exception
+    env.filters["tojson"] = _tojson
     return env.from_string(source)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    # Hugging Face's own `tojson` (not Jinja's HTML-escaping one), which the templates expect.
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _held_strings(value: Any, hold: Callable[[str], str], risky: Callable[[str], bool]) -> Any:
+    """`value` with every string value, and every risky key, replaced by its hole."""
+    if isinstance(value, str):
+        _check_utf8(value, param="tools")
+        return hold(value)
+    if isinstance(value, Mapping):
+        return {
+            (hold(k) if risky(k) else k): _held_strings(v, hold, risky)
+            for k, v in ((str(k), v) for k, v in value.items())
+        }
+    if isinstance(value, list | tuple):
+        return [_held_strings(v, hold, risky) for v in value]
+    return value
 
 
 def _alternation(tokens: Mapping[str, int]) -> re.Pattern[str] | None:
@@ -216,7 +282,8 @@ def _sanitized(message: Any, index: int, hold: Callable[[str], str]) -> dict[str
         )
     safe: dict[str, Any] = {
         "role": _ROLE_ALIASES.get(role, role),
-        "content": hold(_content_text(message.get("content"), where)),
+        # An assistant turn that only called tools has no content.
+        "content": hold(_content_text(_content_or_empty(message, role), where)),
     }
     tool_call_id = message.get("tool_call_id")
     if role == "tool" and tool_call_id is not None:
@@ -224,7 +291,46 @@ def _sanitized(message: Any, index: int, hold: Callable[[str], str]) -> dict[str
             raise InvalidRequestError(f"{where}.tool_call_id must be a string", param="messages")
         _check_utf8(tool_call_id, param="messages")
         safe["tool_call_id"] = hold(tool_call_id)
+    tool_calls = message.get("tool_calls")
+    if role == "assistant" and tool_calls:
+        safe["tool_calls"] = _sanitized_tool_calls(tool_calls, where, hold)
     return safe
+
+
+def _sanitized_tool_calls(calls: Any, where: str, hold: Callable[[str], str]) -> list[Any]:
+    """An assistant's past calls as templates read them: id, type and function name/arguments,
+    every string held (the templates print arguments as they are)."""
+    if not isinstance(calls, Sequence) or isinstance(calls, str):
+        raise InvalidRequestError(f"{where}.tool_calls must be a list", param="messages")
+    safe = []
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping) or not all(
+            isinstance(function.get(k), str) for k in ("name", "arguments")
+        ):
+            raise InvalidRequestError(
+                f"{where}.tool_calls[{j}] needs function.name and function.arguments strings",
+                param="messages",
+            )
+        call_id = call.get("id") if isinstance(call.get("id"), str) else f"call_{j}"
+        for text in (call_id, function["name"], function["arguments"]):
+            _check_utf8(text, param="messages")
+        safe.append(
+            {
+                "id": hold(call_id),
+                "type": "function",
+                "function": {
+                    "name": hold(function["name"]),
+                    "arguments": hold(function["arguments"]),
+                },
+            }
+        )
+    return safe
+
+
+def _content_or_empty(message: Mapping[str, Any], role: str) -> Any:
+    content = message.get("content")
+    return "" if content is None and role == "assistant" else content
 
 
 def _content_text(content: Any, where: str) -> str:

@@ -4,6 +4,7 @@ never taken back."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -34,7 +35,7 @@ def with_context(context: str, window: str, overlap_chars: int) -> tuple[str, st
 def _filtered(last: GenerationChunk) -> GenerationChunk:
     # GenerationChunk's FinishReason names only the runtime's reasons; the gate adds its own.
     reason: Any = CONTENT_FILTER
-    return GenerationChunk("", reason, last.prompt_tokens, last.completion_tokens)
+    return GenerationChunk("", reason, last.prompt_tokens, last.completion_tokens, index=last.index)
 
 
 class ModerationGate:
@@ -91,44 +92,59 @@ class ModerationGate:
         return text, finish_reason
 
     async def guard_stream(
-        self, chunks: AsyncIterator[GenerationChunk]
+        self, chunks: AsyncIterator[GenerationChunk], choices: int = 1
     ) -> AsyncIterator[GenerationChunk]:
-        """Re-chunk a generation into checked windows. Up to one window is held back; a flagged
-        window is never released, the stream ends with finish_reason "content_filter", and the
-        generation upstream is closed (freeing the model's slot)."""
+        """Re-chunk a generation into checked windows, each choice (`index`) on its own. Up to
+        one window per choice is held back; a flagged window is never released and that choice
+        ends with finish_reason "content_filter"; once every choice ended, the generation
+        upstream is closed (freeing the model's slot). Logprobs and tool calls ride along with
+        the window that releases their text."""
         if not self.config.check_output:
             async for chunk in chunks:
                 yield chunk
             return
         size, overlap = self.config.window_chars, self.config.overlap_chars
-        pending, context = "", ""
-        last: GenerationChunk | None = None
+        pending: dict[int, str] = {}
+        context: dict[int, str] = {}
+        held_logprobs: dict[int, tuple[Any, ...]] = {}
+        ended: set[int] = set()
         try:
             async for chunk in chunks:
-                last = chunk
-                pending += chunk.text
-                while len(pending) >= size:
-                    window, pending = pending[:size], pending[size:]
-                    classified, next_context = with_context(context, window, overlap)
-                    if (await self._flags([classified]))[0]:
-                        yield _filtered(chunk)
-                        return
-                    context = next_context
-                    yield GenerationChunk(
-                        window, None, chunk.prompt_tokens, chunk.completion_tokens
+                index = chunk.index
+                if index in ended:
+                    continue
+                text = pending.get(index, "") + chunk.text
+                held_logprobs[index] = held_logprobs.get(index, ()) + chunk.logprobs
+                flagged = False
+                while len(text) >= size and not flagged:
+                    window, text = text[:size], text[size:]
+                    classified, context[index] = with_context(
+                        context.get(index, ""), window, overlap
                     )
-                if chunk.finish_reason is not None:
-                    break
-            if last is None:
-                return
-            if pending:
-                classified, _ = with_context(context, pending, overlap)
-                if (await self._flags([classified]))[0]:
-                    yield _filtered(last)
+                    if (await self._flags([classified]))[0]:
+                        flagged = True
+                        break
+                    yield dataclasses.replace(
+                        chunk,
+                        text=window,
+                        finish_reason=None,
+                        tool_calls=(),
+                        logprobs=held_logprobs.pop(index, ()),
+                    )
+                pending[index] = text
+                if not flagged and chunk.finish_reason is not None and text:
+                    classified, _ = with_context(context.get(index, ""), text, overlap)
+                    flagged = (await self._flags([classified]))[0]
+                if flagged:
+                    ended.add(index)
+                    yield _filtered(chunk)
+                elif chunk.finish_reason is not None:
+                    ended.add(index)
+                    yield dataclasses.replace(
+                        chunk, text=text, logprobs=held_logprobs.pop(index, ())
+                    )
+                if len(ended) == choices:
                     return
-            yield GenerationChunk(
-                pending, last.finish_reason, last.prompt_tokens, last.completion_tokens
-            )
         finally:
             close = getattr(chunks, "aclose", None)
             if close is not None:

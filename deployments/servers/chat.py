@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from deployments.config import BatchingConfig
 from deployments.observability.model_telemetry import ModelCall
+from deployments.runtime.chat_features import (
+    ChatFeatures,
+    stream_with_tool_calls,
+    with_tool_calls,
+)
 from deployments.runtime.llm import Completion, GenerationChunk, LLMRuntime
 from deployments.runtime.sampling import SamplingParams
 from deployments.runtime.session import SessionConfig
+from deployments.runtime.tool_calls import ToolCallFormat, tool_call_format
 from deployments.servers.base import ModelServer, Reply, RuntimeFactory
 
 
@@ -34,31 +41,84 @@ class ChatServer(ModelServer[LLMRuntime]):
         # The engine reads the limit before each step: new sequences wait for a free slot.
         self.runtime.max_batch_size = batching.max_batch_size
 
+    @property
+    def tool_format(self) -> ToolCallFormat:
+        return tool_call_format(
+            self.runtime.manifest.family, list(self.runtime.tokenizer.special_tokens)
+        )
+
+    @staticmethod
+    def _prompt(
+        messages: Sequence[Mapping[str, Any]], features: ChatFeatures
+    ) -> Sequence[Mapping[str, Any]] | str:
+        return str(messages[-1]["content"]) if features.raw else messages
+
+    def _options(self, features: ChatFeatures) -> dict[str, Any]:
+        fmt = self.tool_format
+        return {
+            "n": features.n,
+            "tools": list(features.tools) or None,
+            "grammar": features.grammar(fmt),
+            "keep_special_tokens": features.parses_tool_calls and fmt.keeps_special_tokens,
+        }
+
     async def complete(
         self,
         messages: Sequence[Mapping[str, Any]],
         params: SamplingParams,
         traceparent: str | None = None,
+        features: ChatFeatures | None = None,
     ) -> Reply[Completion]:
+        """The first choice; `complete_choices` for all n."""
+        reply = await self.complete_choices(messages, params, traceparent, features)
+        return self.reply(reply.value[0])
+
+    async def complete_choices(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        params: SamplingParams,
+        traceparent: str | None = None,
+        features: ChatFeatures | None = None,
+    ) -> Reply[list[Completion]]:
         await self.faults.check()
+        features = features or ChatFeatures()
         with self._call(traceparent, params, stream=False) as call:
-            done = await self.runtime.complete(messages, params, timings=call.timings)
-            call.usage(
-                input_tokens=done.prompt_tokens,
-                output_tokens=done.completion_tokens,
-                finish_reason=done.finish_reason,
+            choices = await self.runtime.complete_choices(
+                self._prompt(messages, features),
+                params,
+                timings=call.timings,
+                **self._options(features),
             )
-        return self.reply(done)
+            choices = [with_tool_calls(c, self.tool_format, features) for c in choices]
+            call.usage(
+                input_tokens=choices[0].prompt_tokens,
+                output_tokens=sum(c.completion_tokens for c in choices),
+                finish_reason=choices[0].finish_reason,
+            )
+        return self.reply(choices)
 
     async def stream(
         self,
         messages: Sequence[Mapping[str, Any]],
         params: SamplingParams,
         traceparent: str | None = None,
+        features: ChatFeatures | None = None,
     ) -> AsyncIterator[Reply[GenerationChunk]]:
         await self.faults.check()
+        features = features or ChatFeatures()
         with self._call(traceparent, params, stream=True) as call:
-            async for chunk in self.runtime.stream(messages, params, timings=call.timings):
+            chunks = self.runtime.stream(
+                self._prompt(messages, features),
+                params,
+                timings=call.timings,
+                **self._options(features),
+            )
+            # With n > 1, each chunk reports the tokens of all choices so far: what the caller
+            # meters and reports as usage.
+            generated: dict[int, int] = {}
+            async for chunk in stream_with_tool_calls(chunks, self.tool_format, features):
+                generated[chunk.index] = chunk.completion_tokens
+                chunk = dataclasses.replace(chunk, completion_tokens=sum(generated.values()))
                 if chunk.finish_reason is not None:
                     call.usage(
                         input_tokens=chunk.prompt_tokens,

@@ -13,17 +13,21 @@ from deployments.observability import RequestTelemetry
 from deployments.protocol import (
     ChatCompletion,
     ChatCompletionMessage,
+    ChatCompletionMessageToolCall,
     ChatCompletionRequest,
     Choice,
+    ChoiceLogprobs,
     Usage,
     chat_completion_id,
     chat_messages_as_dicts,
     created_timestamp,
 )
+from deployments.runtime.chat_features import ChatFeatures
 from deployments.runtime.llm import Completion, GenerationChunk
 from deployments.runtime.sampling import SamplingParams
 from deployments.security import ModerationGate, metered_stream
 from deployments.servers.base import Reply
+from deployments.serving.admission import chat_features
 from deployments.serving.answer import Answer
 from deployments.serving.base import ModelService
 from deployments.serving.context import RequestContext
@@ -38,19 +42,28 @@ def is_deterministic(chat: ChatCompletionRequest) -> bool:
     return not chat.stream and (chat.temperature == 0 or chat.seed is not None)
 
 
-def chat_completion(model: str, done: Completion) -> ChatCompletion:
+def chat_choice(done: Completion) -> Choice:
+    calls = [ChatCompletionMessageToolCall.from_call(c) for c in done.tool_calls] or None
+    return Choice(
+        index=done.index,
+        # OpenAI's content is null when the answer is only tool calls
+        message=ChatCompletionMessage(
+            content=None if calls and not done.text.strip() else done.text, tool_calls=calls
+        ),
+        logprobs=None if done.logprobs is None else ChoiceLogprobs.from_tokens(done.logprobs),
+        finish_reason=done.finish_reason,
+    )
+
+
+def chat_completion(model: str, choices: list[Completion]) -> ChatCompletion:
     return ChatCompletion(
         id=chat_completion_id(),
         created=created_timestamp(),
         model=model,
-        choices=[
-            Choice(
-                index=0,
-                message=ChatCompletionMessage(content=done.text),
-                finish_reason=done.finish_reason,
-            )
-        ],
-        usage=Usage.from_counts(done.prompt_tokens, done.completion_tokens),
+        choices=[chat_choice(done) for done in choices],
+        usage=Usage.from_counts(
+            choices[0].prompt_tokens, sum(c.completion_tokens for c in choices)
+        ),
     )
 
 
@@ -82,11 +95,12 @@ class ChatService(ModelService):
         """A whole answer; a deterministic one is cached when `use_cache`."""
         model = self._begin(chat, telemetry)
         messages, params, quota = self.admission.admit_chat(chat, ctx.principal)
+        features = chat_features(chat)
         used_tokens = 0
         try:
 
             async def generate() -> tuple[ChatCompletion, EdgeTrace]:
-                return await self._generate(model, messages, params, ctx, telemetry)
+                return await self._generate(model, messages, params, features, ctx, telemetry)
 
             if use_cache and is_deterministic(chat):
                 completion, trace = await self.cached.get_or_make(
@@ -110,6 +124,7 @@ class ChatService(ModelService):
         model: ServedModel,
         messages: list[dict[str, Any]],
         params: SamplingParams,
+        features: ChatFeatures,
         ctx: RequestContext,
         telemetry: RequestTelemetry,
     ) -> tuple[ChatCompletion, EdgeTrace]:
@@ -120,13 +135,16 @@ class ChatService(ModelService):
             model.name,
             ctx,
             telemetry,
-            lambda handle: handle.complete.remote(messages, params, ctx.traceparent),
+            lambda handle: handle.complete_choices.remote(
+                messages, params, ctx.traceparent, features
+            ),
         )
-        done: Completion = reply.value
+        choices: list[Completion] = list(reply.value)
         if gated:
-            text, finish = await self.gate.filter_output(done.text, done.finish_reason)
-            done = dataclasses.replace(done, text=text, finish_reason=finish)
-        return chat_completion(model.name, done), trace
+            for i, done in enumerate(choices):
+                text, finish = await self.gate.filter_output(done.text, done.finish_reason)
+                choices[i] = dataclasses.replace(done, text=text, finish_reason=finish)
+        return chat_completion(model.name, choices), trace
 
     async def stream(
         self, chat: ChatCompletionRequest, ctx: RequestContext, telemetry: RequestTelemetry
@@ -136,6 +154,7 @@ class ChatService(ModelService):
         The key's tokens are settled when the stream ends, fails or is abandoned."""
         model = self._begin(chat, telemetry)
         messages, params, quota = self.admission.admit_chat(chat, ctx.principal)
+        features = chat_features(chat)
         gated = self.gate.applies_to(model.name)
         try:
             if gated:
@@ -144,15 +163,17 @@ class ChatService(ModelService):
                 model.name,
                 ctx,
                 telemetry,
-                lambda handle: self._open_stream(handle, messages, params, ctx.traceparent),
+                lambda handle: self._open_stream(
+                    handle, messages, params, features, ctx.traceparent
+                ),
                 reply_of=lambda opened: opened[0],
             )
         except BaseException:
             quota.settle(0)
             raise
-        chunks = _rest(first, stream)
+        chunks = _rest(first, stream, features.n)
         if gated:
-            chunks = self.gate.guard_stream(chunks)
+            chunks = self.gate.guard_stream(chunks, features.n)
         return Answer.of(metered_stream(_observed(chunks, telemetry), quota), trace, quota)
 
     @staticmethod
@@ -160,9 +181,10 @@ class ChatService(ModelService):
         handle: Any,
         messages: list[dict[str, Any]],
         params: SamplingParams,
+        features: ChatFeatures,
         traceparent: str | None,
     ) -> OpenedStream:
-        stream = handle.options(stream=True).stream.remote(messages, params, traceparent)
+        stream = handle.options(stream=True).stream.remote(messages, params, traceparent, features)
         try:
             return await stream.__anext__(), stream
         except BaseException:
@@ -170,13 +192,19 @@ class ChatService(ModelService):
             raise
 
 
-async def _rest(first: Reply[GenerationChunk], stream: Any) -> AsyncIterator[GenerationChunk]:
+async def _rest(
+    first: Reply[GenerationChunk], stream: Any, choices: int
+) -> AsyncIterator[GenerationChunk]:
+    """The stream's chunks until each of its `choices` finished."""
     chunk = first.value
+    unfinished = choices
     try:
         while True:
             yield chunk
             if chunk.finish_reason is not None:
-                return
+                unfinished -= 1
+                if not unfinished:
+                    return
             chunk = (await stream.__anext__()).value
     finally:
         stream.cancel()  # the client left or the stream ended: free the model's slot
@@ -188,7 +216,7 @@ async def _observed(
     """Pass a stream through, telling the request's telemetry its usage or its failure."""
     try:
         async for chunk in chunks:
-            if chunk.finish_reason is not None:
+            if chunk.finish_reason is not None:  # with n > 1: the totals so far, last one wins
                 telemetry.usage(
                     input_tokens=chunk.prompt_tokens,
                     output_tokens=chunk.completion_tokens,

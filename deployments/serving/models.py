@@ -10,6 +10,7 @@ from typing import Any
 from deployments.errors import ModelNotFoundError, WrongTaskError
 from deployments.protocol import ModelCard, ModelList
 from deployments.protocol.models import Task
+from deployments.protocol.workers_ai import WorkersModel
 
 
 @dataclass(frozen=True)
@@ -17,6 +18,9 @@ class ServedModel:
     name: str
     task: Task
     family: str
+    aliases: tuple[str, ...] = ()
+    categories: tuple[str, ...] = ()  # moderation: what it judges
+    description: str = ""
 
 
 @dataclass(frozen=True)
@@ -44,10 +48,16 @@ class ModelCatalogue:
         self.deployments = {
             name: dict((deployments or {}).get(name) or {"default": name}) for name in self.models
         }
+        # every name a model answers to (its own and its aliases) -> the model's own name
+        self.names = {name: name for name in self.models}
+        self.names.update(
+            {alias: name for name, model in self.models.items() for alias in model.aliases}
+        )
 
     def get(self, name: str, task: Task | None = None) -> ServedModel:
-        """The model `name`; 404 if unknown, 400 if `task` is given and it serves another."""
-        model = self.models.get(name)
+        """The model `name` (or alias); 404 if unknown, 400 if `task` is given and it serves
+        another."""
+        model = self.models.get(self.names.get(name, ""))
         if model is None:
             raise ModelNotFoundError(
                 f"the model {name!r} does not exist; GET /v1/models lists them", param="model"
@@ -59,13 +69,38 @@ class ModelCatalogue:
             )
         return model
 
-    def cards(self) -> ModelList:
-        return ModelList(
-            data=[
-                ModelCard(id=m.name, created=self.created, task=m.task, family=m.family)
-                for m in self.models.values()
-            ]
+    def card(self, name: str) -> ModelCard:
+        """`GET /v1/models/{id}`: the card of a model (asked by its name or an alias)."""
+        model = self.get(name)
+        return ModelCard(
+            id=model.name,
+            created=self.created,
+            task=model.task,
+            family=model.family,
+            aliases=list(model.aliases),
+            categories=list(model.categories) if model.task == "moderation" else None,
         )
+
+    def workers_models(self, search: str | None = None, task: str | None = None) -> list[Any]:
+        """Every name a client may call (aliases first), in Workers AI's catalogue shape,
+        filtered like `.../ai/models/search` (`search` in the name or description, `task` by
+        Workers AI's task name)."""
+        entries = []
+        for model in self.models.values():
+            for name in (*model.aliases, model.name):
+                entry = WorkersModel.of(
+                    name, model.name, model.task, model.family, model.description
+                )
+                text = f"{entry.name} {entry.description}".lower()
+                if search and search.lower() not in text:
+                    continue
+                if task and task.lower() != entry.task.name.lower():
+                    continue
+                entries.append(entry)
+        return entries
+
+    def cards(self) -> ModelList:
+        return ModelList(data=[self.card(name) for name in self.models])
 
     def readiness(
         self,

@@ -69,7 +69,17 @@ def build_services(
     for deployment, (model, region) in config.model_deployments().items():
         deployments.setdefault(model, {})[region] = deployment
     catalogue = ModelCatalogue(
-        {name: ServedModel(name, m.task, m.family) for name, m in config.models.items()},
+        {
+            name: ServedModel(
+                name,
+                m.task,
+                m.family,
+                aliases=m.aliases,
+                categories=m.categories,
+                description=m.description,
+            )
+            for name, m in config.models.items()
+        },
         created=int(time.time()),
         deployments=deployments,
     )

@@ -11,10 +11,8 @@ from pydantic import BaseModel
 from deployments.edge import EdgeTrace
 from deployments.observability import RequestTelemetry
 from deployments.protocol import (
-    CreateEmbeddingResponse,
-    Embedding,
+    EmbeddingList,
     EmbeddingRequest,
-    EmbeddingUsage,
     Moderation,
     ModerationCreateResponse,
     ModerationRequest,
@@ -82,19 +80,12 @@ class EmbeddingService(TextService):
 
     async def create(
         self, body: EmbeddingRequest, ctx: RequestContext, telemetry: RequestTelemetry
-    ) -> Answer[CreateEmbeddingResponse]:
+    ) -> Answer[EmbeddingList]:
         """OpenAI's embeddings; the replica checks `dimensions` before it runs the model."""
 
-        def shape(model: ServedModel, result: EmbeddingResult) -> CreateEmbeddingResponse:
-            return CreateEmbeddingResponse(
-                data=[
-                    Embedding.from_vector(i, vector, body.encoding_format)
-                    for i, vector in enumerate(result.vectors)
-                ],
-                model=model.name,
-                usage=EmbeddingUsage(
-                    prompt_tokens=result.total_tokens, total_tokens=result.total_tokens
-                ),
+        def shape(model: ServedModel, result: EmbeddingResult) -> EmbeddingList:
+            return EmbeddingList(
+                result.vectors, model.name, result.total_tokens, body.encoding_format
             )
 
         answer = await self._serve(
@@ -104,10 +95,10 @@ class EmbeddingService(TextService):
             telemetry,
             lambda handle, texts, ctx: handle.embed.remote(texts, ctx.traceparent, body.dimensions),
             shape,
-            lambda response: response.usage.total_tokens,
+            lambda response: response.prompt_tokens,
             cache_request=body,
         )
-        telemetry.usage(input_tokens=answer.value.usage.prompt_tokens)
+        telemetry.usage(input_tokens=answer.value.prompt_tokens)
         return answer
 
     async def embed(

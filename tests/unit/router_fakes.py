@@ -80,19 +80,31 @@ class FakeChatHandle:
         self.fail = fail
         self.stream_fails_after = stream_fails_after
         self.stream_error = stream_error or RuntimeError("the replica crashed mid-stream")
+        # The chat service asks for all n choices at once (ChatServer.complete_choices).
         self.complete = Method(self._complete)
+        self.complete_choices = self.complete
         self.stream = Method(self._stream)
         self.streams: list[FakeStream] = []
 
     def options(self, **_: Any) -> FakeChatHandle:
         return self
 
-    async def _complete(self, messages: Any, params: Any, traceparent: Any) -> Reply[Completion]:
+    async def _complete(
+        self, messages: Any, params: Any, traceparent: Any, features: Any = None
+    ) -> Reply[list[Completion]]:
         if self.fail is not None:
             raise self.fail
-        return reply(Completion(self.text, "stop", prompt_tokens=7, completion_tokens=5))
+        n = features.n if features is not None else 1
+        return reply(
+            [
+                Completion(self.text, "stop", prompt_tokens=7, completion_tokens=5, index=i)
+                for i in range(n)
+            ]
+        )
 
-    def _stream(self, messages: Any, params: Any, traceparent: Any) -> FakeStream:
+    def _stream(
+        self, messages: Any, params: Any, traceparent: Any, features: Any = None
+    ) -> FakeStream:
         if self.fail is not None:
             stream = FakeStream([], 0, self.fail)
         else:

@@ -131,8 +131,17 @@ def test_a_model_name_that_cannot_be_a_deployment_name_is_refused(args: dict[str
 
 @pytest.mark.parametrize("name", ["glm-v2", "glm_v2", "GLM2"])
 def test_dashes_and_underscores_are_allowed_in_model_names(args: dict[str, Any], name: str):
-    args["models"][name] = dict(args["models"]["glm"])
+    args["models"][name] = {**args["models"]["glm"], "aliases": []}
     assert name in parse_app_config(args).models
+
+
+@pytest.mark.parametrize(
+    ("alias", "fragment"),
+    [("@cf/zai-org/glm-4.7-flash", "already names 'glm'"), ("kimi", "already names 'kimi'")],
+)
+def test_an_alias_names_one_model_only(args: dict[str, Any], alias: str, fragment: str):
+    args["models"]["embedding"] = {**args["models"]["embedding"], "aliases": [alias]}
+    assert fragment in config_error(args)
 
 
 def test_a_model_named_router_is_refused_as_reserved(args: dict[str, Any]):

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
@@ -25,14 +26,22 @@ from deployments.export.common import VerificationError
 from deployments.export.embedding import (
     FP32_ATOL,
     FP32_MIN_COSINE,
+    FUSED_MIN_COSINE,
+    VERIFY_SENTENCES,
     bert_config_or_default,
     check_parity,
     export_embedding,
     load_encoder,
     packaged_model_dir,
+    parity_sentences,
     resolve_checkpoint,
 )
-from deployments.runtime.embedding import EmbeddingResult, EmbeddingRuntime, SentenceTokenizer
+from deployments.runtime.embedding import (
+    EmbeddingResult,
+    EmbeddingRuntime,
+    SentenceTokenizer,
+    length_buckets,
+)
 from deployments.runtime.manifest import ModelManifest
 from deployments.runtime.session import SessionConfig
 
@@ -264,3 +273,57 @@ def test_verification_catches_a_graph_that_drifted(embedding_dir: Path) -> None:
         weight.mul_(1.01)
     with pytest.raises(VerificationError):
         check_parity(embedding_dir / "model.onnx", tokenizer, encoder, **bars)
+
+
+def test_default_export_is_fused_and_plain_stays_available(tmp_path: Path) -> None:
+    # The fused graph is the default (ORT's BERT fusions); the plain dynamo graph is the reference.
+    export_embedding(None, tmp_path / "fused")
+    export_embedding(None, tmp_path / "plain", graph="plain", verify=True)
+    fused_ops = {
+        node.op_type for node in onnx.load(str(tmp_path / "fused" / "model.onnx")).graph.node
+    }
+    plain_ops = {
+        node.op_type for node in onnx.load(str(tmp_path / "plain" / "model.onnx")).graph.node
+    }
+    assert {"Attention", "SkipLayerNormalization", "EmbedLayerNormalization"} <= fused_ops
+    assert "Attention" not in plain_ops
+    texts = [*SENTENCES, " ".join(["word"] * 200)]
+    fused = EmbeddingRuntime(tmp_path / "fused").embed(texts).vectors
+    plain = EmbeddingRuntime(tmp_path / "plain").embed(texts).vectors
+    assert (fused * plain).sum(axis=1).min() > FUSED_MIN_COSINE
+
+
+def test_parity_check_covers_the_parity_set_in_several_batches() -> None:
+    sentences = parity_sentences()
+    assert len(sentences) > 32  # more than one padded batch in check_parity
+    assert set(VERIFY_SENTENCES) <= set(sentences)
+
+
+@pytest.mark.parametrize(
+    ("lengths", "expected"),
+    [
+        ([7] * 32, [list(range(32))]),  # equal lengths: one run, nothing to save
+        ([], []),
+        ([5, 200, 6, 201], [[0, 2], [1, 3]]),  # short rows no longer padded to 201
+    ],
+)
+def test_length_buckets(lengths: list[int], expected: list[list[int]]) -> None:
+    assert length_buckets(lengths) == expected
+
+
+def test_length_buckets_never_cost_more_than_one_padded_batch() -> None:
+    rng = np.random.default_rng(0)
+    lengths = [int(n) for n in rng.integers(3, 120, size=64)]
+    buckets = length_buckets(lengths, run_overhead_tokens=48)
+    assert sorted(row for bucket in buckets for row in bucket) == list(range(64))
+    cost = sum(len(b) * max(lengths[r] for r in b) + 48 for b in buckets)
+    assert cost <= len(lengths) * max(lengths) + 48
+    assert len(buckets) > 1
+
+
+def test_bucketed_batch_matches_each_text_alone(runtime: EmbeddingRuntime) -> None:
+    texts = ["hi", " ".join(["long"] * 150), "A man is playing a guitar.", " ".join(["x"] * 90)]
+    together = runtime.embed(texts)
+    alone = np.concatenate([runtime.embed([text]).vectors for text in texts])
+    np.testing.assert_allclose(together.vectors, alone, atol=1e-5)
+    assert together.token_counts == [runtime.check([text])[0] for text in texts]

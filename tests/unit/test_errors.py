@@ -22,6 +22,7 @@ EXPECTED_STATUS: dict[type[ServingError], int] = {
     errors.InvalidRequestError: 400,
     errors.EmptyInputError: 400,
     errors.InvalidUTF8Error: 400,
+    errors.UnsupportedParameterError: 400,
     errors.BadHeaderValueError: 400,
     errors.ContextLengthExceededError: 400,
     errors.WrongTaskError: 400,

@@ -11,7 +11,7 @@ from deployments.errors import (
     EmptyInputError,
     InvalidRequestError,
 )
-from deployments.runtime.llm import LLMRuntime
+from deployments.runtime.llm import LLMRuntime, StepProfile
 from deployments.runtime.sampling import SamplingParams
 
 HELLO = [{"role": "user", "content": "Tell me about Beijing 北京 and Paris."}]
@@ -132,3 +132,47 @@ def test_sampling_params_are_validated(kwargs):
     with pytest.raises(InvalidRequestError) as info:
         SamplingParams(**kwargs)
     assert info.value.param == next(iter(kwargs))
+
+
+def test_steps_run_back_to_back_until_the_batch_changes(runtime):
+    # One request alone never changes its batch: every token comes out of one executor round
+    # trip (prefill + all decode steps), instead of one round trip per token.
+    params = SamplingParams(max_tokens=30, temperature=0)
+    expected = run(runtime.complete(HELLO, params))
+    runtime.profile = StepProfile()
+    again = run(runtime.complete(HELLO, params))
+    assert again == expected
+    assert runtime.profile.steps == again.completion_tokens + (again.finish_reason == "stop")
+    assert runtime.profile.hops == 1
+    assert 0 < runtime.profile.graph_s <= runtime.profile.step_s <= runtime.profile.wall_s
+
+
+def test_a_request_arriving_mid_stream_joins_the_running_batch(runtime):
+    # The engine thread must notice the waiting request and hand the batch back for admission,
+    # not finish the running stream first.
+    long_params = SamplingParams(max_tokens=120, temperature=0, seed=0)
+    short_params = SamplingParams(max_tokens=3, temperature=0)
+
+    async def scenario():
+        finished: list[str] = []
+        stream = runtime.stream(HELLO, long_params)
+        await stream.__anext__()
+
+        async def drain_long():
+            async for _ in stream:
+                pass
+            finished.append("long")
+
+        async def short():
+            await runtime.complete(HELLO, short_params)
+            finished.append("short")
+
+        runtime.max_batch_seen = 0
+        await asyncio.gather(drain_long(), short())
+        return finished
+
+    long_alone = run(runtime.complete(HELLO, long_params))
+    order = run(scenario())
+    assert long_alone.completion_tokens > 10  # long enough that the short one can overtake it
+    assert order == ["short", "long"]
+    assert runtime.max_batch_seen == 2

@@ -25,6 +25,7 @@ from openai.types.chat import ChatCompletion as SDKChatCompletion
 from openai.types.chat import ChatCompletionChunk as SDKChatCompletionChunk
 from pydantic import BaseModel, ValidationError
 
+from deployments.api.responses import encode_json
 from deployments.errors import EmptyInputError, InvalidRequestError, InvalidUTF8Error
 from deployments.protocol import (
     WORKERS_INPUT_BY_TASK,
@@ -36,9 +37,8 @@ from deployments.protocol import (
     ChoiceDelta,
     ChunkChoice,
     CreateEmbeddingResponse,
-    Embedding,
+    EmbeddingList,
     EmbeddingRequest,
-    EmbeddingUsage,
     ModelCard,
     ModelList,
     Moderation,
@@ -61,7 +61,9 @@ from deployments.protocol import (
     ok_envelope,
     request_error_from_validation,
     workers_chat_to_chat_request,
+    workers_embedding_result,
 )
+from deployments.protocol.moderations import OPENAI_CATEGORIES
 
 HELLO = [{"role": "user", "content": "hello"}]
 LONE_SURROGATE = "ok \ud800"
@@ -119,7 +121,19 @@ def test_chat_request_full():
 @pytest.mark.parametrize(
     ("fields", "param", "fragment"),
     [
-        ({"n": 2}, "n", "only n=1 is supported"),
+        ({"n": 9}, "n", "less than or equal to 8"),
+        ({"audio": {"voice": "x"}}, "audio", "'audio' is an OpenAI parameter"),
+        ({"top_logprobs": 3}, "top_logprobs", "requires logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "less than or equal to 20"),
+        ({"logit_bias": {"abc": 1}}, "logit_bias", "keys must be token ids"),
+        ({"logit_bias": {"5": 101}}, "logit_bias", "between -100 and 100"),
+        ({"frequency_penalty": 3}, "frequency_penalty", "less than or equal to 2"),
+        ({"tool_choice": "required"}, "tool_choice", "only allowed with tools"),
+        (
+            {"response_format": {"type": "json_schema"}},
+            "response_format",
+            "json_schema is required",
+        ),
         ({"temperature": 3}, "temperature", "less than or equal to 2"),
         ({"top_p": 0}, "top_p", "greater than 0"),
         ({"messages": []}, "messages", "at least 1 item"),
@@ -179,20 +193,23 @@ def test_text_parts_are_joined_and_developer_plays_system():
 def test_unknown_fields_are_accepted_ignored_and_reported():
     request = chat(
         user="u-1",
+        store=True,
         logit_bias={"50256": -100},
         frequency_penalty=0.5,
         messages=[{"role": "user", "content": [{"type": "text", "text": "x", "cache": 1}], "x": 1}],
         stream=True,
         stream_options={"include_usage": True, "include_obfuscation": False},
+        vendor_extension={"a": 1},
     )
+    # OpenAI's own fields are honoured (penalties, bias) or ignored on purpose (user, store):
+    # only what OpenAI does not define is reported.
     assert request.ignored_fields() == [
-        "frequency_penalty",
-        "logit_bias",
         "messages.0.content.0.cache",
         "messages.0.x",
         "stream_options.include_obfuscation",
-        "user",
+        "vendor_extension",
     ]
+    assert request.logit_bias == {"50256": -100.0} and request.frequency_penalty == 0.5
     # Ignored means ignored: nothing of them is kept or dumped.
     assert "user" not in request.model_dump()
     assert "x" not in request.messages[0].model_dump()
@@ -245,8 +262,8 @@ def test_embedding_request():
         ("", "empty string", EmptyInputError),
         ([], "empty list", EmptyInputError),
         (["a", ""], "item 1 is empty", EmptyInputError),
-        ([1, 2, 3], "token arrays are not supported; send text", InvalidRequestError),
-        ([[1, 2], [3]], "token arrays are not supported; send text", InvalidRequestError),
+        ([1, 2, 3], "token arrays are not supported", InvalidRequestError),
+        ([[1, 2], [3]], "check_embedding_ctx_length=False", InvalidRequestError),
         (["a", 5], "item 1 must be a string", InvalidRequestError),
         ({"text": "a"}, "a string or a list of strings", InvalidRequestError),
     ],
@@ -393,16 +410,17 @@ def test_chunks_parse_with_sdk_types():
 
 
 def test_embedding_response_parses_with_sdk_types():
-    vectors = np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)
+    vectors = np.random.default_rng(0).standard_normal((2, 384)).astype(np.float32)
     for encoding in ("float", "base64"):
-        ours = CreateEmbeddingResponse(
-            data=[Embedding.from_vector(i, v, encoding) for i, v in enumerate(vectors)],
-            model="minilm",
-            usage=EmbeddingUsage(prompt_tokens=6, total_tokens=6),
-        )
-        body = ours.model_dump(mode="json")
+        # The bytes the router sends: the body built from the matrix, encoded by its encoder.
+        body = json.loads(encode_json(EmbeddingList(vectors, "minilm", 6, encoding).body()))
+        CreateEmbeddingResponse.model_validate(body)  # the schema /openapi.json documents
         if encoding == "float":
             sdk = SDKEmbeddingResponse.model_validate(body)
+            # Each float reads back (as float64, then float32) as exactly the replica's value.
+            assert np.array_equal(
+                np.array([d.embedding for d in sdk.data], dtype=np.float32), vectors
+            )
         else:
             # The SDK types `embedding` as list[float] only: strict validation refuses base64, so
             # its client builds the object leniently and then decodes.
@@ -415,6 +433,7 @@ def test_embedding_response_parses_with_sdk_types():
             np.array([d.embedding for d in decoded.data], dtype=np.float32), vectors
         )
         assert [d.index for d in decoded.data] == [0, 1] and decoded.usage.total_tokens == 6
+        assert body["object"] == "list" and body["model"] == "minilm"
 
 
 def test_base64_is_little_endian_float32():
@@ -446,8 +465,10 @@ def a_moderation_response() -> ModerationCreateResponse:
 def test_moderation_from_scores():
     verdict = Moderation.from_scores({"b": 0.2, "a": 0.7}, {"b": False, "a": True})
     assert verdict.flagged is True
-    assert list(verdict.categories) == ["a", "b"]  # sorted: stable bytes
-    assert verdict.category_applied_input_types == {"a": ["text"], "b": ["text"]}
+    assert list(verdict.categories) == sorted({"a", "b", *OPENAI_CATEGORIES})  # stable bytes
+    applied = verdict.category_applied_input_types or {}
+    assert applied["a"] == applied["b"] == ["text"] and applied["hate"] == []
+    assert verdict.categories["hate"] is False and verdict.category_scores["hate"] == 0.0
     assert Moderation.from_scores({"a": 0.1}, {"a": False}).flagged is False
     with pytest.raises(ValueError):
         Moderation.from_scores({"a": 0.1}, {"b": False})
@@ -461,15 +482,16 @@ def test_moderation_response_parses_as_the_sdk_client_does():
     assert result.flagged is True
     assert result.categories.harassment is True and result.categories.profanity is True
     assert result.category_scores.harassment == pytest.approx(0.9)
-    # OpenAI's categories we do not score come out as None, not False.
-    assert result.categories.hate is None
+    # OpenAI's categories we do not judge are present and false, as the SDK's types require.
+    assert result.categories.hate is False and result.category_scores.hate == 0.0
 
 
-def test_strict_sdk_validation_wants_all_thirteen_openai_categories():
-    with pytest.raises(ValidationError) as caught:
-        SDKModerationResponse.model_validate(a_moderation_response().model_dump(mode="json"))
-    missing = {e["loc"][-1] for e in caught.value.errors() if e["type"] == "missing"}
-    assert {"hate", "self-harm", "violence"} <= missing and "harassment" not in missing
+def test_strict_sdk_validation_finds_all_thirteen_openai_categories():
+    body = a_moderation_response().model_dump(mode="json")
+    result = SDKModerationResponse.model_validate(body).results[0]
+    assert result.categories.self_harm_intent is False
+    assert result.category_applied_input_types.violence == []
+    assert result.category_applied_input_types.harassment == ["text"]
 
 
 # ---- the real SDK client against a fake server built on our types ----------------------------
@@ -494,15 +516,11 @@ def fake_server(request: httpx2.Request) -> httpx2.Response:
         )
     if path.endswith("/embeddings"):
         parsed = EmbeddingRequest.model_validate(body)
-        vectors = [np.full(4, len(text), dtype=np.float32) / 3 for text in parsed.texts]
-        response = CreateEmbeddingResponse(
-            data=[
-                Embedding.from_vector(i, v, parsed.encoding_format) for i, v in enumerate(vectors)
-            ],
-            model=parsed.model,
-            usage=EmbeddingUsage(prompt_tokens=2, total_tokens=2),
+        vectors = np.stack([np.full(4, len(text), dtype=np.float32) / 3 for text in parsed.texts])
+        response = EmbeddingList(vectors, parsed.model, 2, parsed.encoding_format)
+        return httpx2.Response(
+            200, content=encode_json(response.body()), headers={"content-type": "application/json"}
         )
-        return httpx2.Response(200, json=response.model_dump(mode="json"))
     if path.endswith("/moderations"):
         ModerationRequest.model_validate(body)
         return httpx2.Response(200, json=a_moderation_response().model_dump(mode="json"))
@@ -583,7 +601,7 @@ def test_openapi_schema_via_fastapi():
         app.post(f"/e{index}", response_model=response_model)(endpoint)
     schemas = app.openapi()["components"]["schemas"]
     chat_schema = schemas["ChatCompletionRequest"]["properties"]
-    assert chat_schema["n"]["maximum"] == 1
+    assert chat_schema["n"]["maximum"] == 8
     assert chat_schema["temperature"]["maximum"] == 2
     assert schemas["ChatCompletionRequest"]["properties"]["messages"]["minItems"] == 1
     assert {"ChatMessage", "TextContentPart", "Usage", "Choice"} <= set(schemas)
@@ -611,20 +629,22 @@ def test_through_fastapi_errors_describe_the_same_way_and_ignored_fields_are_kep
     with TestClient(app) as test_client:
         post = test_client.post
         assert (
-            post("/v1/chat/completions", json={"model": "m", "messages": HELLO, "n": 3}).status_code
+            post(
+                "/v1/chat/completions", json={"model": "m", "messages": HELLO, "n": 30}
+            ).status_code
             == 400
         )
         post("/v1/chat/completions", content=b"{not json", headers=json_body)
         # FastAPI decodes with json.loads, which lets a lone surrogate through to our validator.
         raw = b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}'
         post("/v1/chat/completions", content=raw, headers=json_body)
-        ok = post("/v1/chat/completions", json={"model": "m", "messages": HELLO, "user": "u"})
+        ok = post("/v1/chat/completions", json={"model": "m", "messages": HELLO, "userx": "u"})
         assert ok.status_code == 200
     n_error, json_error, utf8_error = problems
-    assert (n_error.param, n_error.message) == ("n", "n: only n=1 is supported, got 3")
+    assert (n_error.param, n_error.message) == ("n", "n: Input should be less than or equal to 8")
     assert json_error.param is None and "not valid JSON" in json_error.message
     assert isinstance(utf8_error, InvalidUTF8Error) and utf8_error.param == "messages.0.content"
-    assert ignored == [["user"]]
+    assert ignored == [["userx"]]
 
 
 # ---- Workers AI ------------------------------------------------------------------------------
@@ -678,9 +698,12 @@ def test_workers_inputs_by_task():
 
 
 def test_workers_envelopes():
-    result = WorkersEmbeddingResult.from_vectors(np.ones((2, 3), dtype=np.float32))
-    assert ok_envelope(result) == {
-        "result": {"shape": [2, 3], "data": [[1.0] * 3] * 2},
+    result = workers_embedding_result(np.full((2, 3), 0.1, dtype=np.float32))
+    body = json.loads(encode_json(ok_envelope(result)))
+    WorkersEmbeddingResult.model_validate(body["result"])  # the documented schema
+    assert np.array_equal(np.array(body["result"]["data"], dtype=np.float32), result["data"])
+    assert body == {
+        "result": {"shape": [2, 3], "data": [[0.1] * 3] * 2},
         "success": True,
         "errors": [],
         "messages": [],
@@ -693,7 +716,7 @@ def test_workers_envelopes():
     }
     assert json.dumps(ok_envelope([a_moderation_response().results[0]]))
     with pytest.raises(ValueError):
-        WorkersEmbeddingResult.from_vectors(np.ones(3))
+        workers_embedding_result(np.ones(3))
 
 
 def test_protocol_imports_neither_ray_nor_fastapi():

@@ -249,7 +249,7 @@ def test_embeddings_are_cached_and_charged_their_tokens():
     services = services_for(no_gate(), handles)
     first = run(services.embeddings.create(embedding_request(), context(), telemetry()))
     again = run(services.embeddings.create(embedding_request(), context(), telemetry()))
-    assert len(first.value.data) == 2 and len(first.value.data[0].embedding) == DIMENSION
+    assert first.value.vectors.shape == (2, DIMENSION) and first.value.prompt_tokens == 4 + 3
     assert (first.headers["x-edge-cache"], again.headers["x-edge-cache"]) == ("MISS", "HIT")
     assert len(handles["embedding"].embed.calls) == 1
     assert TOKENS_PER_MINUTE - tokens_left(services) in (2 * 7, 2 * 7 - 1)

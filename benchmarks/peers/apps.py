@@ -1,0 +1,112 @@
+"""The peers: what a user would deploy instead, written the way the Ray Serve docs show it. Each is
+a Serve application builder, deployed beside our app in the same cluster, behind the same proxy."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ray import serve
+from ray.serve import Application
+from starlette.requests import Request
+
+# The docs' batching parameters for an embedding model.
+DOCS_MAX_BATCH_SIZE = 32
+DOCS_BATCH_WAIT_TIMEOUT_S = 0.005
+
+
+@serve.deployment
+class DocsPatternEmbedder:
+    """PyTorch all-MiniLM-L6-v2 (the same packaged weights as our ONNX export, transformers'
+    default SDPA attention), one `@serve.batch`ed forward pass per batch, JSON out."""
+
+    def __init__(self, model_dir: str, torch_threads: int):
+        import torch
+
+        from benchmarks.models import pytorch_embedders
+        from deployments.runtime.embedding import SentenceTokenizer
+
+        torch.set_num_threads(torch_threads)
+        tokenizer = SentenceTokenizer(Path(model_dir) / "tokenizer.json")
+        self._embed = pytorch_embedders(tokenizer, torch_threads)["pytorch_sdpa"]
+
+    @serve.batch(max_batch_size=DOCS_MAX_BATCH_SIZE, batch_wait_timeout_s=DOCS_BATCH_WAIT_TIMEOUT_S)
+    async def embed(self, texts: list[str]) -> list[list[float]]:
+        return [row.tolist() for row in await asyncio.to_thread(self._embed, texts)]
+
+    async def __call__(self, request: Request) -> dict[str, Any]:
+        body = await request.json()
+        vector = await self.embed(body["input"])
+        return {
+            "object": "list",
+            "data": [{"object": "embedding", "index": 0, "embedding": vector}],
+        }
+
+
+@serve.deployment
+class DocsPatternChat:
+    """`transformers` `generate()` per request on the same tiny GLM our export builds (the
+    exporter's own seeded constructor), prompt encoded with the served model's chat template."""
+
+    def __init__(self, model_dir: str, torch_threads: int):
+        import torch
+
+        from deployments.export.llm import default_model
+        from deployments.runtime.manifest import ModelManifest
+        from deployments.runtime.tokenizer import ChatTokenizer
+
+        torch.set_num_threads(torch_threads)
+        with tempfile.TemporaryDirectory() as scratch:
+            self._model, _ = default_model("glm", Path(scratch))
+        self._model.eval()
+        # The served model's tokenizer and chat template: the prompt ids are ours, token for token.
+        manifest = ModelManifest.load(Path(model_dir))
+        assert manifest.llm is not None
+        self._tokenizer = ChatTokenizer.from_manifest(model_dir, manifest)
+        self._eos = list(manifest.llm.eos_token_ids)
+
+    def greedy(self, prompt: list[int], new_tokens: int) -> list[int]:
+        """Greedy ids, to check that this is the same model as the ONNX graph."""
+        import torch
+
+        with torch.inference_mode():
+            out = self._model.generate(
+                torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False
+            )
+        return [int(t) for t in out[0, len(prompt) :]]
+
+    def _generate(self, messages: list[dict[str, Any]], max_tokens: int, seed: int) -> dict:
+        import torch
+
+        prompt = self._tokenizer.encode_chat(messages)
+        torch.manual_seed(seed)
+        with torch.inference_mode():
+            out = self._model.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=max_tokens,
+                do_sample=True,
+                temperature=0.7,
+                eos_token_id=self._eos,
+                pad_token_id=self._eos[0],
+            )
+        ids = [int(t) for t in out[0, len(prompt) :] if int(t) not in self._eos]
+        return {
+            "choices": [{"message": {"role": "assistant", "content": self._tokenizer.decode(ids)}}],
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids)},
+        }
+
+    async def __call__(self, request: Request) -> dict[str, Any]:
+        body = await request.json()
+        return await asyncio.to_thread(
+            self._generate, body["messages"], int(body["max_tokens"]), int(body.get("seed", 0))
+        )
+
+
+def build_docs_embedding(args: dict[str, Any]) -> Application:
+    return DocsPatternEmbedder.bind(args["model_dir"], int(args["torch_threads"]))
+
+
+def build_docs_chat(args: dict[str, Any]) -> Application:
+    return DocsPatternChat.bind(args["model_dir"], int(args["torch_threads"]))

@@ -1,0 +1,70 @@
+"""CPU time of Ray worker processes, read from /proc: what a replica spends per request, measured
+from its own process (user + system, every thread), not from wall time."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    pid: int
+    ppid: int
+    title: str  # Ray sets a worker's title to `ray::<actor class>`
+
+
+def processes() -> list[ProcessInfo]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            title = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone since the listing
+            continue
+        # The command name is in parentheses and may hold spaces: the fields follow the last ')'.
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        found.append(ProcessInfo(int(entry.name), ppid, title.strip()))
+    return found
+
+
+def descendants(root: int, table: Iterable[ProcessInfo]) -> list[ProcessInfo]:
+    """Every process below `root`: our private Ray's workers, never another cluster's."""
+    children: dict[int, list[ProcessInfo]] = {}
+    for info in table:
+        children.setdefault(info.ppid, []).append(info)
+    out, stack = [], [root]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            out.append(child)
+            stack.append(child.pid)
+    return out
+
+
+def worker_pids(title_prefix: str, root: int | None = None) -> list[int]:
+    """PIDs of this process's descendant Ray workers whose title starts with `title_prefix`,
+    e.g. `ray::ServeReplica:edge:router`."""
+    mine = descendants(os.getpid() if root is None else root, processes())
+    return sorted(p.pid for p in mine if p.title.startswith(title_prefix))
+
+
+def haproxy_pids(root: int | None = None) -> list[int]:
+    """The HAProxy processes Serve started below this process (RAY_SERVE_ENABLE_HA_PROXY)."""
+    mine = descendants(os.getpid() if root is None else root, processes())
+    return sorted(p.pid for p in mine if p.title.split(" ", 1)[0].endswith("/haproxy"))
+
+
+def cpu_seconds(pids: Iterable[int]) -> float:
+    """User + system CPU seconds so far, summed over `pids` (10 ms resolution)."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text()
+        utime, stime = fields[fields.rindex(")") + 2 :].split()[11:13]
+        total += int(utime) + int(stime)
+    return total / _TICKS_PER_S

@@ -1,0 +1,91 @@
+"""The chat replica with n, response_format and tools: what reaches a client parses."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from deployments.errors import InvalidRequestError
+from deployments.runtime.chat_features import ChatFeatures
+from deployments.runtime.sampling import SamplingParams
+from deployments.runtime.session import SessionConfig
+from deployments.servers.chat import ChatServer
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "mood": {"enum": ["calm", "stormy"]},
+        "depths": {"type": "array", "items": {"type": "integer"}},
+        "coast": {
+            "type": "object",
+            "properties": {"length_km": {"type": "number"}},
+            "required": ["length_km"],
+            "additionalProperties": False,
+        },
+    },
+    "required": ["name", "mood", "depths", "coast"],
+    "additionalProperties": False,
+}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "parameters": {
+            "type": "object",
+            "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}},
+            "required": ["query", "limit"],
+            "additionalProperties": False,
+        },
+    },
+}
+HELLO = [{"role": "user", "content": "Describe the sea."}]
+
+
+@pytest.fixture(scope="module", params=["glm", "kimi"])
+def server(request: pytest.FixtureRequest, models_root: Path):
+    chat = ChatServer(str(models_root / request.param), SessionConfig(provider="cpu"))
+    yield chat
+    chat.runtime.close()
+
+
+def test_json_schema_choices_validate(server: ChatServer) -> None:
+    features = ChatFeatures(
+        n=2, response_format={"type": "json_schema", "json_schema": {"schema": SCHEMA}}
+    )
+    reply = asyncio.run(
+        server.complete_choices(HELLO, SamplingParams(max_tokens=120, seed=3), None, features)
+    )
+    assert [c.index for c in reply.value] == [0, 1]
+    for choice in reply.value:
+        assert choice.finish_reason == "stop"
+        jsonschema.validate(json.loads(choice.text), SCHEMA)
+
+
+def test_a_named_tool_is_called_with_valid_arguments_streamed_too(server: ChatServer) -> None:
+    features = ChatFeatures(tools=(TOOL,), tool_choice="lookup")
+    params = SamplingParams(max_tokens=150, seed=4)
+    done = asyncio.run(server.complete(HELLO, params, None, features)).value
+    assert done.finish_reason == "tool_calls" and len(done.tool_calls) == 1
+    call = done.tool_calls[0]
+    assert call.name == "lookup"
+    jsonschema.validate(json.loads(call.arguments), TOOL["function"]["parameters"])
+
+    async def streamed() -> list:
+        return [r.value async for r in server.stream(HELLO, params, None, features)]
+
+    chunks = asyncio.run(streamed())
+    assert chunks[-1].finish_reason == "tool_calls"
+    assert [c.arguments for c in chunks[-1].tool_calls] == [call.arguments]
+    assert "".join(c.text for c in chunks).strip() == done.text.strip()
+
+
+def test_a_tool_choice_naming_no_tool_is_a_client_error(server: ChatServer) -> None:
+    features = ChatFeatures(tools=(TOOL,), tool_choice="nope")
+    with pytest.raises(InvalidRequestError) as info:
+        asyncio.run(server.complete(HELLO, SamplingParams(max_tokens=5), None, features))
+    assert info.value.param == "tool_choice"
