@@ -330,28 +330,39 @@ class EdgeDispatcher(Generic[T]):
     async def _watched(self, model: str, region: str, attempt: Awaitable[T], timeout_s: float) -> T:
         """Run an attempt until it ends, times out, or its region is lost meanwhile: its replicas
         gone (a killed node: Serve holds the request until a replica that cannot be placed
-        starts) or ejected on other requests' failures. A lost attempt fails over at once."""
+        starts) or ejected on other requests' failures. A lost attempt fails over at once.
+        A timeout scope and a timer, not a Task per attempt (the router's fast path)."""
+        loop = asyncio.get_running_loop()
         was_warm = self.pools.pools(model)[region].warm
-        task = asyncio.ensure_future(attempt)
-        deadline = time.monotonic() + timeout_s
+        lost = False
+        timer: asyncio.TimerHandle | None = None
+
+        def look(scope: asyncio.Timeout) -> None:
+            nonlocal lost, timer
+            if self.pools.lost(model, region, was_warm):
+                lost = True
+                scope.reschedule(loop.time())  # end the attempt now
+            else:
+                timer = loop.call_later(LOST_CHECK_S, look, scope)
+
         try:
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError
-                done, _ = await asyncio.wait({task}, timeout=min(LOST_CHECK_S, left))
-                if done:
-                    return task.result()
-                if self.pools.lost(model, region, was_warm):
-                    raise RegionLostError(f"region {region} lost its {model} replicas")
+            async with asyncio.timeout(timeout_s) as scope:
+                timer = loop.call_later(LOST_CHECK_S, look, scope)
+                return await attempt
+        except TimeoutError:
+            if lost:
+                raise RegionLostError(f"region {region} lost its {model} replicas") from None
+            raise
         finally:
-            if not task.done():
-                task.cancel()
+            if timer is not None:
+                timer.cancel()
 
     async def _attempt(
         self, model: str, rtt_ms: float, region: str, call: Callable[[Handle], Awaitable[T]]
     ) -> T:
-        await asyncio.sleep(self.network.delay_for_rtt_s(rtt_ms))
+        delay_s = self.network.delay_for_rtt_s(rtt_ms)
+        if delay_s > 0:  # sleep(0) would still cost a round of the event loop
+            await asyncio.sleep(delay_s)
         try:
             return await call(self.pools.handle(model, region))
         except ServingError:
