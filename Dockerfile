@@ -15,7 +15,7 @@ COPY --chown=ray:users deployments deployments
 COPY --chown=ray:users edge_sim edge_sim
 # Editable, so the project root is this directory and serve_config.yaml's relative
 # `models_dir: models` is ./models, which points at the baked models.
-RUN pip install --no-cache-dir -e ".[cpu,export]"
+RUN pip install --no-cache-dir -e ".[cpu,export,otel]"
 USER root
 RUN mkdir /models && chown ray:users /models
 # Numeric (user `ray`, group `users`), so Kubernetes can check runAsNonRoot; the pods' runAsUser
@@ -33,5 +33,5 @@ COPY --chown=ray:users deployments deployments
 COPY --chown=ray:users edge_sim edge_sim
 # onnxruntime-gpu only: the export extras (torch, transformers) stay out of the serving image.
 # KubeRay starts Ray in these pods and submits serveConfigV2 (models_dir /models) itself.
-RUN pip install --no-cache-dir ".[gpu]"
+RUN pip install --no-cache-dir ".[gpu,otel]"
 USER 1000:100

@@ -1,30 +1,37 @@
 """Edge benchmarks: the router's routing decision cost with 300 colos (no Ray), and a failover
-drill against a live cluster: steady open-loop load, a colo outage mid-run, then recovery."""
+drill against our own cluster: the load tester's colo-outage scenario (steady open-loop load, the
+home colo down mid-run, then recovery)."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import random
 import sys
-import time
 import timeit
 from typing import Any
 
-import numpy as np
+import httpx
 import yaml
+from ray import serve
 
+from benchmarks.cluster import serve_cluster
+from deployments.app import build_app
 from edge_sim.clock import ManualClock
 from edge_sim.config import EdgeConfig
 from edge_sim.geo import CountryCentroids
 from edge_sim.network import EdgeNetwork
+from edgectl.loadtest.records import RequestRecord
+from edgectl.loadtest.regions import region_named
+from edgectl.loadtest.runner import LoadRunner, RunSettings
+from edgectl.loadtest.scenarios import ModelTarget, ScenarioConfig, build_schedule
+from edgectl.loadtest.summary import latency_stats, phase_of
+from edgectl.local_cluster import free_port
 
 DECISION_GOAL_US = 50.0
 SLACK_MS = 50.0
-PORT = 8125
 ADMIN_KEY = "bench-admin-key"
-LONDON = "51.5,-0.12"
+CLIENT_REGION = "eu-west"  # London
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,108 +80,73 @@ def decision_cost_us(n_colos: int = 300, repeat: int = 20_000) -> dict[str, floa
     }
 
 
-async def _drill(base_url: str, rate: float, phase_s: float) -> dict[str, Any]:
-    import httpx
-
-    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
-    rng = np.random.default_rng(0)
-    records: list[tuple[str, float, int, str]] = []
-    async with httpx.AsyncClient(base_url=base_url, timeout=60) as client:
-        home = (
-            await client.post(
-                "/v1/moderations", json={"input": "x"}, headers={"x-client-geo": LONDON}
-            )
-        ).headers["x-edge-colo"]
-
-        async def one(phase: str, i: int, scheduled: float) -> None:
-            try:
-                response = await client.post(
-                    "/v1/moderations",
-                    json={"input": f"drill {i}"},
-                    headers={"x-client-geo": LONDON, "x-edge-cache": "bypass"},
-                )
-                status, colo = response.status_code, response.headers.get("x-edge-colo", "")
-            except httpx.HTTPError:
-                status, colo = 0, ""
-            # Latency from the scheduled send time: a slow server cannot hide it.
-            records.append((phase, time.perf_counter() - scheduled, status, colo))
-
-        tasks = []
-        start = time.perf_counter()
-        at = start
-        i = 0
-        for phase in ("before", "during", "after"):
-            if phase == "during":
-                await client.post(f"/admin/colos/{home}/faults", json={"down": True}, headers=admin)
-            if phase == "after":
-                await client.delete(f"/admin/colos/{home}/faults", headers=admin)
-            end = start + phase_s * {"before": 1, "during": 2, "after": 3}[phase]
-            while at < end:
-                delay = at - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                tasks.append(asyncio.create_task(one(phase, i, at)))
-                i += 1
-                at += rng.exponential(1.0 / rate)  # Poisson arrivals, open loop
-        await asyncio.gather(*tasks)
-        states = (await client.get("/admin/colos", headers=admin)).json()
-    rtt = {s["id"]: s for s in states}
-    out: dict[str, Any] = {"home_colo": home}
-    for phase in ("before", "during", "after"):
-        rows = [r for r in records if r[0] == phase]
-        latencies = np.array([r[1] for r in rows]) * 1000
-        out[phase] = {
-            "requests": len(rows),
-            "rps": len(rows) / phase_s,
-            "failed": sum(1 for r in rows if r[2] != 200),
-            "p50_ms": float(np.percentile(latencies, 50)),
-            "p99_ms": float(np.percentile(latencies, 99)),
-            "colos": sorted({r[3] for r in rows}),
-        }
-    fallback = [c for c in out["during"]["colos"] if c != home]
-    out["fallback_colo"] = fallback[0] if fallback else None
-    out["_states"] = rtt
-    return out
-
-
 def failover_drill(rate: float, phase_s: float) -> dict[str, Any]:
-    import ray
-    from ray import serve
-
-    from deployments.app import build_app
-
+    """The load tester's colo-outage scenario from London against our own cluster: the home
+    colo goes down for the middle third of the run; traffic must move without a failure."""
     with open("serve_config.yaml") as f:
         config = yaml.safe_load(f)["applications"][0]
     args = config["args"]
     args["models_dir"] = os.path.abspath(args.get("models_dir", "models"))
     args["accelerator"] = "cpu"
     args["edge"].pop("regions", None)  # a colo drill on one pool per model
-    os.environ["EDGE_ADMIN_KEY"] = ADMIN_KEY
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": PORT})
+    http_port = free_port()
+    base_url = f"http://127.0.0.1:{http_port}"
+    # The admin key reaches the router replica through the cluster's environment.
+    with serve_cluster(num_cpus=4, http_port=http_port, env={"EDGE_ADMIN_KEY": ADMIN_KEY}):
         serve.run(build_app(args), name="edge", route_prefix="/")
-        result = asyncio.run(_drill(f"http://127.0.0.1:{PORT}", rate, phase_s))
-    finally:
-        serve.shutdown()
-        ray.shutdown()
-    result.pop("_states")
-    # The fallback colo's extra RTT from London, from the same latency model the router uses.
-    edge = EdgeConfig.model_validate(args.get("edge", {}))
-    network = EdgeNetwork(edge)
-    plan = network.route("moderation", {"x-client-geo": LONDON})
+        region = region_named(CLIENT_REGION)
+        home = httpx.post(
+            f"{base_url}/v1/moderations",
+            json={"input": "x"},
+            headers={"x-client-geo": region.geo_header},
+            timeout=120,
+        ).headers["x-edge-colo"]
+        scenario = ScenarioConfig(
+            scenario="colo-outage",
+            models=(ModelTarget(name="moderation", task="moderation"),),
+            rate_rps=rate,
+            duration_s=3 * phase_s,
+            workers_api_share=0.0,
+            region=CLIENT_REGION,
+            fault_colo=home,
+            outage_start_s=phase_s,
+            outage_s=phase_s,
+        )
+        settings = RunSettings(base_url=base_url, request_timeout_s=60, admin_key=ADMIN_KEY)
+        result = LoadRunner(settings).run(build_schedule(scenario))
+    by_phase: dict[str, list[RequestRecord]] = {}
+    for record in result.records:
+        by_phase.setdefault(phase_of(record.scheduled_s, result.schedule.phases), []).append(record)
+    out: dict[str, Any] = {"home_colo": home}
+    for phase in ("before", "outage", "after"):
+        rows = by_phase.get(phase, [])
+        latency = latency_stats(r.latency_ms for r in rows if r.ok)
+        out[phase] = {
+            "requests": len(rows),
+            "rps": len(rows) / phase_s,
+            "failed": sum(1 for r in rows if not r.ok),
+            "p50_ms": latency["p50"],
+            "p99_ms": latency["p99"],
+            "colos": sorted({r.edge.colo for r in rows if r.edge.colo}),
+        }
+    fallback = [c for c in out["outage"]["colos"] if c != home]
+    out["fallback_colo"] = fallback[0] if fallback else None
+    # The fallback colo's extra RTT from the clients, from the same latency model the router uses.
+    network = EdgeNetwork(EdgeConfig.model_validate(args.get("edge", {})))
+    plan = network.route("moderation", {"x-client-geo": region.geo_header})
     rtt = {c.colo_id: c.rtt_ms for c in plan.candidates}
-    extra = rtt.get(result["fallback_colo"], 0.0) - rtt.get(result["home_colo"], 0.0)
-    bound = result["before"]["p99_ms"] + extra + SLACK_MS
-    result["extra_rtt_ms"] = extra
-    result["goal"] = {
-        "failed_total": sum(result[p]["failed"] for p in ("before", "during", "after")),
-        "p99_during_ms": result["during"]["p99_ms"],
+    extra = rtt.get(out["fallback_colo"], 0.0) - rtt.get(home, 0.0)
+    p99_before, p99_during = out["before"]["p99_ms"], out["outage"]["p99_ms"]
+    bound = None if p99_before is None else p99_before + extra + SLACK_MS
+    failed = sum(out[p]["failed"] for p in ("before", "outage", "after"))
+    out["extra_rtt_ms"] = extra
+    out["goal"] = {
+        "failed_total": failed,
+        "p99_during_ms": p99_during,
         "p99_bound_ms": bound,
-        "met": result["during"]["p99_ms"] <= bound
-        and all(result[p]["failed"] == 0 for p in ("before", "during", "after")),
+        "met": bound is not None and p99_during is not None and p99_during <= bound and not failed,
     }
-    return result
+    return out
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import numpy as np
+from httpx_sse import EventSource
+
+from edgectl.loadtest.responses import StreamTally
 
 Clock = Callable[[], float]
 Send = Callable[[int], Awaitable[Any]]
@@ -157,33 +159,24 @@ class StreamTiming:
 async def timed_chat_stream(
     client: httpx.AsyncClient, url: str, body: dict[str, Any], clock: Clock
 ) -> StreamTiming:
-    """Send one `stream: true` chat request (with include_usage) and time its chunks."""
+    """Send one `stream: true` chat request (with include_usage) and time its chunks, read by the
+    load tester's SSE reader (one reader of our streams for benchmarks and load tests)."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     started = clock()
-    first_text_at: float | None = None
-    completion_tokens: int | None = None
+    tally = StreamTally()
     async with client.stream("POST", url, json=body) as response:
         if response.status_code != 200:
             text = (await response.aread()).decode(errors="replace")
             raise BadResponseError(
                 f"POST {url}: {response.status_code} {text[:300]}", response.status_code
             )
-        async for line in response.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            payload = line.removeprefix("data:").strip()
-            if payload == "[DONE]":
+        async for event in EventSource(response).aiter_sse():
+            tally.add(event, clock() - started)
+            if tally.done or tally.error:
                 break
-            event = json.loads(payload)
-            if "error" in event:
-                raise BadResponseError(f"stream error event: {payload[:300]}")
-            if first_text_at is None and any(
-                (choice.get("delta") or {}).get("content") for choice in event.get("choices", [])
-            ):
-                first_text_at = clock()
-            if event.get("usage"):
-                completion_tokens = int(event["usage"]["completion_tokens"])
-    done_at = clock()
-    if first_text_at is None or completion_tokens is None:
+    tally.finish()
+    if tally.error is not None:
+        raise BadResponseError(f"stream from {url}: {tally.error}")
+    if tally.first_token_s is None or tally.usage_tokens is None:
         raise BadResponseError(f"stream from {url} ended without text or usage")
-    return StreamTiming(first_text_at - started, done_at - started, completion_tokens)
+    return StreamTiming(tally.first_token_s, clock() - started, tally.usage_tokens)

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from benchmarks.cluster import apply_applications, serve_cluster
 from benchmarks.http_load import (
     BadResponseError,
     Endpoint,
@@ -33,11 +34,11 @@ from benchmarks.http_load import (
     timed_post,
 )
 from benchmarks.models import CHAT_PROMPT, benchmark_sentences
-from benchmarks.private_serve import apply_applications, private_serve, wait_until
 from deployments.config import PROJECT_ROOT, parse_app_config, without_regions
 from deployments.runtime.embedding import EmbeddingRuntime
 from deployments.runtime.sampling import SamplingParams
 from deployments.runtime.session import SessionConfig
+from edgectl.local_cluster import wait_until
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,7 @@ def run_router_suite(config: RouterBenchConfig, clock: Clock = time.perf_counter
     def deploy(applications: Sequence[dict[str, Any]]) -> None:
         apply_applications(applications, config.http_port, config.deploy_timeout_s)
 
-    with private_serve(config.ray_num_cpus, config.http_port):
+    with serve_cluster(config.ray_num_cpus, config.http_port):
         edge = edge_application(shipped, config, embedding_batch_size=batched)
         # The edge app first: the pass-throughs look its moderation deployment up by name.
         deploy([edge])

@@ -7,48 +7,43 @@ import argparse
 import contextlib
 import importlib
 import importlib.metadata
-import importlib.util
 import json
 import logging
 import os
 import platform
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
 log = logging.getLogger("benchmarks")
 
-# The registry: each name is a module benchmarks/<name>.py exposing `run(args) -> dict` and,
-# optionally, `add_arguments(parser)`. A name whose module is not written yet is reported, not run.
-SUITES: tuple[str, ...] = (
-    "models",
-    "router",
-    "router_cpu",
-    "edge",
-    "coldstart",
-    "security",
-    "peers",
-    "structured",
-    "regions",
-)
+# The registry, one line per suite: a module exposing `run(args) -> dict` and, optionally,
+# `add_arguments(parser)`. Imported only when the command line is built.
+SUITES: dict[str, str] = {
+    "models": "benchmarks.models",
+    "router": "benchmarks.router",
+    "edge": "benchmarks.edge",
+    "coldstart": "benchmarks.coldstart",
+    "security": "benchmarks.security",
+    "router_cpu": "benchmarks.router_cpu",
+    "peers": "benchmarks.peers",
+    "structured": "benchmarks.structured",
+    "regions": "benchmarks.regions",
+}
 
+LOG_FORMAT = "%(asctime)s %(name)s: %(message)s"
 DEFAULT_MODELS_DIR = "models"
 DEFAULT_THREADS = 2
 
 
-def suite_module(name: str) -> ModuleType | None:
-    """The suite's module, or None when benchmarks/<name>.py does not exist (yet)."""
-    module_name = f"{__package__ or 'benchmarks'}.{name}"
-    if importlib.util.find_spec(module_name) is None:
-        return None
-    return importlib.import_module(module_name)
-
-
-def available_suites() -> dict[str, ModuleType]:
-    found = {name: suite_module(name) for name in SUITES}
-    return {name: module for name, module in found.items() if module is not None}
+def load_suites() -> dict[str, ModuleType]:
+    return {name: importlib.import_module(module) for name, module in SUITES.items()}
 
 
 def build_parser(suites: dict[str, ModuleType]) -> argparse.ArgumentParser:
@@ -57,7 +52,7 @@ def build_parser(suites: dict[str, ModuleType]) -> argparse.ArgumentParser:
         "--suite",
         action="append",
         choices=sorted(suites),
-        help="suite to run (repeatable); default: every available suite",
+        help="suite to run (repeatable); default: every suite",
     )
     parser.add_argument(
         "--quick", action="store_true", help="smoke-sized run (seconds, not minutes)"
@@ -76,6 +71,9 @@ def build_parser(suites: dict[str, ModuleType]) -> argparse.ArgumentParser:
         type=int,
         default=DEFAULT_THREADS,
         help="compute threads for every engine measured (ONNX Runtime intra-op, torch)",
+    )
+    parser.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (off anyway without a TTY)"
     )
     for module in suites.values():
         add_arguments = getattr(module, "add_arguments", None)
@@ -119,21 +117,61 @@ def collect_goals(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+@contextlib.contextmanager
+def suites_progress(total: int, *, enabled: bool) -> Iterator[Callable[[str], None]]:
+    """Yields `started(name)`. On a terminal, a bar of suites done (stderr, with the log lines
+    printed above it); elsewhere plain log lines only."""
+    if not (enabled and sys.stderr.isatty()):
+        logging.basicConfig(stream=sys.stderr, level=logging.INFO, format=LOG_FORMAT)
+        yield lambda name: None
+        return
+    console = Console(stderr=True)
     logging.basicConfig(
-        stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s: %(message)s"
+        level=logging.INFO, format="%(name)s: %(message)s", handlers=[RichHandler(console=console)]
     )
-    suites = available_suites()
+    progress = Progress(
+        TextColumn("bench {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    )
+    task = progress.add_task("", total=total)
+    names: list[str] = []
+
+    def started(name: str) -> None:
+        if names:
+            progress.advance(task)
+        names.append(name)
+        progress.update(task, description=name)
+
+    with progress:
+        yield started
+        progress.update(task, completed=total, description="done")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    suites = load_suites()
     args = build_parser(suites).parse_args(argv)
     selected = args.suite or list(suites)
+    with suites_progress(len(selected), enabled=not args.no_progress) as started:
+        return _run(args, suites, selected, started)
+
+
+def _run(
+    args: argparse.Namespace,
+    suites: dict[str, ModuleType],
+    selected: list[str],
+    started_suite: Callable[[str], None],
+) -> int:
     report: dict[str, Any] = {
         "machine": machine_info(),
         "args": {k: v for k, v in sorted(vars(args).items())},
-        "suites_not_written": [name for name in SUITES if name not in suites],
     }
     results: dict[str, dict[str, Any]] = {}
     failed = False
     for name in selected:
+        started_suite(name)
         log.info("suite %s: start%s", name, " (quick)" if args.quick else "")
         started = time.perf_counter()
         try:

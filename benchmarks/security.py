@@ -16,7 +16,7 @@ import httpx
 import numpy as np
 import yaml
 
-from benchmarks.private_serve import apply_applications, private_serve
+from benchmarks.cluster import apply_applications, serve_cluster
 from deployments.protocol import ChatCompletionRequest
 from deployments.security import (
     KeyStore,
@@ -95,7 +95,7 @@ def _app(gate_models: list[str]) -> dict[str, Any]:
 def gate_latency(requests: int) -> dict[str, Any]:
     """Chat p50/p99 with the gate on glm, then with no gate: only the router is rebuilt."""
     out: dict[str, Any] = {}
-    with private_serve(num_cpus=4, http_port=PORT):
+    with serve_cluster(num_cpus=4, http_port=PORT):
         for label, models in (("gate_on", ["glm"]), ("gate_off", [])):
             apply_applications([_app(models)], PORT, timeout_s=240)
             with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=120) as client:

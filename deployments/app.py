@@ -13,9 +13,9 @@ import ray
 from ray import serve
 from ray.serve import Application
 
-from deployments.config import AppConfig, parse_app_config
+from deployments.config import AppConfig, ConfigError, parse_app_config
 from deployments.edge_control import EdgeControl
-from deployments.observability.config import resolve_tracing_config
+from deployments.observability.environment import resolve_tracing_config
 from deployments.runtime.session import SessionConfig
 from deployments.servers.batched import EmbeddingServer, ModerationServer
 from deployments.servers.chat import ChatServer
@@ -52,10 +52,13 @@ def uses_region_nodes(config: AppConfig) -> bool:
 
 def build_app(args: dict[str, Any]) -> Application:
     config = parse_app_config(args)
-    # EDGE_TRACES_FILE is read here, where `serve run` starts: replicas on any node get the path.
-    observability = config.observability.model_copy(
-        update={"tracing": resolve_tracing_config(config.observability.tracing, os.environ)}
-    )
+    # OTEL_* and EDGE_TRACES_FILE are read here, where `serve run` starts: replicas on any node
+    # get the result (a bad value stops `serve run` with a ConfigError naming the variable).
+    try:
+        tracing = resolve_tracing_config(config.observability.tracing, os.environ)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    observability = config.observability.model_copy(update={"tracing": tracing})
     config = config.model_copy(update={"observability": observability})
     gpu = uses_gpu(config)
     pinned = uses_region_nodes(config)

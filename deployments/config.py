@@ -6,7 +6,10 @@ file's `deployments:` section, where ops edit them; this covers what Ray Serve h
 
 from __future__ import annotations
 
+import argparse
 import copy
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -122,6 +125,13 @@ class AppConfig(_Strict):
                         f"models.{name}.aliases: {alias!r} already names {owner[alias]!r}"
                     )
                 owner[alias] = name
+        return self
+
+    @model_validator(mode="after")
+    def _prices_name_served_models(self) -> AppConfig:
+        unknown = sorted(set(self.observability.prices) - set(self.models))
+        if unknown:
+            raise ValueError(f"observability.prices: {unknown} are not served models")
         return self
 
     @field_validator("models")
@@ -247,11 +257,19 @@ def _keep_warm_problem(deployment: str, scaling: Any) -> str | None:
     return None
 
 
-if __name__ == "__main__":
-    import sys
-
-    # `python -m deployments.config serve_config.yaml`: check before `serve deploy`.
-    target = sys.argv[1] if len(sys.argv) > 1 else "serve_config.yaml"
+def main(argv: Sequence[str] | None = None, prog: str = "python -m deployments.config") -> int:
+    """`python -m deployments.config [serve_config.yaml]` (or `edge check`): exit 1 on problems."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Check a Serve config file before `serve deploy`: Serve's schema, this "
+        "application's args and keep-warm schedules. Exit 1 naming each problem's field.",
+    )
+    parser.add_argument("config", nargs="?", default="serve_config.yaml")
+    target = parser.parse_args(argv).config
     found = check_serve_config(target)
     print("\n".join(found) if found else f"{target}: OK")
-    sys.exit(1 if found else 0)
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -52,6 +52,7 @@ class EdgeTrace:
     cold_start_ms: float | None = None
     cache: str | None = None
     client: ClientLocation | None = None
+    cold_start_phases: dict[str, float | None] | None = None  # of the replica it waited on
 
     def headers(self) -> dict[str, str]:
         headers = {
@@ -310,17 +311,27 @@ class EdgeDispatcher(Generic[T]):
                     str(error) or f"region {region} did not answer in time", retry_after_s=1
                 )
                 continue
-            cold_ms = _cold_start_ms(reply_of(result), arrived_at)
+            reply = reply_of(result)
+            cold_ms = _cold_start_ms(reply, arrived_at)
             self.pools.report(model, region, "ok", cold_ms)
             if cold_ms is not None:
-                self._note_cold_start(model, reply_of(result), cold_ms)
+                self._note_cold_start(model, reply, cold_ms)
             reason = candidate.reason
             if failed:
                 reason = "failover"
             elif spilled:
                 reason = "spillover"
             trace = EdgeTrace(
-                entry.colo_id, region, candidate.rtt_ms, reason, tried, cold_ms, client=client
+                entry.colo_id,
+                region,
+                candidate.rtt_ms,
+                reason,
+                tried,
+                cold_ms,
+                client=client,
+                cold_start_phases=(
+                    reply.phases.as_dict() if cold_ms is not None and reply.phases else None
+                ),
             )
             return result, trace
         if last_error is not None:

@@ -6,6 +6,8 @@
   back-pressure marks, measured cold starts. `snapshot()` gives them the colo fault drills.
 - Model replicas long-poll `region_faults(region, version)`: a region drill reaches the replicas
   themselves, which then fail the requests that reach them, so routers see real errors.
+- Recent traffic: each router replica publishes its last minutes here, so the dashboard shows all
+  of them.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ SYNC_INTERVAL_S = 0.5
 SERVE_POLL_INTERVAL_S = 0.5
 FIRST_POLL_TIMEOUT_S = 2.0
 FAULT_POLL_TIMEOUT_S = 30.0  # a replica's long poll returns at least this often
+TRAFFIC_STALE_S = 10.0  # a replica that stopped publishing this long ago is gone
 
 log = logging.getLogger("ray.serve")
 
@@ -88,6 +91,7 @@ class EdgeControl:
         self._region_faults = FaultStore()
         self._poller: asyncio.Task[None] | None = None
         self._polled = asyncio.Event()
+        self._traffic: dict[str, tuple[float, dict[str, Any]]] = {}
 
     # ---- routers ------------------------------------------------------------------------------
 
@@ -131,6 +135,15 @@ class EdgeControl:
                 if fault_window(entry, now)[1] > now
             ]
         return described
+
+    async def report_traffic(self, replica_id: str, snapshot: dict[str, Any]) -> None:
+        self._traffic[replica_id] = (time.monotonic(), snapshot)
+
+    async def traffic(self) -> dict[str, dict[str, Any]]:
+        """The latest snapshot of every router replica still publishing, by replica id."""
+        oldest = time.monotonic() - TRAFFIC_STALE_S
+        self._traffic = {r: entry for r, entry in self._traffic.items() if entry[0] >= oldest}
+        return {replica: snapshot for replica, (_, snapshot) in self._traffic.items()}
 
     # ---- model replicas -----------------------------------------------------------------------
 

@@ -40,7 +40,12 @@ async def _deployment_states() -> dict[str, DeploymentState]:
     deployments = status.applications[serve.get_replica_context().app_name].deployments
     return {
         name: DeploymentState(
-            str(deployment.status.value), deployment.replica_states.get("RUNNING", 0)
+            str(deployment.status.value),
+            deployment.replica_states.get("RUNNING", 0),
+            {
+                getattr(state, "value", str(state)): n
+                for state, n in deployment.replica_states.items()
+            },
         )
         for name, deployment in deployments.items()
     }
@@ -65,10 +70,11 @@ class RouterIngress:
             rate_limit_share=1 / _router_replicas(),
         )
         self._fault_sync: asyncio.Task[None] | None = None
+        self._traffic_publish: asyncio.Task[None] | None = None
 
     async def __serve_build_asgi_app__(self) -> FastAPI:
         """Called by Ray Serve once the replica is constructed, on its event loop."""
-        self._fault_sync = asyncio.get_running_loop().create_task(
-            self.services.drills.sync_forever()
-        )
+        loop = asyncio.get_running_loop()
+        self._fault_sync = loop.create_task(self.services.drills.sync_forever())
+        self._traffic_publish = loop.create_task(self.services.dashboard.traffic.publish_forever())
         return make_app(self.config, self.services)

@@ -86,6 +86,11 @@ class LocalCluster:
         return f"127.0.0.1:{self.gcs_port}"
 
     @property
+    def session_dir(self) -> Path:
+        """The head's Ray session directory (its logs, the Serve controller's among them)."""
+        return self.root / "ray" / "session_latest"
+
+    @property
     def dashboard_url(self) -> str:
         return f"http://127.0.0.1:{self.dashboard_port}"
 

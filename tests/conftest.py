@@ -1,13 +1,59 @@
-"""Shared fixtures: where the embedded default models live (built on demand)."""
+"""Shared fixtures: where the embedded default models live (built on demand); a real headless
+Chromium (Debian's) driven by Playwright, and where tests write their artefacts."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+# The system's Chromium (`apt-get install chromium`): Playwright never downloads a browser here.
+from deployments.dashboard.screenshot import CHROMIUM, CHROMIUM_ARGS
+
 REPO = Path(__file__).resolve().parent.parent
+ARTEFACTS = Path(os.environ.get("EDGE_TEST_ARTEFACTS", REPO / "test-artefacts"))
+
+
+def _no_browser_reason() -> str | None:
+    if not CHROMIUM.is_file():
+        return f"no Chromium at {CHROMIUM} (apt-get install chromium)"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "Playwright for Python is not installed (the dev extra)"
+    return None
+
+
+@pytest.fixture
+def chromium() -> Iterator[Any]:
+    """A headless Chromium. Skipped with its reason where there is none; under CI=true that
+    is a failure, so CI never passes without running the browser tests. Per test: Playwright's
+    sync API holds an event loop on this thread while open, which asyncio.run() elsewhere
+    would trip over."""
+    reason = _no_browser_reason()
+    if reason is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"browser tests cannot run in CI: {reason}")
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), args=list(CHROMIUM_ARGS), headless=True
+        )
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def artefacts(request: pytest.FixtureRequest) -> Path:
+    """A folder for this test's artefacts (screenshots), kept after the run."""
+    folder = ARTEFACTS / request.node.name.replace("/", "_").replace("[", "_").rstrip("]")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 @pytest.fixture(scope="session")

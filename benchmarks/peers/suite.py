@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from benchmarks.cluster import apply_applications, serve_cluster
 from benchmarks.peers import cpu
 from benchmarks.peers.chat import bench_chat
 from benchmarks.peers.common import PEER_CHAT, PEER_EMBEDDING, Clock
@@ -30,7 +31,6 @@ from benchmarks.peers.decode_profile import decode_profile
 from benchmarks.peers.embeddings import bench_embeddings
 from benchmarks.peers.router_cpu import bench_router_cpu
 from benchmarks.peers.verdicts import goals
-from benchmarks.private_serve import apply_applications, private_serve
 from benchmarks.router import EDGE_APP, RouterBenchConfig, edge_application
 from deployments.config import parse_app_config
 
@@ -54,7 +54,7 @@ def run_peers_suite(config: PeersBenchConfig, clock: Clock = time.perf_counter) 
     results: dict[str, Any] = {"config": config.model_dump(mode="json")}
     with (
         _ingress_env(config.ingress, config.http_port),
-        private_serve(config.ray_num_cpus, config.http_port),
+        serve_cluster(config.ray_num_cpus, config.http_port),
     ):
         apply_applications(
             [edge, *peer_applications(edge, config)], config.http_port, config.deploy_timeout_s

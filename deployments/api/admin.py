@@ -1,5 +1,5 @@
-"""The admin API (fault drills): list colos and regions, set and clear their faults. It needs the
-admin key, and does not exist (404) when none is configured."""
+"""The admin API (fault drills): list colos and regions, set and clear their faults; the live
+dashboard's data. It needs the admin key, and does not exist (404) when none is configured."""
 
 from __future__ import annotations
 
@@ -39,5 +39,9 @@ def admin_routes(services: RouterServices) -> APIRouter:
     @routes.delete("/regions/{region}/faults")
     async def clear_region_faults(region: str) -> Response:
         return json_response(await services.drills.clear_region_faults(region))
+
+    @routes.get("/dashboard-data")
+    async def dashboard_data() -> Response:
+        return json_response(await services.dashboard.data())
 
     return routes

@@ -7,6 +7,8 @@ from fastapi import FastAPI
 from deployments.api import workers_ai
 from deployments.api.admin import admin_routes
 from deployments.api.body_limit import BodyLimitMiddleware
+from deployments.api.dashboard import dashboard_routes
+from deployments.api.docs import install_docs
 from deployments.api.errors import ErrorShapes, install_error_handler
 from deployments.api.health import health_routes
 from deployments.api.openai import openai_routes
@@ -20,6 +22,8 @@ def make_app(config: AppConfig, services: RouterServices) -> FastAPI:
         title="ray-edge-ai",
         description="OpenAI-compatible and Workers-AI-style inference at the (simulated) edge",
         version="0.1.0",
+        docs_url=None,  # install_docs serves both pages from local assets
+        redoc_url=None,
     )
     shapes = ErrorShapes({}, by_pattern={workers_ai.ERROR_PATTERN: workers_ai.error_body})
     install_error_handler(app, shapes)
@@ -32,6 +36,8 @@ def make_app(config: AppConfig, services: RouterServices) -> FastAPI:
         app.include_router(workers_ai.workers_ai_routes(services, prefix))
         app.include_router(openai_routes(services), prefix=prefix)
     app.include_router(admin_routes(services))
+    app.include_router(dashboard_routes())
+    install_docs(app)
     app.add_middleware(BodyLimitMiddleware, limit=config.router.max_body_bytes, shapes=shapes)
     # Outermost, so a 413 is measured too. Ray Serve's proxy already echoes the client's
     # x-request-id (or makes one) on every response.

@@ -10,12 +10,19 @@ from pathlib import Path
 
 from deployments.export.common import VerificationError
 from deployments.export.defaults import DEFAULT_MODELS, build_default
+from deployments.export.progress import stages_for
 from deployments.runtime.manifest import ModelManifest
 
+NO_PROGRESS_HELP = "no progress bar (off anyway without a terminal)"
 
-def _parser() -> argparse.ArgumentParser:
+
+def _planned_stages(args: argparse.Namespace) -> list[str]:
+    return ["load", "export"] + ["quantise"] * bool(args.quantize) + ["verify"] * args.verify
+
+
+def _parser(prog: str = "python -m deployments.export") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m deployments.export",
+        prog=prog,
         description="Export a checkpoint to ONNX (+ tokenizer + manifest), or build the defaults.",
     )
     sub = parser.add_subparsers(dest="model", required=True)
@@ -26,6 +33,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--dtype", choices=("fp32", "fp16"), default="fp32")
         p.add_argument("--quantize", choices=("int8",), default=None)
         p.add_argument("--verify", action="store_true", help="check parity with PyTorch")
+        p.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
     emb = sub.add_parser("embedding", help="BERT-style sentence embedder (mean pooling + L2)")
     emb.add_argument("--from", dest="source", help="HF id or dir (default: packaged MiniLM)")
     emb.add_argument("--out", type=Path, required=True)
@@ -37,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
         default="fused",
         help="fused: ONNX Runtime's BERT fusions (default); plain: the unfused dynamo export",
     )
+    emb.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
     mod = sub.add_parser("moderation", help="text moderation classifier")
     mod.add_argument("--from", dest="source", help="dir with the scikit-learn model")
     mod.add_argument("--out", type=Path, required=True)
@@ -54,8 +63,8 @@ def _intact(model_dir: Path) -> bool:
         return False
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m deployments.export") -> int:
+    args = _parser(prog).parse_args(argv)
     # Our progress at INFO; the exporters' libraries (onnx_ir, torch.onnx) only when they warn.
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("deployments").setLevel(logging.INFO)
@@ -70,27 +79,34 @@ def main(argv: list[str] | None = None) -> int:
                 build_default(name, args.out)
                 print(f"{name}: built in {time.perf_counter() - t0:.1f}s -> {args.out / name}")
             return 0
-        if args.model in ("glm", "kimi"):
-            from deployments.export.llm import export_llm
+        if args.model in ("glm", "kimi", "embedding"):
+            stages = stages_for(args.model, _planned_stages(args), enabled=not args.no_progress)
+            try:
+                if args.model == "embedding":
+                    from deployments.export.embedding import export_embedding
 
-            export_llm(
-                args.model,
-                args.source,
-                args.out,
-                dtype=args.dtype,
-                quantize=args.quantize,
-                verify=args.verify,
-            )
-        elif args.model == "embedding":
-            from deployments.export.embedding import export_embedding
+                    export_embedding(
+                        args.source,
+                        args.out,
+                        verify=args.verify,
+                        quantize=args.quantize,
+                        graph=args.graph,
+                        stages=stages,
+                    )
+                else:
+                    from deployments.export.llm import export_llm
 
-            export_embedding(
-                args.source,
-                args.out,
-                verify=args.verify,
-                quantize=args.quantize,
-                graph=args.graph,
-            )
+                    export_llm(
+                        args.model,
+                        args.source,
+                        args.out,
+                        dtype=args.dtype,
+                        quantize=args.quantize,
+                        verify=args.verify,
+                        stages=stages,
+                    )
+            finally:
+                stages.close()
         else:
             from deployments.export.moderation import export_moderation
 

@@ -28,6 +28,7 @@ from deployments.export.common import (
     max_abs_diff,
     strip_trace_metadata,
 )
+from deployments.export.progress import NO_STAGES, Stages
 from deployments.runtime.embedding import OUTPUT_NAME, SentenceTokenizer, TokenBatch
 from deployments.runtime.manifest import EmbeddingSpec, ModelManifest
 from deployments.runtime.session import SessionConfig, open_session
@@ -399,6 +400,7 @@ def export_embedding(
     verify: bool = False,
     quantize: Quantization | None = None,
     graph: GraphKind = "fused",
+    stages: Stages = NO_STAGES,
 ) -> ModelManifest:
     """Write `out/` = model.onnx + tokenizer.json + manifest.json for a sentence-embedding model."""
     if quantize not in (None, "int8"):
@@ -406,32 +408,38 @@ def export_embedding(
     if graph not in ("fused", "plain"):
         raise ValueError(f"unsupported graph {graph!r}; supported: fused, plain")
     started = time.perf_counter()
-    checkpoint = resolve_checkpoint(source)
-    out = fresh_dir(out)
-    encoder = load_encoder(checkpoint)
-    _write_tokenizer(checkpoint, out)
-    tokenizer = SentenceTokenizer(out / TOKENIZER_NAME)
-    # Two rows of different lengths, so neither the batch nor the sequence axis is traced as 1.
-    example = tokenizer.batch(VERIFY_SENTENCES[:2])
-    pooled = MeanPooledEncoder(encoder).eval()
+    with stages.stage("load"):
+        checkpoint = resolve_checkpoint(source)
+        out = fresh_dir(out)
+        encoder = load_encoder(checkpoint)
+        _write_tokenizer(checkpoint, out)
+        tokenizer = SentenceTokenizer(out / TOKENIZER_NAME)
+        # Two rows of different lengths, so neither the batch nor the sequence axis is traced
+        # as 1.
+        example = tokenizer.batch(VERIFY_SENTENCES[:2])
+        pooled = MeanPooledEncoder(encoder).eval()
 
     if quantize is None:
-        _export_graph(pooled, example, out / GRAPH_NAME, checkpoint.config, graph)
+        with stages.stage("export"):
+            _export_graph(pooled, example, out / GRAPH_NAME, checkpoint.config, graph)
     else:
         with tempfile.TemporaryDirectory() as scratch:
             fp32_graph = Path(scratch) / GRAPH_NAME
-            _export_graph(pooled, example, fp32_graph, checkpoint.config, graph)
-            _quantize_int8(fp32_graph, out / GRAPH_NAME)
+            with stages.stage("export"):
+                _export_graph(pooled, example, fp32_graph, checkpoint.config, graph)
+            with stages.stage("quantise"):
+                _quantize_int8(fp32_graph, out / GRAPH_NAME)
     log.info("exported %s to %s in %.1fs", checkpoint.source, out, time.perf_counter() - started)
 
     if verify:
-        parity = check_parity(
-            out / GRAPH_NAME,
-            tokenizer,
-            encoder,
-            min_cosine=_min_cosine(quantize, graph),
-            atol=FP32_ATOL if quantize is None else None,
-        )
+        with stages.stage("verify"):
+            parity = check_parity(
+                out / GRAPH_NAME,
+                tokenizer,
+                encoder,
+                min_cosine=_min_cosine(quantize, graph),
+                atol=FP32_ATOL if quantize is None else None,
+            )
         log.info(
             "verified %d sentences: max abs diff %.3g, min cosine %.7f",
             parity.sentences,

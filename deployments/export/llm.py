@@ -36,6 +36,7 @@ from deployments.export.common import (
     fresh_dir,
     strip_trace_metadata,
 )
+from deployments.export.progress import NO_STAGES, Stages
 from deployments.export.tiktoken_tokenizer import has_tiktoken_tokenizer, kimi_tokenizer
 from deployments.runtime.decoder import DecoderGraph
 from deployments.runtime.manifest import KVCacheLayout, LLMSpec, ModelManifest
@@ -303,26 +304,30 @@ def export_llm(
     dtype: Dtype = "fp32",
     quantize: Literal["int8"] | None = None,
     verify: bool = False,
+    stages: Stages = NO_STAGES,
 ) -> ModelManifest:
     if family not in FAMILIES:
         raise ValueError(f"unknown chat family {family!r}; expected one of {sorted(FAMILIES)}")
     if dtype == "fp16" and quantize:
         raise ValueError("--dtype fp16 and --quantize int8 are alternatives; pick one")
     out = fresh_dir(out)
-    if source is None:
-        model, info = default_model(family, out)
-    else:
-        model, info = _checkpoint_model(family, source, out)
-    model = _prepare_for_export(model)
-    wrapper = _DecoderWithCache(model).eval()
-    layout = _kv_layout(wrapper)
+    with stages.stage("load"):
+        if source is None:
+            model, info = default_model(family, out)
+        else:
+            model, info = _checkpoint_model(family, source, out)
+        model = _prepare_for_export(model)
+        wrapper = _DecoderWithCache(model).eval()
+        layout = _kv_layout(wrapper)
     graph = out / "model.onnx"
-    # fp16 is exported from a half-precision model, so the graph keeps PyTorch's own upcasts
-    # (norms, softmax) instead of a blind float32 -> float16 rewrite of every tensor.
-    _export_graph(wrapper.to(TORCH_DTYPES[dtype]), layout, graph, TORCH_DTYPES[dtype])
-    wrapper.to(torch.float32)  # --verify compares against the fp32 model
+    with stages.stage("export"):
+        # fp16 is exported from a half-precision model, so the graph keeps PyTorch's own upcasts
+        # (norms, softmax) instead of a blind float32 -> float16 rewrite of every tensor.
+        _export_graph(wrapper.to(TORCH_DTYPES[dtype]), layout, graph, TORCH_DTYPES[dtype])
+        wrapper.to(torch.float32)  # --verify compares against the fp32 model
     if quantize == "int8":
-        _quantize_int8(graph)
+        with stages.stage("quantise"):
+            _quantize_int8(graph)
     (out / "config.json").write_text(model.config.to_json_string(use_diff=False))
 
     manifest = ModelManifest(
@@ -346,7 +351,8 @@ def export_llm(
     )
     manifest = manifest.write(out)
     if verify:
-        report = verify_llm(model, out, manifest)
+        with stages.stage("verify"):
+            report = verify_llm(model, out, manifest)
         log.info("verified %s: %s", family, json.dumps(report))
     return manifest
 

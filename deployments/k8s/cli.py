@@ -11,9 +11,9 @@ from pathlib import Path
 from deployments.k8s.render import RenderSources, render
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str = "python -m deployments.k8s") -> argparse.ArgumentParser:
     defaults = RenderSources.of_repo()
-    parser = argparse.ArgumentParser(prog="python -m deployments.k8s", description=__doc__)
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("render", help="write the generated manifests (or --check them)")
     p.add_argument("--config", type=Path, default=defaults.serve_config)
@@ -40,8 +40,8 @@ def _stale(path: Path, fresh: str) -> bool:
     return True
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m deployments.k8s") -> int:
+    args = _parser(prog).parse_args(argv)
     sources = RenderSources(args.config, args.templates, args.pyproject, args.out)
     manifests = render(sources)
     if not args.check:

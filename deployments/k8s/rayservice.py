@@ -44,7 +44,9 @@ class Pins:
     @classmethod
     def from_pyproject(cls, path: Path) -> Pins:
         project = tomllib.loads(path.read_text())["project"]
-        for requirement in project["dependencies"]:
+        # Ray is pinned in the `serve` extra (the simulator alone needs no Ray).
+        extras = project.get("optional-dependencies", {})
+        for requirement in [*project["dependencies"], *extras.get("serve", [])]:
             name, sep, version = requirement.partition("==")
             if sep and name.split("[")[0].strip() == "ray":
                 return cls(project_version=project["version"], ray_version=version.strip())

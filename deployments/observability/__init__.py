@@ -7,12 +7,8 @@ from deployments.observability.access_log import (
     api_key_id,
     configure_access_logger,
 )
-from deployments.observability.config import (
-    EDGE_TRACES_FILE_ENV,
-    ObservabilityConfig,
-    TracingConfig,
-    resolve_tracing_config,
-)
+from deployments.observability.config import ModelPrice, ObservabilityConfig, TracingConfig
+from deployments.observability.environment import EDGE_TRACES_FILE_ENV, resolve_tracing_config
 from deployments.observability.metrics import (
     InMemoryMetricsBackend,
     MetricsBackend,
@@ -43,6 +39,7 @@ __all__ = [
     "ModelCall",
     "ModelMetrics",
     "ModelObservability",
+    "ModelPrice",
     "ObservabilityConfig",
     "RayServeMetricsBackend",
     "RequestOutcome",

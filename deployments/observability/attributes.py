@@ -79,14 +79,23 @@ class RouteDecision(Protocol):
     cold_start_ms: float | None
     cache: str | None
 
+    @property
+    def cold_start_phases(self) -> Mapping[str, float | None] | None:
+        """Seconds per start phase of the replica the request waited on (None: no cold start)."""
+
 
 class ClientPlace(Protocol):
-    """Where the client is (edge_sim.geo.ClientLocation has this shape)."""
+    """Where the client is (edge_sim.geo.ClientLocation has this shape). Read-only members, so
+    a frozen dataclass with narrower types (a Literal source) matches."""
 
-    lat: float
-    lon: float
-    source: str
-    country: str | None
+    @property
+    def lat(self) -> float: ...
+    @property
+    def lon(self) -> float: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def country(self) -> str | None: ...
 
 
 def span_name(operation: str, model: str) -> str:

@@ -1,18 +1,26 @@
-"""Observability settings (the `observability:` block of the app's args) and the one environment
-override the issue asks for: EDGE_TRACES_FILE, set where `serve run` starts."""
+"""Observability settings: the `observability:` block of the app's args. The environment
+variables that override them (OTEL_*, EDGE_TRACES_FILE) are applied in `environment.py`."""
 
 from __future__ import annotations
 
 import importlib.util
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-EDGE_TRACES_FILE_ENV = "EDGE_TRACES_FILE"
 SpanExporterName = Literal["none", "console", "jsonl", "otlp"]
 OtlpProtocol = Literal["http", "grpc"]
+# The OpenTelemetry SDK's sampler names (OTEL_TRACES_SAMPLER); parent-based ones follow an
+# incoming trace's sampled flag.
+SamplerName = Literal[
+    "always_on",
+    "always_off",
+    "traceidratio",
+    "parentbased_always_on",
+    "parentbased_always_off",
+    "parentbased_traceidratio",
+]
 # The optional exporter packages: opentelemetry-exporter-otlp-proto-http / -proto-grpc ==1.45.2.
 OTLP_EXPORTER_MODULES: Mapping[str, str] = {
     "http": "opentelemetry.exporter.otlp.proto.http.trace_exporter",
@@ -43,8 +51,12 @@ class TracingConfig(_Strict):
     )
     otlp_protocol: OtlpProtocol = "http"
     service_name: str = Field(default="ray-edge-ai", min_length=1)
+    resource_attributes: dict[str, str] = Field(
+        default_factory=dict, description="on every span's resource, e.g. deployment.environment"
+    )
+    sampler: SamplerName = "parentbased_traceidratio"
     sample_ratio: float = Field(
-        default=1.0, ge=0.0, le=1.0, description="of new traces; an incoming sampled flag wins"
+        default=1.0, ge=0.0, le=1.0, description="for the traceidratio samplers"
     )
 
     @model_validator(mode="after")
@@ -63,6 +75,22 @@ class TracingConfig(_Strict):
         return self
 
 
+class ModelPrice(_Strict):
+    """What one request to a model costs, in cost units (cents, credits, "neurons": the unit is
+    the operator's): a fixed part plus a price per million input and output tokens."""
+
+    per_request: float = Field(default=0.0, ge=0)
+    per_million_input_tokens: float = Field(default=0.0, ge=0)
+    per_million_output_tokens: float = Field(default=0.0, ge=0)
+
+    def cost(self, input_tokens: int, output_tokens: int) -> float:
+        return (
+            self.per_request
+            + input_tokens * self.per_million_input_tokens / 1e6
+            + output_tokens * self.per_million_output_tokens / 1e6
+        )
+
+
 class ObservabilityConfig(_Strict):
     """Traces, metrics and the access log of the router and the model replicas."""
 
@@ -76,14 +104,11 @@ class ObservabilityConfig(_Strict):
         default=False, description="put prompt text in the access log (off: it may be personal)"
     )
     untraced_paths: tuple[str, ...] = Field(
-        default=("/healthz", "/readyz"), description="probes: no span, metric or log line"
+        default=("/healthz", "/readyz", "/dashboard", "/admin/dashboard-data"),
+        description="probes and the dashboard's polling (and what is under them): no span, "
+        "metric or log line",
     )
-
-
-def resolve_tracing_config(config: TracingConfig, environ: Mapping[str, str]) -> TracingConfig:
-    """EDGE_TRACES_FILE, when set, replaces the configured exporter by a JSON-lines file. The path
-    is made absolute here because Ray workers do not start in the caller's directory."""
-    path = environ.get(EDGE_TRACES_FILE_ENV, "").strip()
-    if not path:
-        return config
-    return config.model_copy(update={"exporter": "jsonl", "path": str(Path(path).resolve())})
+    prices: dict[str, ModelPrice] = Field(
+        default_factory=dict,
+        description="per served model: cost units counted per key (edge_key_cost_units_total)",
+    )

@@ -100,7 +100,7 @@ class ModelObservability:
             tracer if tracer is not None else setup_tracing(config.tracing, model_role(model))
         )
         self.metrics = (
-            ModelMetrics(metrics_backend or RayServeMetricsBackend(), model)
+            ModelMetrics(metrics_backend or RayServeMetricsBackend(), model, self.operation)
             if config.metrics
             else None
         )

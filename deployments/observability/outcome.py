@@ -38,6 +38,9 @@ class RequestOutcome:
     finish_reason: str | None = None
     flagged_categories: tuple[str, ...] = ()  # moderation categories flagged, over all inputs
     error_type: str | None = None
+    key_id: str | None = None  # the authenticated key's id; None before authentication
+    operation: str | None = None  # gen_ai.operation.name; None for a request of no model
+    cold_start_phases: tuple[tuple[str, float], ...] = ()  # (phase, seconds) of the replica start
 
     @property
     def failover(self) -> bool:

@@ -31,6 +31,7 @@ from deployments.observability.attributes import (
 from deployments.observability.config import ObservabilityConfig
 from deployments.observability.metrics import MetricsBackend, RayServeMetricsBackend, RouterMetrics
 from deployments.observability.outcome import CLIENT_CLOSED_REQUEST, RequestOutcome, error_status
+from deployments.observability.recent_traffic import RecentTraffic
 from deployments.observability.tracing import (
     extract_context,
     setup_tracing,
@@ -44,7 +45,8 @@ MAX_MODEL_NAME_CHARS = 128  # a client-supplied name, as logged
 
 class RouterObservability:
     """Made once in the router replica's __init__ (Ray metrics bind to the process that makes
-    them). Tests inject the tracer, the metrics backend and the logger."""
+    them). Tests inject the tracer, the metrics backend and the logger. Every finished request
+    also goes to `recent` (the live dashboard's last minutes), whatever the config says."""
 
     def __init__(
         self,
@@ -56,11 +58,15 @@ class RouterObservability:
         access_logger: logging.Logger | None = None,
         clock: Callable[[], float] = time.perf_counter,
         wall_clock: Callable[[], float] = time.time,
+        recent: RecentTraffic | None = None,
     ):
         self.config = config
+        self.recent = (
+            recent if recent is not None else RecentTraffic(clock=wall_clock, prices=config.prices)
+        )
         self.tracer = tracer if tracer is not None else setup_tracing(config.tracing, ROUTER_ROLE)
         self.metrics = (
-            RouterMetrics(metrics_backend or RayServeMetricsBackend(), served_models)
+            RouterMetrics(metrics_backend or RayServeMetricsBackend(), served_models, config.prices)
             if config.metrics
             else None
         )
@@ -71,7 +77,11 @@ class RouterObservability:
         self._clock = clock
 
     def traced(self, path: str) -> bool:
-        return path not in self.config.untraced_paths
+        """An untraced path covers what is under it too (/dashboard: its assets)."""
+        return not any(
+            path == untraced or path.startswith(untraced.rstrip("/") + "/")
+            for untraced in self.config.untraced_paths
+        )
 
     def begin(
         self,
@@ -103,6 +113,7 @@ class RouterObservability:
         )
 
     def _record(self, telemetry: RequestTelemetry, outcome: RequestOutcome) -> None:
+        self.recent.record(outcome)
         if self.metrics is not None:
             self.metrics.record(outcome)
         if self.access_log is not None:
@@ -113,6 +124,17 @@ class RouterObservability:
                 trace_id=telemetry.trace_id,
                 prompt=telemetry.prompt,
             )
+
+
+def _phases(phases: Mapping[str, float | None] | None) -> tuple[tuple[str, float], ...]:
+    """A replica start's phases as (name, seconds), without the `_s` suffix or missing ones."""
+    if not phases:
+        return ()
+    return tuple(
+        (name.removesuffix("_s"), float(seconds))
+        for name, seconds in phases.items()
+        if seconds is not None
+    )
 
 
 class RequestTelemetry:
@@ -141,6 +163,8 @@ class RequestTelemetry:
         self._started = clock()
         self._first_token_at: float | None = None
         self._model: str | None = None
+        self._operation: str | None = None
+        self._authenticated_key: str | None = None
         self._stream = False
         self._route: RouteDecision | None = None
         self._client: ClientPlace | None = None
@@ -176,11 +200,12 @@ class RequestTelemetry:
     ) -> None:
         """What was asked. `prompt` reaches the access log only when log_prompts is on."""
         self._model = model[:MAX_MODEL_NAME_CHARS]
+        self._operation = OPERATION_BY_TASK.get(task, task)
         self._stream = stream
         self.prompt = prompt
         self.span.set_attributes(
             request_attributes(
-                OPERATION_BY_TASK.get(task, task),
+                self._operation,
                 self._model,
                 max_tokens=max_tokens,
                 temperature=temperature,
@@ -191,8 +216,10 @@ class RequestTelemetry:
         )
 
     def authenticated(self, key_id: str) -> None:
-        """The key id the security layer resolved (a named key keeps its name)."""
+        """The key id the security layer resolved (a named key keeps its name): usage and cost
+        are counted per key only from here on, so a label never comes from an unchecked key."""
         self.key_id = key_id
+        self._authenticated_key = key_id
 
     def routed(self, route: RouteDecision, client: ClientPlace | None = None) -> None:
         """Where the edge sent it. Read at `finish`, so a cache result set later still counts."""
@@ -250,6 +277,9 @@ class RequestTelemetry:
             finish_reason=self._usage.get("finish_reason"),
             flagged_categories=tuple(self._flagged),
             error_type=type(self._error).__name__ if self._error is not None else None,
+            key_id=self._authenticated_key,
+            operation=self._operation,
+            cold_start_phases=_phases(route.cold_start_phases) if route else (),
         )
         self.outcome = outcome
         self._end_span(outcome)

@@ -26,16 +26,19 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
     SpanExporter,
 )
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    ParentBased,
+    Sampler,
+    TraceIdRatioBased,
+)
 from opentelemetry.trace import Span, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from deployments.observability.attributes import EDGE_PROCESS_ROLE
-from deployments.observability.config import (
-    OTLP_EXPORTER_MODULES,
-    TracingConfig,
-    resolve_tracing_config,
-)
+from deployments.observability.config import OTLP_EXPORTER_MODULES, TracingConfig
+from deployments.observability.environment import resolve_tracing_config
 from deployments.observability.jsonl import JsonLinesSpanExporter
 
 log = logging.getLogger(__name__)
@@ -67,21 +70,34 @@ def _processor(config: TracingConfig, exporter: SpanExporter) -> SpanProcessor:
     return SimpleSpanProcessor(exporter)
 
 
+def sampler_of(config: TracingConfig) -> Sampler:
+    """The SDK sampler OTEL_TRACES_SAMPLER names; the ratio is sample_ratio."""
+    name = config.sampler
+    root: Sampler
+    if name.endswith("always_on"):
+        root = ALWAYS_ON
+    elif name.endswith("always_off"):
+        root = ALWAYS_OFF
+    else:
+        root = TraceIdRatioBased(config.sample_ratio)
+    return ParentBased(root) if name.startswith("parentbased_") else root
+
+
 def build_tracer_provider(
     config: TracingConfig, process_role: str, exporter: SpanExporter | None = None
 ) -> TracerProvider:
     """A provider exporting to `exporter` if given (tests pass an in-memory one), else to the
-    exporter `config` names. Sampling follows an incoming trace's flag, else sample_ratio."""
+    exporter `config` names. The resource: config's attributes, then the service name, process
+    role and pid (the SDK's own reading of OTEL_RESOURCE_ATTRIBUTES comes first and loses)."""
     resource = Resource.create(
         {
+            **config.resource_attributes,
             "service.name": config.service_name,
             EDGE_PROCESS_ROLE: process_role,
             "process.pid": os.getpid(),
         }
     )
-    provider = TracerProvider(
-        resource=resource, sampler=ParentBased(TraceIdRatioBased(config.sample_ratio))
-    )
+    provider = TracerProvider(resource=resource, sampler=sampler_of(config))
     exporter = exporter if exporter is not None else span_exporter(config)
     if exporter is not None:
         provider.add_span_processor(_processor(config, exporter))

@@ -4,7 +4,7 @@ edge's: deployments.edge.RegionPools)."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from deployments.errors import ModelNotFoundError, WrongTaskError
@@ -25,10 +25,11 @@ class ServedModel:
 
 @dataclass(frozen=True)
 class DeploymentState:
-    """A model deployment as Ray Serve reports it, for /readyz."""
+    """A model deployment as Ray Serve reports it, for /readyz and the dashboard."""
 
     status: str
     running_replicas: int
+    replica_states: Mapping[str, int] = field(default_factory=dict)  # Serve's, by state name
 
 
 # Ray Serve's view of the model deployments, by name (the ingress asks `serve.status()`).

@@ -11,11 +11,13 @@ from deployments.cache import ResponseCache
 from deployments.config import AppConfig
 from deployments.edge import EdgeDispatcher, RegionPools
 from deployments.observability import RouterObservability
+from deployments.observability.recent_traffic import RecentTraffic
 from deployments.security import KeyStore, ModerationGate, RateLimiter
 from deployments.serving.admission import Admission
 from deployments.serving.caching import CachedAnswers
 from deployments.serving.calls import resolve
 from deployments.serving.chat import ChatService
+from deployments.serving.dashboard import DashboardService, RegionsSource, TrafficShare
 from deployments.serving.drills import FaultDrills
 from deployments.serving.edge_calls import EdgeCalls
 from deployments.serving.models import (
@@ -36,6 +38,7 @@ class RouterServices:
     embeddings: EmbeddingService
     moderations: ModerationService
     drills: FaultDrills
+    dashboard: DashboardService
     pools: RegionPools
     deployment_states: DeploymentStates
     observability: RouterObservability | None = None
@@ -59,11 +62,13 @@ def build_services(
     deployment_states: DeploymentStates = _no_deployments,
     rate_limit_share: float = 1.0,
     clock: Callable[[], float] = time.monotonic,
+    regions: RegionsSource | None = None,
 ) -> RouterServices:
     """`handles`: model -> region -> the handle of that model's deployment in that region.
     `control`: the edge-control deployment, where routers share region state and drills.
     `rate_limit_share`: this replica's part of each key's budget (1/N with N router replicas).
-    `clock`: the rate limiter's (tests)."""
+    `clock`: the rate limiter's (tests). `regions`: real regions for the dashboard (default:
+    /admin/regions from edge-control when there is one; None: the cluster as one region)."""
     router, edge_config = config.router, config.edge
     deployments: dict[str, dict[str, str]] = {}
     for deployment, (model, region) in config.model_deployments().items():
@@ -107,6 +112,18 @@ def build_services(
         reply = await resolve(handle.classify.remote(texts))
         return [result.flagged for result in reply.value]
 
+    drills = FaultDrills(network, control, edge_config.region_names)
+    if regions is None and control is not None and edge_config.regions is not None:
+        regions = drills.region_states
+    recent = observability.recent if observability is not None else RecentTraffic()
+    dashboard = DashboardService(
+        drills,
+        list(catalogue.models),
+        deployment_states,
+        TrafficShare(recent, control),
+        pools.last_cold_start,
+        regions=regions,
+    )
     path = (catalogue, admission, cached, edge)  # what every service's request path goes through
     return RouterServices(
         keys=keys,
@@ -114,7 +131,8 @@ def build_services(
         chat=ChatService(*path, gate=ModerationGate(gate_config, flags)),
         embeddings=EmbeddingService(*path),
         moderations=ModerationService(*path),
-        drills=FaultDrills(network, control, edge_config.region_names),
+        drills=drills,
+        dashboard=dashboard,
         pools=pools,
         deployment_states=deployment_states,
         observability=observability,

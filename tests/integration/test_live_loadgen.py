@@ -16,7 +16,7 @@ def test_burst_after_idle_reports_a_cold_start_and_no_errors(serve_cluster, tmp_
         [
             sys.executable,
             "-m",
-            "edge_sim.loadgen",
+            "edgectl.loadtest",
             "--scenario=burst-after-idle",
             f"--url={serve_cluster.base_url}",
             f"--out={out}",

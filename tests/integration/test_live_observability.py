@@ -51,13 +51,22 @@ def test_router_and_model_spans_share_one_trace_with_genai_attributes(traced_cha
 def test_metrics_endpoint_exposes_the_named_metrics(traced_chat, serve_cluster):
     def exported() -> list[str] | None:
         text = httpx.get(serve_cluster.metrics_url, timeout=10).text
-        lines = [line for line in text.splitlines() if line.startswith("ray_edge_")]
+        lines = [
+            line for line in text.splitlines() if line.startswith(("ray_edge_", "ray_gen_ai_"))
+        ]
         glm = [line for line in lines if 'model="glm"' in line]
         return lines if any(line.startswith("ray_edge_requests_total") for line in glm) else None
 
     lines = wait_until(exported, 90, "glm's request count on the Prometheus endpoint", every_s=2)
     names = {line.split("{")[0] for line in lines}
-    assert {"ray_edge_requests_total", "ray_edge_request_latency_ms_bucket"} <= names
+    assert {
+        "ray_edge_requests_total",
+        "ray_edge_request_duration_seconds_bucket",
+        "ray_edge_key_requests_total",
+        "ray_gen_ai_server_request_duration_seconds_bucket",
+        "ray_gen_ai_client_token_usage_bucket",
+    } <= names
+    assert not any("_ms" in name for name in names), names  # base units only
     assert any('colo="' in line for line in lines if line.startswith("ray_edge_requests_total"))
 
 

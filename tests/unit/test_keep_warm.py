@@ -170,7 +170,7 @@ def test_ray_serve_ships_the_policy_by_value_to_a_process_without_the_project(tm
 
 
 def test_the_benchmark_window_opens_when_asked_and_passes_the_config_check(tmp_path):
-    from benchmarks.coldstart_keep_warm import with_keep_warm
+    from benchmarks.coldstart.keep_warm import with_keep_warm
 
     config = yaml.safe_load((PROJECT_ROOT / "serve_config.yaml").read_text())
     opens = utc("2026-12-01 23:59:50")  # the window runs past midnight

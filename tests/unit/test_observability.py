@@ -12,7 +12,6 @@ import re
 import subprocess
 import sys
 import textwrap
-import types
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from fastapi.testclient import TestClient
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode, format_span_id, format_trace_id
 from pydantic import ValidationError
@@ -38,12 +36,11 @@ from deployments.observability.access_log import (
     configure_access_logger,
 )
 from deployments.observability.config import (
-    EDGE_TRACES_FILE_ENV,
     OTLP_EXPORTER_MODULES,
     ObservabilityConfig,
     TracingConfig,
-    resolve_tracing_config,
 )
+from deployments.observability.environment import EDGE_TRACES_FILE_ENV, resolve_tracing_config
 from deployments.observability.metrics import (
     MODEL_METRICS,
     ROUTER_METRICS,
@@ -96,6 +93,9 @@ class FakeRoute:
     tried: list[str] = field(default_factory=lambda: ["FRA", "AMS", "LHR"])
     cold_start_ms: float | None = 2400.0
     cache: str | None = None
+    cold_start_phases: dict[str, float | None] | None = field(
+        default_factory=lambda: {"process_s": 0.5, "model_load_s": 1.5, "warmup_s": 0.2}
+    )
 
 
 @dataclass
@@ -240,10 +240,16 @@ def test_router_and_model_span_share_one_trace_with_genai_and_edge_attributes(tr
     assert inside[attrs.EDGE_MODEL_BATCH_SIZE] == 5
     assert inside[attrs.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] == pytest.approx(0.050)
 
-    assert model_metrics.values("edge_model_queue_wait_ms", model="glm") == [pytest.approx(30.0)]
+    assert model_metrics.values("edge_model_queue_wait_seconds", model="glm") == [
+        pytest.approx(0.030)
+    ]
     assert model_metrics.values("edge_model_batch_size", model="glm") == [5]
-    tpot = model_metrics.values("edge_model_time_per_output_token_ms", model="glm")
-    assert tpot == [pytest.approx(10.0)]
+    tpot = model_metrics.values(
+        "gen_ai_server_time_per_output_token_seconds",
+        gen_ai_operation_name="chat",
+        gen_ai_request_model="glm",
+    )
+    assert tpot == [pytest.approx(0.010)]
 
 
 def test_an_incoming_traceparent_is_continued_down_to_the_model(tracing: Tracing):
@@ -331,7 +337,7 @@ def test_a_model_call_left_by_its_consumer_is_marked_cancelled_not_failed(tracin
     (span,) = tracing.spans()
     assert span.attributes[attrs.EDGE_CANCELLED] is True
     assert span.status.status_code == StatusCode.UNSET
-    assert backend.values("edge_model_queue_wait_ms") == []  # incomplete: not measured
+    assert backend.values("edge_model_queue_wait_seconds") == []  # incomplete: not measured
 
 
 @pytest.mark.parametrize(
@@ -466,33 +472,33 @@ def test_tracing_config_rejects_incomplete_exporters(monkeypatch: pytest.MonkeyP
         TracingConfig(exporter="otlp", otlp_endpoint="http://collector:4318/v1/traces")
 
 
-def test_the_otlp_exporter_is_imported_only_when_chosen(monkeypatch: pytest.MonkeyPatch):
+def test_the_otlp_exporter_is_imported_only_when_chosen():
+    """In a fresh interpreter: building the tracing of a jsonl/none config leaves the OTLP
+    package unimported (a router without the otel extra never needs it); otlp imports it."""
     module_name = OTLP_EXPORTER_MODULES["http"]
-    exported: list[str] = []
-
-    class FakeOTLPSpanExporter(SpanExporter):
-        def __init__(self, endpoint: str):
-            self.endpoint = endpoint
-
-        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-            exported.extend(span.name for span in spans)
-            return SpanExportResult.SUCCESS
-
-    fake = types.ModuleType(module_name)
-    fake.OTLPSpanExporter = FakeOTLPSpanExporter  # type: ignore[attr-defined]
-    assert module_name not in sys.modules
-    monkeypatch.setattr(config_module, "module_available", lambda name: name == module_name)
-    config = TracingConfig(exporter="otlp", otlp_endpoint="http://collector:4318/v1/traces")
-    monkeypatch.setitem(sys.modules, module_name, fake)
-
-    exporter = span_exporter(config)
-    assert isinstance(exporter, FakeOTLPSpanExporter)
-    assert exporter.endpoint == "http://collector:4318/v1/traces"
-    provider = build_tracer_provider(config, "router")
-    provider.get_tracer("test").start_span("shipped").end()
-    assert provider.force_flush()  # batched, off the request path
-    provider.shutdown()
-    assert exported == ["shipped"]
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from deployments.observability.config import TracingConfig
+        from deployments.observability.tracing import build_tracer_provider
+        build_tracer_provider(TracingConfig(exporter="console"), "router").shutdown()
+        print({module_name!r} in sys.modules)
+        config = TracingConfig(exporter="otlp", otlp_endpoint="http://127.0.0.1:9/v1/traces")
+        build_tracer_provider(config, "router")
+        print({module_name!r} in sys.modules)
+        """
+    )
+    if not config_module.module_available(module_name):
+        pytest.skip("the otlp extra (opentelemetry-exporter-otlp-proto-http) is not installed")
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert result.stdout.split() == ["False", "True"]
 
 
 def test_exporter_none_exports_nothing():
@@ -529,13 +535,13 @@ def test_router_metrics_are_tagged_by_model_and_colo():
 
     at_lhr = {"model": "glm", "colo": "LHR"}
     assert backend.values("edge_requests_total", **at_lhr, status="200") == [1]
-    assert backend.values("edge_request_latency_ms", **at_lhr) == [500.0]
-    assert backend.values("edge_ttft_ms", **at_lhr) == [pytest.approx(200.0)]
+    assert backend.values("edge_request_duration_seconds", **at_lhr) == [0.5]
+    assert backend.values("edge_time_to_first_token_seconds", **at_lhr) == [pytest.approx(0.2)]
     assert backend.total("edge_output_tokens_total", **at_lhr) == 40
-    assert backend.values("edge_output_tokens_per_s", **at_lhr) == [80.0]
+    assert backend.values("edge_output_tokens_per_second", **at_lhr) == [80.0]
     assert backend.values("edge_cold_starts_total", **at_lhr) == [1]
-    assert backend.values("edge_cold_start_ms", **at_lhr) == [2400.0]
-    assert backend.values("edge_last_cold_start_ms", **at_lhr) == [2400.0]
+    assert backend.values("edge_cold_start_duration_seconds", **at_lhr) == [2.4]
+    assert backend.values("edge_last_cold_start_seconds", **at_lhr) == [2.4]
     # Each colo that failed before LHR answered counts one failover, under its own name.
     assert backend.values("edge_failovers_total", model="glm", colo="FRA") == [1]
     assert backend.values("edge_failovers_total", model="glm", colo="AMS") == [1]
@@ -586,7 +592,9 @@ def test_router_metrics_bound_every_label():
     assert backend.values("edge_requests_total", model="none", colo="none", status="429") == [1]
     assert backend.values("edge_rate_limited_total", model="none", colo="none") == [1]
     assert backend.values("edge_cache_lookups_total", model="embedding", result="hit") == [1]
-    assert backend.values("edge_ttft_ms", model="embedding") == []  # only streams have a TTFT
+    assert (
+        backend.values("edge_time_to_first_token_seconds", model="embedding") == []
+    )  # only streams have a TTFT
     # 0 tokens: no increment (Ray's counters raise on 0, so does the fake).
     assert backend.values("edge_output_tokens_total") == []
     assert backend.values("edge_failovers_total") == []  # none of these failed over
@@ -633,17 +641,21 @@ def test_ray_serve_metrics_accept_our_definitions_outside_ray():
     timings = InferenceTimings(FakeClock())
     timings.prefilled(0.01, 2)
     timings.decoded(0.01, 2)
-    ModelMetrics(backend, "glm").record(timings)
+    ModelMetrics(backend, "glm", "chat").record(timings)
     import ray
 
     assert not ray.is_initialized()
 
 
-def test_metric_names_share_a_prefix_and_are_documented():
+def test_metric_names_follow_prometheus_conventions_and_are_documented():
     readme = (REPO / "deployments" / "observability" / "README.md").read_text()
     for name, spec in {**ROUTER_METRICS, **MODEL_METRICS}.items():
-        assert name.startswith("edge_")
+        assert name.startswith(("edge_", "gen_ai_"))
         assert (spec.kind == "counter") == name.endswith("_total")
+        # Base units: durations in seconds, never milliseconds.
+        assert "_ms" not in name and "latency" not in name, name
+        if "duration" in name or "time" in name or "wait" in name:
+            assert name.endswith("_seconds"), name
         exported = f"ray_{name}" if spec.kind != "histogram" else f"ray_{name}_bucket"
         assert exported in readme, exported
 
@@ -792,7 +804,7 @@ def test_the_middleware_finishes_every_request_with_its_status(tracing: Tracing)
     assert backend.values("edge_requests_total", model="unknown", colo="none", status="404") == [1]
     # The stream's HTTP status was 200, but it failed: metrics and log say 500.
     assert backend.values("edge_requests_total", model="kimi", colo="SIN", status="500") == [1]
-    assert len(backend.values("edge_ttft_ms", model="kimi")) == 1
+    assert len(backend.values("edge_time_to_first_token_seconds", model="kimi")) == 1
     records = [json.loads(line) for line in log.getvalue().splitlines()]
     assert [r["status"] for r in records] == [200, 404, 500]
     assert records[2]["error_type"] == "InternalServerError"

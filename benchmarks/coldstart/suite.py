@@ -1,0 +1,350 @@
+"""The cold-start suite: each model from zero replicas to its first response (p50 over cycles, split
+into phases), next to a model-less replica and the in-process load + warm-up measured in the same
+run; then the reaction to a load step (1 -> 2 replicas), and a keep-warm window waking a model
+ahead of its first request. The --coldstart-* variants compare the settings that could make it
+faster."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from benchmarks.cluster import apply_applications, serve_cluster
+from benchmarks.coldstart.cluster import (
+    BenchScaling,
+    ServeVariant,
+    edge_application,
+    empty_application,
+)
+from benchmarks.coldstart.controller_log import ControllerLog
+from benchmarks.coldstart.imports import replica_import_costs
+from benchmarks.coldstart.keep_warm import run_keep_warm
+from benchmarks.coldstart.probe import (
+    EMPTY_TARGET,
+    ColdTarget,
+    NotAColdStartError,
+    cold_start_cycle,
+    model_target,
+    wait_for_zero,
+)
+from benchmarks.coldstart.upscale import run_upscale
+from benchmarks.coldstart.warm_pool import prestart_workers
+from benchmarks.models import ModelsBenchConfig, bench_load
+from deployments.config import PROJECT_ROOT, ModelConfig, parse_app_config, without_regions
+
+log = logging.getLogger(__name__)
+
+MODELS = ("glm", "kimi", "embedding", "moderation")
+COLD_START_TARGET_S = 3.0  # p50 zero -> first response, per default model, on a CPU box
+OVERHEAD_RATIO_TARGET = 1.2  # cold start / (empty replica start + in-process load), at most
+EMPTY = "empty_replica"
+
+QUICK_SIZES: Mapping[str, Any] = {
+    "cycles": 2,
+    "models": ("glm", "moderation"),
+    "in_process_repetitions": 1,
+    "import_repetitions": 0,  # the fresh-interpreter import timing alone takes ~10 s
+    "upscale_repetitions": 1,
+}
+
+
+class ColdStartBenchConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    models_dir: Path
+    serve_config: Path = PROJECT_ROOT / "serve_config.yaml"
+    models: tuple[str, ...] = MODELS
+    cycles: int = Field(default=5, ge=1, description="cold starts per model (and empty replica)")
+    http_port: int = Field(default=8124, ge=1024, le=65535)
+    ray_num_cpus: int = Field(default=4, ge=1)
+    deploy_timeout_s: float = Field(default=240, gt=0)
+    cycle_timeout_s: float = Field(default=120, gt=0)
+    in_process_repetitions: int = Field(default=3, ge=1)
+    import_repetitions: int = Field(default=3, ge=0, description="0 skips the import timing")
+    variant: ServeVariant = ServeVariant()
+    scaling: BenchScaling = BenchScaling()
+    upscale_model: str | None = Field(default="glm", description="a chat model; None skips it")
+    upscale_streams: int = Field(default=16, ge=1, description="the load step, in streams")
+    upscale_repetitions: int = Field(default=2, ge=0)
+    upscale_max_tokens: int = Field(default=32, ge=1)
+    warm_pool_workers: int = Field(
+        default=0, ge=0, description="experiment: idle pre-imported workers before each cycle"
+    )
+    keep_warm: bool = Field(default=True, description="time a keep-warm window's wake-up")
+    keep_warm_lead_s: float = Field(
+        default=20, gt=0, description="the window opens this long after its deploy is sent"
+    )
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ColdStartBenchConfig:
+        models_dir = Path(args.models_dir)
+        if not models_dir.is_absolute():
+            models_dir = PROJECT_ROOT / models_dir  # replicas do not start in our directory
+        variant = ServeVariant(
+            metrics_interval=args.coldstart_metrics_interval,
+            runtime_env=args.coldstart_runtime_env,
+            ray_env=dict(item.split("=", 1) for item in args.coldstart_ray_env or ()),
+        )
+        fields: dict[str, Any] = {
+            "models_dir": models_dir,
+            "http_port": args.coldstart_http_port,
+            "variant": variant,
+        }
+        if args.quick:
+            fields.update(QUICK_SIZES)
+        if args.coldstart_cycles is not None:
+            fields["cycles"] = args.coldstart_cycles
+        if args.coldstart_models:
+            fields["models"] = tuple(args.coldstart_models.split(","))
+        if args.coldstart_warm_pool:
+            fields["warm_pool_workers"] = args.coldstart_warm_pool
+        if args.coldstart_import_repetitions is not None:
+            fields["import_repetitions"] = args.coldstart_import_repetitions
+        if args.coldstart_upscale_repetitions is not None:
+            fields["upscale_repetitions"] = args.coldstart_upscale_repetitions
+        return cls(**fields)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("coldstart suite")
+    group.add_argument("--coldstart-http-port", type=int, default=8124)
+    group.add_argument("--coldstart-cycles", type=int, help="cold starts per model")
+    group.add_argument("--coldstart-models", help="comma-separated, default: all four")
+    group.add_argument(
+        "--coldstart-metrics-interval",
+        choices=("shipped", "default"),
+        default="shipped",
+        help="autoscaling metrics push interval: serve_config.yaml's metrics_interval_s "
+        "(shipped) or Ray Serve's default of 10 s (default)",
+    )
+    group.add_argument(
+        "--coldstart-runtime-env",
+        choices=("app", "none"),
+        default="app",
+        help="keep serve_config.yaml's app runtime_env, with its RAY_SERVE_*_PUSH_INTERVAL_S "
+        "variables (app), or deploy without one (none)",
+    )
+    group.add_argument(
+        "--coldstart-ray-env",
+        action="append",
+        metavar="RAY_X=VALUE",
+        help="raylet setting for this run, e.g. RAY_num_workers_soft_limit=16 (repeatable)",
+    )
+    group.add_argument("--coldstart-upscale-repetitions", type=int, help="0 skips it")
+    group.add_argument("--coldstart-import-repetitions", type=int, help="0 skips it")
+    group.add_argument(
+        "--coldstart-warm-pool",
+        type=int,
+        metavar="N",
+        help="experiment: before each cycle, leave N idle Ray workers that imported the replica "
+        "code (pair with --coldstart-ray-env RAY_num_workers_soft_limit=...)",
+    )
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    return run_coldstart_suite(ColdStartBenchConfig.from_args(args))
+
+
+def run_coldstart_suite(config: ColdStartBenchConfig) -> dict[str, Any]:
+    # One pool per model: the cold start of a model, not the regions' detours around it.
+    shipped = without_regions(yaml.safe_load(config.serve_config.read_text()), home="eu")
+    edge = edge_application(
+        shipped, str(config.models_dir), config.models, config.scaling, config.variant
+    )
+    app_config = parse_app_config(edge["args"])
+    tasks = {name: app_config.models[name].task for name in config.models}
+    # Before Ray starts, so that neither waits on the other's CPU.
+    in_process = in_process_load(config, {n: app_config.models[n] for n in tasks})
+    imports = replica_import_costs(config.import_repetitions) if config.import_repetitions else None
+    empty = empty_application(edge, like=config.models[0], variant=config.variant)
+    targets = {EMPTY: EMPTY_TARGET, **{n: model_target(n, task) for n, task in tasks.items()}}
+    started = time.monotonic()
+    with serve_cluster(config.ray_num_cpus, config.http_port, config.variant.ray_env) as cluster:
+        ray_up_s = time.monotonic() - started
+        controller = ControllerLog(cluster.session_dir)
+        apply_applications([edge, empty], config.http_port, config.deploy_timeout_s)
+        cycles = run_cycles(config, targets, controller, edge.get("runtime_env"))
+        upscale = None
+        upscale_model = config.upscale_model or ""
+        if tasks.get(upscale_model) == "chat" and config.upscale_repetitions:
+            upscale = run_upscale(
+                targets[upscale_model],
+                controller,
+                config.upscale_streams,
+                config.upscale_repetitions,
+                config.upscale_max_tokens,
+                config.cycle_timeout_s,
+            )
+        keep_warm = None
+        if config.keep_warm:
+            with httpx.Client(
+                base_url=f"http://127.0.0.1:{config.http_port}", timeout=config.cycle_timeout_s
+            ) as client:
+                keep_warm = run_keep_warm(
+                    client,
+                    targets[config.models[0]],
+                    [edge, empty],
+                    config.http_port,
+                    config.deploy_timeout_s,
+                    config.keep_warm_lead_s,
+                )
+    cold_starts = {name: summarize_cycles(runs) for name, runs in cycles.items()}
+    ratios = overhead_ratios(cold_starts, in_process)
+    return {
+        "config": config.model_dump(mode="json"),
+        "ray_and_serve_start_s": round(ray_up_s, 2),
+        "cold_start": cold_starts,
+        "in_process_load": in_process,
+        "vs_empty_plus_load": ratios,
+        "upscale": summarize_upscale(upscale),
+        "keep_warm": summarize_keep_warm(keep_warm, cold_starts),
+        "replica_imports": imports,
+        "goals": goals(cold_starts, ratios),
+    }
+
+
+def in_process_load(
+    config: ColdStartBenchConfig, models: Mapping[str, ModelConfig]
+) -> dict[str, Any]:
+    """Each model's runtime constructed here, with the threads its replica gets: the load +
+    warm-up a replica cannot avoid. Models sharing a thread count are measured together."""
+    results: dict[str, Any] = {}
+    for threads in sorted({model.intra_op_threads for model in models.values()}):
+        names = [n for n, m in models.items() if m.intra_op_threads == threads]
+        models_config = ModelsBenchConfig(
+            models_dir=config.models_dir,
+            provider="cpu",
+            threads=threads,
+            load_repetitions=config.in_process_repetitions,
+            chat_models=tuple(n for n in names if models[n].task == "chat"),
+        )
+        loads = bench_load(models_config, time.perf_counter)
+        results.update({name: loads[name] for name in names})
+    return {
+        name: {k: v for k, v in result.items() if k != "runs"} for name, result in results.items()
+    }
+
+
+def run_cycles(
+    config: ColdStartBenchConfig,
+    targets: Mapping[str, ColdTarget],
+    controller: ControllerLog,
+    runtime_env: Mapping[str, Any] | None,
+) -> dict[str, list[dict[str, Any]]]:
+    """Round-robin over the targets, each time from a cluster with no replica but the ingresses:
+    a cold start never shares the CPU with another replica starting or stopping."""
+    cycles: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
+    everything = list(targets.values())
+    with httpx.Client(
+        base_url=f"http://127.0.0.1:{config.http_port}", timeout=config.cycle_timeout_s
+    ) as client:
+        for cycle in range(config.cycles):
+            for name, target in targets.items():
+                wait_for_zero(everything, config.cycle_timeout_s)
+                if config.warm_pool_workers:
+                    prestart_workers(config.warm_pool_workers, runtime_env)
+                try:
+                    phases = cold_start_cycle(client, target, controller)
+                except NotAColdStartError as error:
+                    log.warning("cycle %d %s skipped: %s", cycle, name, error)
+                    continue
+                answered = time.monotonic()
+                wait_for_zero([target], config.cycle_timeout_s, every_s=0.1)
+                phases["back_to_zero_s"] = round(time.monotonic() - answered, 2)
+                log.info("cold start %s #%d: %s", name, cycle, phases)
+                cycles[name].append(phases)
+    return cycles
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return round(statistics.median(present), 4) if present else None
+
+
+def summarize_cycles(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """p50 of every phase over the cycles, and the cycles themselves."""
+    if not runs:
+        return {"cycles": 0}
+    keys = [k for k, v in runs[0].items() if not isinstance(v, bool)]
+    return {
+        "cycles": len(runs),
+        "p50": {key: _median([run[key] for run in runs]) for key in keys},
+        "max_total_s": round(max(run["total_s"] for run in runs), 4),
+        "reused_workers": sum(bool(run["reused_worker"]) for run in runs),
+        "runs": list(runs),
+    }
+
+
+def overhead_ratios(
+    cold_starts: Mapping[str, Mapping[str, Any]], in_process: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any]:
+    """Each model's p50 cold start / (p50 empty replica cold start + in-process load+warm-up)."""
+    empty_s = cold_starts[EMPTY].get("p50", {}).get("total_s")
+    ratios = {}
+    for name, load in in_process.items():
+        cold_s = cold_starts.get(name, {}).get("p50", {}).get("total_s")
+        if cold_s is None or empty_s is None:
+            continue
+        baseline_s = empty_s + load["total_wall_s"]
+        ratios[name] = {
+            "cold_start_p50_s": cold_s,
+            "empty_replica_p50_s": empty_s,
+            "in_process_load_warmup_s": load["total_wall_s"],
+            "ratio": round(cold_s / baseline_s, 3),
+        }
+    return ratios
+
+
+def summarize_upscale(runs: Sequence[Mapping[str, Any]] | None) -> dict[str, Any] | None:
+    if not runs:
+        return None
+    keys = [k for k in runs[0] if k.endswith("_s")]
+    return {
+        "repetitions": len(runs),
+        "p50": {key: _median([run[key] for run in runs]) for key in keys},
+        "runs": list(runs),
+    }
+
+
+def summarize_keep_warm(
+    measured: Mapping[str, Any] | None, cold_starts: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any] | None:
+    """The pre-warmed first request next to the same model's cold one (p50) from this run."""
+    if not measured or "model" not in measured:
+        return dict(measured) if measured else None
+    cold_s = cold_starts.get(measured["model"], {}).get("p50", {}).get("total_s")
+    return {
+        **measured,
+        "cold_first_response_p50_s": cold_s,
+        "cold_over_prewarmed": round(cold_s / measured["first_response_s"], 1) if cold_s else None,
+    }
+
+
+def goals(
+    cold_starts: Mapping[str, Mapping[str, Any]], ratios: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any]:
+    result = {}
+    for name, summary in cold_starts.items():
+        if name == EMPTY:
+            continue
+        p50 = summary.get("p50", {}).get("total_s")
+        result[f"{name}_cold_start_p50"] = _goal(p50, COLD_START_TARGET_S, "s")
+        ratio = ratios.get(name, {}).get("ratio")
+        result[f"{name}_cold_start_vs_empty_plus_load"] = _goal(ratio, OVERHEAD_RATIO_TARGET, "x")
+    return result
+
+
+def _goal(value: float | None, target: float, unit: str) -> dict[str, Any]:
+    """An at-most goal; a value that was not measured (None) is not met."""
+    met = value is not None and value <= target
+    return {"value": value, "target": target, "met": met, "unit": unit, "at_most": True}
