@@ -178,6 +178,21 @@ def test_colo_outage_sets_and_clears_a_fault_inside_the_run() -> None:
         config(scenario="colo-outage", fault_colo="FRA", duration_s=10, outage_start_s=8)
 
 
+def test_region_outage_drills_the_regions_replicas_inside_the_run() -> None:
+    schedule = build_schedule(config(scenario="region-outage", duration_s=90, fault_region="ap"))
+    post, delete = schedule.actions
+    assert (post.method, post.path, post.at_s, post.body) == (
+        "POST",
+        "/admin/regions/ap/faults",
+        30.0,
+        {"down": True},
+    )
+    assert (delete.method, delete.path, delete.at_s) == ("DELETE", "/admin/regions/ap/faults", 60.0)
+    assert [p.name for p in schedule.phases] == ["before", "outage", "after"]
+    with pytest.raises(ValueError, match="fault_region"):
+        config(scenario="region-outage")
+
+
 def test_each_task_and_api_gets_its_endpoint_body_and_headers() -> None:
     def arrival(model: ModelTarget, api: str) -> Arrival:
         return Arrival(seq=7, at_s=0.0, model=model, api=api, region=region_named("asia-east"),
