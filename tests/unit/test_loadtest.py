@@ -537,6 +537,27 @@ def test_replica_sampler_samples_in_the_background_and_counts_failures() -> None
     assert taken >= 8 and len(threaded.samples) == taken  # nothing after stop()
 
 
+def test_replica_sampler_takes_a_models_region_deployments_too() -> None:
+    status = {
+        "applications": {
+            "edge": {
+                "status": "RUNNING",
+                "deployments": {
+                    name: {"status": "HEALTHY", "replica_states": {"RUNNING": 1}}
+                    for name in ("glm-eu", "glm-ap", "kimi-eu", "router", "glmx")
+                },
+            }
+        }
+    }
+    clock = ManualClock(0.0)
+    sampler = ReplicaSampler(
+        lambda: parse_serve_applications(status), deployments=["glm"], clock=clock
+    )
+    sampler._t0 = 0.0
+    sampler.sample_once()
+    assert sorted(s.deployment for s in sampler.samples) == ["glm-ap", "glm-eu"]
+
+
 # ---- whole runs against a fake router ---------------------------------------------------------
 
 FAKE_COLOS = [
