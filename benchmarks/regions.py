@@ -76,6 +76,8 @@ def _config(models_root: Path, http_port: int) -> dict[str, Any]:
         "moderation": args["models"]["moderation"],
     }
     args["security"]["moderation_gate"]["models"] = []
+    prices = args["observability"].get("prices", {})
+    args["observability"]["prices"] = {m: p for m, p in prices.items() if m in args["models"]}
     args["security"]["per_key"] = {
         "bench": {"requests_per_minute": None, "tokens_per_minute": None}
     }

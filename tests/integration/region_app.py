@@ -54,6 +54,8 @@ def region_config(
     args = app["args"]
     args["models_dir"] = str(models_root)
     args["models"] = {name: args["models"][name] for name in models}
+    prices = args["observability"].get("prices", {})
+    args["observability"]["prices"] = {m: p for m, p in prices.items() if m in models}
     args["security"]["moderation_gate"]["models"] = []
     args["security"]["per_key"] = {"load": {"requests_per_minute": None, "tokens_per_minute": None}}
     args["edge"]["latency"]["real_delay_scale"] = 0
