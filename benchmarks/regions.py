@@ -72,7 +72,8 @@ def _config(models_root: Path, http_port: int) -> dict[str, Any]:
     embedding = args["models"]["embedding"]
     args["models"] = {
         "embedding": embedding,
-        "embedding_cold": embedding,  # the same model, cold everywhere: the "waiting" case
+        # The same model, cold everywhere: the "waiting" case (its own name, no aliases).
+        "embedding_cold": {**embedding, "aliases": []},
         "moderation": args["models"]["moderation"],
     }
     args["security"]["moderation_gate"]["models"] = []
