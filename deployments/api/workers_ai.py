@@ -27,6 +27,7 @@ from deployments.protocol import (
 )
 from deployments.protocol.workers_ai import (
     MAX_MODELS_PER_PAGE,
+    MAX_PAGE,
     WorkersModerationVerdict,
     WorkersToolCall,
     page_envelope,
@@ -93,7 +94,7 @@ def workers_ai_routes(services: RouterServices, prefix: str = PREFIX) -> APIRout
         caller: Authenticated,
         search: str | None = None,
         task: str | None = None,
-        page: Annotated[int, Query(ge=1)] = 1,
+        page: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 1,
         per_page: Annotated[int, Query(ge=1, le=MAX_MODELS_PER_PAGE)] = 50,
     ) -> Response:
         """The models (by every name they answer to) in Workers AI's catalogue shape, paged."""

@@ -246,6 +246,8 @@ WORKERS_TASK_NAMES: Mapping[Task, str] = MappingProxyType(
     {"chat": "Text Generation", "embedding": "Text Embeddings", "moderation": "Text Classification"}
 )
 MAX_MODELS_PER_PAGE = 1000
+# Far past any catalogue's end, and inside the 64-bit integers JSON encoders write.
+MAX_PAGE = 1_000_000
 
 
 class WorkersTask(ResponseModel):
