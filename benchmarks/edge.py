@@ -88,6 +88,7 @@ def failover_drill(rate: float, phase_s: float) -> dict[str, Any]:
     args = config["args"]
     args["models_dir"] = os.path.abspath(args.get("models_dir", "models"))
     args["accelerator"] = "cpu"
+    args["edge"].pop("regions", None)  # a colo drill on one pool per model
     http_port = free_port()
     base_url = f"http://127.0.0.1:{http_port}"
     # The admin key reaches the router replica through the cluster's environment.

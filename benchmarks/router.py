@@ -34,7 +34,7 @@ from benchmarks.http_load import (
     timed_post,
 )
 from benchmarks.models import CHAT_PROMPT, benchmark_sentences
-from deployments.config import PROJECT_ROOT, parse_app_config
+from deployments.config import PROJECT_ROOT, parse_app_config, without_regions
 from deployments.runtime.embedding import EmbeddingRuntime
 from deployments.runtime.sampling import SamplingParams
 from deployments.runtime.session import SessionConfig
@@ -129,7 +129,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_router_suite(config: RouterBenchConfig, clock: Clock = time.perf_counter) -> dict[str, Any]:
-    shipped = yaml.safe_load(config.serve_config.read_text())
+    # One pool per model: the router's own cost, not the regions' routing (benchmarks/regions.py).
+    shipped = without_regions(yaml.safe_load(config.serve_config.read_text()), home="eu")
     batched, unbatched = config.embedding_batch_sizes
     base_url = f"http://127.0.0.1:{config.http_port}"
 

@@ -34,6 +34,7 @@ SUITES: dict[str, str] = {
     "router_cpu": "benchmarks.router_cpu",
     "peers": "benchmarks.peers",
     "structured": "benchmarks.structured",
+    "regions": "benchmarks.regions",
 }
 
 LOG_FORMAT = "%(asctime)s %(name)s: %(message)s"

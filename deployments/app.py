@@ -1,6 +1,7 @@
 """`deployments.app:build_app` - the application behind serve_config.yaml: one deployment per
-model (named after it, so the file's `deployments:` section overrides it by name), the router, and
-`edge-control`, where the router replicas share fault drills."""
+model and region (`glm-eu`; just `glm` without regions, so the file's `deployments:` section
+overrides them by name), the router, and `edge-control`, where routers and replicas share the
+regions' state and fault drills."""
 
 from __future__ import annotations
 
@@ -19,10 +20,14 @@ from deployments.runtime.session import SessionConfig
 from deployments.servers.batched import EmbeddingServer, ModerationServer
 from deployments.servers.chat import ChatServer
 from deployments.warm_pool import WarmPool, warm_runtime_env
+from edge_sim.regions import deployment_name, region_resource
 
 log = logging.getLogger("ray.serve")
 
 SERVER_BY_TASK = {"chat": ChatServer, "embedding": EmbeddingServer, "moderation": ModerationServer}
+# A replica's claim on its region's node resource: tiny, so it only pins the replica to the
+# region's nodes (`ray start --resources '{"region:eu": 100}'`) and never limits how many fit.
+REGION_SHARE = 0.01
 
 
 def uses_gpu(config: AppConfig) -> bool:
@@ -31,6 +36,19 @@ def uses_gpu(config: AppConfig) -> bool:
     if config.accelerator != "auto":
         return config.accelerator == "gpu"
     return ray.is_initialized() and ray.cluster_resources().get("GPU", 0) > 0
+
+
+def uses_region_nodes(config: AppConfig) -> bool:
+    """Pin each region's replicas to nodes carrying its `region:<name>` resource? `auto`: when
+    the cluster has any such node now (on one node without them, regions share it)."""
+    placement = config.edge.region_policy.placement
+    if config.edge.regions is None or placement == "shared":
+        return False
+    if placement == "node_resource":
+        return True
+    return ray.is_initialized() and any(
+        name.startswith(region_resource("")) for name in ray.cluster_resources()
+    )
 
 
 def build_app(args: dict[str, Any]) -> Application:
@@ -47,44 +65,69 @@ def build_app(args: dict[str, Any]) -> Application:
     # Model replicas and the warm pool's idle workers share one runtime_env: the raylet hands a
     # prestarted worker only to an actor with the same one (deployments.warm_pool).
     replica_env = {"runtime_env": warm_runtime_env()} if config.warm_pool.enabled else {}
-    servers = {}
+    pinned = uses_region_nodes(config)
+    regions = config.edge.region_names
+    policy = config.edge.region_policy
+    ingress_options: dict[str, Any] = {}
+    if policy.ingress_resource is not None:
+        ingress_options["resources"] = {policy.ingress_resource: REGION_SHARE}
+    control = (
+        serve.deployment(EdgeControl)
+        .options(
+            name="edge-control",
+            num_replicas=1,
+            # Every model replica holds one long poll here for its region's drills.
+            max_ongoing_requests=10_000,
+            ray_actor_options={"num_cpus": 0.01, **ingress_options},
+        )
+        .bind(
+            {m: {r: deployment_name(m, r) for r in regions} for m in config.models},
+            policy.model_dump(mode="json"),
+            config.router.default_cold_start_ms,
+        )
+    )
+    servers: dict[str, dict[str, Any]] = {}
     for name, model in config.models.items():
         path = config.model_path(name)
         if not (path / "manifest.json").is_file():
             log.warning("%s: no model directory at %s yet (run `make models`)", name, path)
-        actor_options: dict[str, Any] = {"num_cpus": model.num_cpus, **replica_env}
-        if gpu:
-            actor_options["num_gpus"] = model.num_gpus
         session = SessionConfig(
             provider="cuda" if gpu else "cpu", intra_op_threads=model.intra_op_threads
         )
-        deployment = serve.deployment(SERVER_BY_TASK[model.task]).options(
-            name=name, ray_actor_options=actor_options
-        )
-        servers[name] = deployment.bind(
-            str(path),
-            session,
-            observability=observability.model_dump(mode="json"),
-            model_name=name,
-        )
+        servers[name] = {}
+        for region in regions:
+            actor_options: dict[str, Any] = {"num_cpus": model.num_cpus, **replica_env}
+            if gpu:
+                actor_options["num_gpus"] = model.num_gpus
+            if pinned:
+                actor_options["resources"] = {region_resource(region): REGION_SHARE}
+            deployment = serve.deployment(SERVER_BY_TASK[model.task]).options(
+                name=deployment_name(name, region), ray_actor_options=actor_options
+            )
+            servers[name][region] = deployment.bind(
+                str(path),
+                session,
+                observability=observability.model_dump(mode="json"),
+                model_name=name,
+                region=region,
+                control=control,
+            )
 
     from deployments.router import RouterIngress  # FastAPI app: only where the router runs
 
-    control = (
-        serve.deployment(EdgeControl)
-        .options(name="edge-control", num_replicas=1, ray_actor_options={"num_cpus": 0.01})
-        .bind()
-    )
     warm_pool = None
     if config.warm_pool.enabled:
         warm_pool = (
             serve.deployment(WarmPool)
             .options(
-                name="warm-pool", num_replicas=1, ray_actor_options={"num_cpus": 0, **replica_env}
+                name="warm-pool",
+                num_replicas=1,
+                ray_actor_options={"num_cpus": 0, **replica_env, **ingress_options},
             )
             .bind(config.warm_pool.model_dump(mode="json"))
         )
     router = serve.deployment(RouterIngress).options(
-        name="router", ray_actor_options={"num_cpus": config.router.num_cpus}
+        name="router",
+        ray_actor_options={"num_cpus": config.router.num_cpus, **ingress_options},
     )
     return router.bind(config.model_dump(mode="json"), servers, control, warm_pool)

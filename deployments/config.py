@@ -7,6 +7,7 @@ file's `deployments:` section, where ops edit them; this covers what Ray Serve h
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,11 +28,12 @@ from deployments.runtime.manifest import Task
 from deployments.security.config import SecurityConfig
 from deployments.warm_pool import WarmPoolConfig
 from edge_sim.config import EdgeConfig
+from edge_sim.regions import deployment_name
 
 Accelerator = Literal["auto", "cpu", "gpu"]
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-# The app's own deployments, besides one per model (deployments.app).
-RESERVED_DEPLOYMENT_NAMES = ("router", "edge-control", "warm-pool")
+# build_app's own deployments, besides one per model and region (deployments.app).
+APP_DEPLOYMENTS = ("router", "edge-control", "warm-pool")
 
 
 class _Strict(BaseModel):
@@ -79,9 +81,6 @@ class RouterConfig(_Strict):
         default=120.0, gt=0, le=3600, description="per request, across failovers and cold starts"
     )
     failover_attempts: int = Field(default=3, ge=1, le=10, description="colos tried per request")
-    warm_window_s: float = Field(
-        default=300.0, gt=0, description="a colo that served a model this recently counts as warm"
-    )
     default_cold_start_ms: float = Field(
         default=3000.0, ge=0, description="assumed until a cold start has been measured"
     )
@@ -141,11 +140,19 @@ class AppConfig(_Strict):
         if not models:
             raise ValueError("at least one model must be served")
         for name in models:
-            if name in RESERVED_DEPLOYMENT_NAMES:
-                raise ValueError(f"{name!r} is reserved for a deployment of the app itself")
+            if name in APP_DEPLOYMENTS:
+                raise ValueError(f"{name!r} is reserved for one of the app's own deployments")
             if not name.replace("-", "").replace("_", "").isalnum():
                 raise ValueError(f"model name {name!r} must be alphanumeric (- and _ allowed)")
         return models
+
+    def model_deployments(self) -> dict[str, tuple[str, str]]:
+        """Every model deployment build_app makes: name -> (model, region)."""
+        return {
+            deployment_name(model, region): (model, region)
+            for model in self.models
+            for region in self.edge.region_names
+        }
 
     def model_path(self, name: str) -> Path:
         """model_dir under models_dir; a relative models_dir is under the project root, so the
@@ -193,14 +200,45 @@ def check_serve_config(path: str | Path) -> list[str]:
     for app in schema.applications:
         if app.import_path == "deployments.app:build_app":
             try:
-                parse_app_config(app.args or {})
+                built = {*parse_app_config(app.args or {}).model_deployments(), *APP_DEPLOYMENTS}
             except ConfigError as exc:
                 problems.append(f"application {app.name!r}: {exc}")
+            else:
+                problems.extend(
+                    f"application {app.name!r}: deployments: {d.name!r} is not a deployment of "
+                    f"this app (it has {sorted(built)})"
+                    for d in app.deployments
+                    if d.name not in built
+                )
         for deployment in app.deployments:
             problem = _keep_warm_problem(deployment.name, deployment.autoscaling_config)
             if problem:
                 problems.append(f"application {app.name!r}: {problem}")
     return problems
+
+
+def without_regions(serve_config: dict[str, Any], home: str) -> dict[str, Any]:
+    """A copy of a serve config as one deployment per model (named after it), from the `home`
+    region's `<model>-<home>` entries: what a config without `regions` is. For tools that measure
+    one pool per model (benchmarks, the shared integration cluster)."""
+    config = copy.deepcopy(serve_config)
+    for app in config["applications"]:
+        if app.get("import_path") != "deployments.app:build_app":
+            continue
+        edge = app["args"].get("edge", {})
+        if "regions" not in edge:
+            continue
+        del edge["regions"]
+        models = app["args"]["models"]
+        kept = []
+        for deployment in app.get("deployments", []):
+            model, _, region = deployment["name"].rpartition("-")
+            if model in models and region == home:
+                kept.append({**deployment, "name": model})
+            elif deployment["name"] in APP_DEPLOYMENTS:
+                kept.append(deployment)
+        app["deployments"] = kept
+    return config
 
 
 def _keep_warm_problem(deployment: str, scaling: Any) -> str | None:

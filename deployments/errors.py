@@ -153,6 +153,10 @@ class ColoNotFoundError(NotFoundError):
     default_code = "colo_not_found"
 
 
+class RegionNotFoundError(NotFoundError):
+    default_code = "region_not_found"
+
+
 class MethodNotAllowedError(ServingError):
     """The route exists, but not for this HTTP method (405); `allow` lists the methods it takes."""
 
@@ -193,6 +197,19 @@ class ModelNotReadyError(OverloadedError):
     """The model has no running replica and could not start one in time."""
 
     default_code = "model_not_ready"
+
+
+class QueueFullError(OverloadedError):
+    """Serve's back-pressure: the deployment's queue is at max_queued_requests. The edge spills
+    to another region; it is never counted as a failure of the region."""
+
+    default_code = "queue_full"
+
+
+class RegionFaultError(OverloadedError):
+    """A fault drill made this region's replica fail the request (raised in the replica)."""
+
+    default_code = "region_fault"
 
 
 class InternalServerError(ServingError):

@@ -56,7 +56,7 @@ class RouterIngress:
     def __init__(
         self,
         config: dict[str, Any],
-        servers: Mapping[str, DeploymentHandle],
+        servers: Mapping[str, Mapping[str, DeploymentHandle]],
         control: DeploymentHandle | None = None,
         warm_pool: DeploymentHandle | None = None,
     ):

@@ -22,6 +22,7 @@ from edge_sim.faults import ColoFault
 from edge_sim.geo import ClientLocation
 from edge_sim.health import OutlierDetectionConfig
 from edge_sim.latency import LatencyModel
+from edge_sim.regions import Region, RegionMap, RegionPolicy, validate_regions
 from edge_sim.routing import RoutingConfig
 from edge_sim.topology import Colo, Topology
 from edge_sim.validation import (
@@ -90,6 +91,11 @@ class EdgeConfig(BaseModel):
     latency: LatencyModel = Field(default_factory=LatencyModel)
     health: OutlierDetectionConfig = Field(default_factory=OutlierDetectionConfig)
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    regions: dict[str, Region] | None = Field(
+        default=None,
+        description="GPU datacentres, one replica pool per model each; None: one pool per model",
+    )
+    region_policy: RegionPolicy = Field(default_factory=RegionPolicy)
     faults: dict[str, list[ColoFault]] = Field(
         default_factory=dict, description="colo id -> faults set when the network starts"
     )
@@ -115,9 +121,24 @@ class EdgeConfig(BaseModel):
             raise ValueError(f"faults: unknown colo ids {unknown}; known: {sorted(known)}")
         return self
 
+    @model_validator(mode="after")
+    def _regions_cover_known_colos(self) -> EdgeConfig:
+        if self.regions is not None:
+            validate_regions(self.regions, self.topology.resolved)
+        return self
+
     @property
     def resolved_topology(self) -> Topology:
         return self.topology.resolved
+
+    @property
+    def region_names(self) -> tuple[str, ...]:
+        return self.region_map().names
+
+    def region_map(self) -> RegionMap:
+        return RegionMap(
+            self.topology.resolved, self.regions, self.latency, self.region_policy.backhaul
+        )
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], *, base_dir: Path | None = None) -> EdgeConfig:

@@ -187,8 +187,11 @@ class OutlierDetector:
 
     def _may_eject(self) -> bool:
         # Never take more than max_ejection_percent of colos out at once, so a global fault
-        # (or a bad client) cannot empty the network; one ejection is always allowed.
+        # (or a bad client) cannot empty the network; one ejection is always allowed, but never
+        # of the last one in rotation: a failing host beats no host at all.
         out = len(self._out)
+        if out + 1 >= len(self._colos):
+            return False
         return out == 0 or (out + 1) * 100 <= self._config.max_ejection_percent * len(self._colos)
 
     def _eject(self, colo_id: str, health: _ColoHealth, now: float) -> None:

@@ -53,6 +53,7 @@ class EdgeNetwork:
             geoip,
         )
         self._ranker = ColoRanker(self._topology, config.latency, config.routing)
+        self._regions = config.region_map()
         self._health = OutlierDetector(ids, config.health, clock)
         self._slots = InFlightCounter({colo.id: colo.capacity for colo in self._topology.colos})
         # Separate streams, so turning jitter on does not change which requests fail.
@@ -124,8 +125,12 @@ class EdgeNetwork:
 
     def delay_s(self, candidate: RouteCandidate) -> float:
         """Real seconds to wait to act out the candidate's RTT (jitter and scale applied)."""
+        return self.delay_for_rtt_s(candidate.rtt_ms)
+
+    def delay_for_rtt_s(self, rtt_ms: float) -> float:
+        """Real seconds to wait to act out a simulated RTT (jitter and scale applied)."""
         latency = self._config.latency
-        return latency.real_delay_s(latency.jittered_rtt_ms(candidate.rtt_ms, self._jitter_rng))
+        return latency.real_delay_s(latency.jittered_rtt_ms(rtt_ms, self._jitter_rng))
 
     def set_fault(self, colo_id: str, fault: ColoFault) -> ScheduledFault:
         """Replace the colo's faults (admin API). Raises UnknownColoError."""
@@ -150,6 +155,7 @@ class EdgeNetwork:
                     "id": colo.id,
                     "city": colo.city,
                     "country": colo.country,
+                    "region": self._regions.home(colo.id),
                     "lat": colo.lat,
                     "lon": colo.lon,
                     "models": colo.models,

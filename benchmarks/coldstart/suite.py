@@ -47,7 +47,7 @@ from benchmarks.coldstart.warm_pool import (
     pool_target,
 )
 from benchmarks.models import ModelsBenchConfig, bench_load
-from deployments.config import PROJECT_ROOT, ModelConfig, parse_app_config
+from deployments.config import PROJECT_ROOT, ModelConfig, parse_app_config, without_regions
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_coldstart_suite(config: ColdStartBenchConfig) -> dict[str, Any]:
-    shipped = yaml.safe_load(config.serve_config.read_text())
+    # One pool per model: the cold start of a model, not the regions' detours around it.
+    shipped = without_regions(yaml.safe_load(config.serve_config.read_text()), home="eu")
     edge = edge_application(
         shipped, str(config.models_dir), config.models, config.scaling, config.variant
     )

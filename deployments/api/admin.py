@@ -1,5 +1,5 @@
-"""The admin API (fault drills): list colos, set and clear a colo's faults; the live dashboard's
-data. It needs the admin key, and does not exist (404) when none is configured."""
+"""The admin API (fault drills): list colos and regions, set and clear their faults; the live
+dashboard's data. It needs the admin key, and does not exist (404) when none is configured."""
 
 from __future__ import annotations
 
@@ -27,6 +27,18 @@ def admin_routes(services: RouterServices) -> APIRouter:
     @routes.delete("/colos/{colo_id}/faults")
     async def clear_faults(colo_id: str) -> Response:
         return json_response(await services.drills.clear_faults(colo_id))
+
+    @routes.get("/regions")
+    async def regions() -> Response:
+        return json_response(await services.drills.region_states())
+
+    @routes.post("/regions/{region}/faults")
+    async def set_region_fault(region: str, fault: ColoFault) -> Response:
+        return json_response(await services.drills.set_region_fault(region, fault))
+
+    @routes.delete("/regions/{region}/faults")
+    async def clear_region_faults(region: str) -> Response:
+        return json_response(await services.drills.clear_region_faults(region))
 
     @routes.get("/dashboard-data")
     async def dashboard_data() -> Response:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote
 
 import numpy as np
 import orjson
@@ -57,6 +58,7 @@ def json_text(body: Any) -> str:
 
 
 IGNORED_FIELDS_HEADER = "x-ignored-fields"
+MAX_NAMED_FIELDS = 20
 
 
 def ignored_fields_header(body: Any) -> dict[str, str]:
@@ -65,5 +67,10 @@ def ignored_fields_header(body: Any) -> dict[str, str]:
     ignored = body.ignored_fields() if hasattr(body, "ignored_fields") else []
     if not ignored:
         return {}
-    log.info("ignored request fields: %s", ", ".join(ignored))
-    return {IGNORED_FIELDS_HEADER: ", ".join(ignored)}
+    log.info("ignored request fields: %r", ignored)
+    # A field name is client text: percent-encoded, it cannot break the header (a control
+    # character would abort the response); a flood of names is cut, the log has them all.
+    names = [quote(name, safe="-_.~[]@$") for name in ignored[:MAX_NAMED_FIELDS]]
+    if len(ignored) > MAX_NAMED_FIELDS:
+        names.append(f"... ({len(ignored) - MAX_NAMED_FIELDS} more)")
+    return {IGNORED_FIELDS_HEADER: ", ".join(names)}

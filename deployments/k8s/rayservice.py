@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from deployments.config import parse_app_config
-from deployments.k8s import pod_security, secrets
+from deployments.k8s import pod_security, region_groups, secrets
 from deployments.k8s.manifest_yaml import dump_yaml
 
 MODELS_VOLUME = "models"
@@ -91,7 +91,8 @@ def serve_port(serve_config: dict[str, Any]) -> int:
 
 
 def k8s_serve_config(serve_config: dict[str, Any], models_dir: str) -> dict[str, Any]:
-    """serve_config.yaml with the three settings that differ on Kubernetes; all else unchanged."""
+    """serve_config.yaml with the settings that differ on Kubernetes (host, accelerator,
+    models_dir, region placement); all else unchanged."""
     from ray.serve.schema import ServeDeploySchema
 
     config = copy.deepcopy(serve_config)
@@ -101,6 +102,7 @@ def k8s_serve_config(serve_config: dict[str, Any], models_dir: str) -> dict[str,
         # `auto` would look for GPUs when the app is built, when the GPU group may be at zero.
         app["args"]["accelerator"] = "gpu"
         app["args"]["models_dir"] = models_dir
+        region_groups.pin_to_region_groups(app["args"])
         parse_app_config(app["args"])  # fail the render, not the cluster, on a bad config
     with _without_serve_advice():
         ServeDeploySchema.model_validate(config)  # what KubeRay will submit: Serve's own schema
@@ -191,6 +193,9 @@ def build_rayservice(
     autoscaler = cluster["autoscalerOptions"]
     autoscaler["idleTimeoutSeconds"] = autoscaler_idle_timeout_s(serve_config)
     pod_security.secure_autoscaler(autoscaler)
+    regions = region_groups.regions_of(serve_config)
+    if regions:
+        region_groups.split_region_groups(cluster, regions)
     # Every group, whether written in the template or generated, is finished the same way.
     labels = ray_pod_labels(rayservice)
     for group in ray_groups(rayservice):

@@ -13,6 +13,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from deployments.config import BatchingConfig
 from deployments.observability import ModelObservability, ObservabilityConfig
 from deployments.runtime.session import SessionConfig
+from deployments.servers.faults import ReplicaFaultGate
 from deployments.servers.process import process_age_s
 
 
@@ -62,7 +63,11 @@ class ModelServer(Generic[R]):
         runtime_factory: RuntimeFactory,
         observability: dict[str, Any] | None = None,
         model_name: str | None = None,
+        region: str | None = None,
+        control: Any = None,
     ):
+        """region / control: the region this replica serves and the edge-control handle its
+        fault drills come from (both None without regions: no drills reach the replica)."""
         process_s = process_age_s()
         started = time.perf_counter()
         self.model_dir = Path(model_dir)
@@ -79,6 +84,7 @@ class ModelServer(Generic[R]):
             init_s=self.load_s,
         )
         self.batching = BatchingConfig()
+        self.faults = ReplicaFaultGate(region, control)
         self.pid = os.getpid()
         self.observability = ModelObservability(
             ObservabilityConfig.model_validate(observability or {}),
@@ -101,6 +107,11 @@ class ModelServer(Generic[R]):
         # A replica whose runtime raises here is replaced by Ray Serve.
         self.runtime.describe()
 
+    async def wake(self) -> float:
+        """A no-op call that queues while the deployment is at zero, so Serve scales it up: the
+        router wakes a cold region this way while a warm neighbour serves. Returns ready_at."""
+        return self.ready_at
+
     async def describe(self) -> dict[str, Any]:
         return {
             **self.runtime.describe(),
@@ -108,6 +119,7 @@ class ModelServer(Generic[R]):
             "replica_load_s": self.load_s,
             "start_phases": self.phases.as_dict(),
             "pid": self.pid,
+            "region": self.faults.region,
             "batching": self.batching.model_dump(),
         }
 

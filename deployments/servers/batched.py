@@ -72,14 +72,19 @@ class EmbeddingServer(BatchedTextServer):
         runtime_factory: RuntimeFactory = EmbeddingRuntime,
         observability: dict[str, Any] | None = None,
         model_name: str | None = None,
+        region: str | None = None,
+        control: Any = None,
     ):
-        super().__init__(model_dir, session, runtime_factory, observability, model_name)
+        super().__init__(
+            model_dir, session, runtime_factory, observability, model_name, region, control
+        )
 
     async def embed(
         self, texts: list[str], traceparent: str | None = None, dimensions: int | None = None
     ) -> Reply[EmbeddingResult]:
         """`dimensions`, when the client asked for one, must be the model's: checked with the
         request, before any inference runs."""
+        await self.faults.check()
         self.runtime.check(texts)
         check_dimensions(dimensions, self.runtime.dimension, self.model_name)
         with self.observability.call(traceparent) as call:
@@ -101,12 +106,17 @@ class ModerationServer(BatchedTextServer):
         runtime_factory: RuntimeFactory = ModerationRuntime,
         observability: dict[str, Any] | None = None,
         model_name: str | None = None,
+        region: str | None = None,
+        control: Any = None,
     ):
-        super().__init__(model_dir, session, runtime_factory, observability, model_name)
+        super().__init__(
+            model_dir, session, runtime_factory, observability, model_name, region, control
+        )
 
     async def classify(
         self, texts: list[str], traceparent: str | None = None
     ) -> Reply[list[ModerationResult]]:
+        await self.faults.check()
         self.runtime.check(texts)
         with self.observability.call(traceparent) as call:
             results = await self._submit(texts, call)

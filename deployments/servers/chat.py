@@ -30,8 +30,12 @@ class ChatServer(ModelServer[LLMRuntime]):
         runtime_factory: RuntimeFactory = LLMRuntime,
         observability: dict[str, Any] | None = None,
         model_name: str | None = None,
+        region: str | None = None,
+        control: Any = None,
     ):
-        super().__init__(model_dir, session, runtime_factory, observability, model_name)
+        super().__init__(
+            model_dir, session, runtime_factory, observability, model_name, region, control
+        )
 
     def _apply_batching(self, batching: BatchingConfig) -> None:
         # The engine reads the limit before each step: new sequences wait for a free slot.
@@ -76,6 +80,7 @@ class ChatServer(ModelServer[LLMRuntime]):
         traceparent: str | None = None,
         features: ChatFeatures | None = None,
     ) -> Reply[list[Completion]]:
+        await self.faults.check()
         features = features or ChatFeatures()
         with self._call(traceparent, params, stream=False) as call:
             choices = await self.runtime.complete_choices(
@@ -99,6 +104,7 @@ class ChatServer(ModelServer[LLMRuntime]):
         traceparent: str | None = None,
         features: ChatFeatures | None = None,
     ) -> AsyncIterator[Reply[GenerationChunk]]:
+        await self.faults.check()
         features = features or ChatFeatures()
         with self._call(traceparent, params, stream=True) as call:
             chunks = self.runtime.stream(

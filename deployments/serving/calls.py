@@ -6,7 +6,7 @@ import logging
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from deployments.errors import InternalServerError, OverloadedError, ServingError
+from deployments.errors import InternalServerError, OverloadedError, QueueFullError, ServingError
 
 log = logging.getLogger("ray.serve")
 T = TypeVar("T")
@@ -23,7 +23,7 @@ def as_serving_error(exc: BaseException) -> ServingError:
     if isinstance(exc, ServingError):
         return exc
     if isinstance(exc, BackPressureError):
-        return OverloadedError("the model's queue is full; retry shortly", retry_after_s=1)
+        return QueueFullError("the model's queue is full; retry shortly", retry_after_s=1)
     if isinstance(exc, DeploymentUnavailableError):
         return OverloadedError("the model is not available right now", retry_after_s=5)
     if isinstance(exc, TimeoutError | ray_exceptions.GetTimeoutError):

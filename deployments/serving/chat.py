@@ -135,7 +135,7 @@ class ChatService(ModelService):
             model.name,
             ctx,
             telemetry,
-            lambda: model.handle.complete_choices.remote(
+            lambda handle: handle.complete_choices.remote(
                 messages, params, ctx.traceparent, features
             ),
         )
@@ -163,7 +163,9 @@ class ChatService(ModelService):
                 model.name,
                 ctx,
                 telemetry,
-                lambda: self._open_stream(model, messages, params, features, ctx.traceparent),
+                lambda handle: self._open_stream(
+                    handle, messages, params, features, ctx.traceparent
+                ),
                 reply_of=lambda opened: opened[0],
             )
         except BaseException:
@@ -176,15 +178,13 @@ class ChatService(ModelService):
 
     @staticmethod
     async def _open_stream(
-        model: ServedModel,
+        handle: Any,
         messages: list[dict[str, Any]],
         params: SamplingParams,
         features: ChatFeatures,
         traceparent: str | None,
     ) -> OpenedStream:
-        stream = model.handle.options(stream=True).stream.remote(
-            messages, params, traceparent, features
-        )
+        stream = handle.options(stream=True).stream.remote(messages, params, traceparent, features)
         try:
             return await stream.__anext__(), stream
         except BaseException:

@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 from deployments.edge_control import SYNC_INTERVAL_S, apply_snapshot
-from deployments.errors import ColoNotFoundError
+from deployments.errors import ColoNotFoundError, RegionNotFoundError
 from edge_sim.faults import ColoFault
 from edge_sim.network import EdgeNetwork
 
@@ -16,8 +16,11 @@ log = logging.getLogger("ray.serve")
 
 
 class FaultDrills:
-    def __init__(self, network: EdgeNetwork, control: Any | None = None):
+    def __init__(
+        self, network: EdgeNetwork, control: Any | None = None, regions: tuple[str, ...] = ()
+    ):
         self.network = network
+        self.regions = regions
         self._control = control  # the edge-control deployment's handle
         self._version = 0
 
@@ -61,6 +64,36 @@ class FaultDrills:
             await self._control.clear_faults.remote(colo)
             await self.sync()
         return self._colo_state(colo)
+
+    # ---- regions: drills injected in the replicas themselves ----------------------------------
+
+    async def region_states(self) -> list[dict[str, Any]]:
+        """Per region: replicas running/wanted per model, health, back-pressure and drills (from
+        edge-control; empty without it)."""
+        if self._control is None:
+            return []
+        states: list[dict[str, Any]] = await self._control.regions.remote()
+        return states
+
+    async def set_region_fault(self, region: str, fault: ColoFault) -> list[dict[str, Any]]:
+        """The region's replicas fail (or slow down) the requests that reach them."""
+        await self._region_control(region).set_region_fault.remote(
+            region, fault.model_dump(mode="json")
+        )
+        return await self.region_states()
+
+    async def clear_region_faults(self, region: str) -> list[dict[str, Any]]:
+        await self._region_control(region).clear_region_faults.remote(region)
+        return await self.region_states()
+
+    def _region_control(self, region: str) -> Any:
+        if region not in self.regions:
+            raise RegionNotFoundError(
+                f"unknown region {region!r}; known: {list(self.regions)}", param="region"
+            )
+        if self._control is None:
+            raise RegionNotFoundError("region drills need the edge-control deployment")
+        return self._control
 
     def _known_colo(self, colo_id: str) -> str:
         colo = colo_id.upper()

@@ -1,5 +1,6 @@
-"""How services reach a model: through the edge dispatcher (colo choice, RTT, failover) with the
-request's deadline, and, for a cached answer, through the colo that would have served it."""
+"""How services reach a model: through the edge dispatcher (entry colo, region, RTT, failover)
+with the request's deadline, and, for a cached answer, through the colo that would have served
+it."""
 
 from __future__ import annotations
 
@@ -30,16 +31,16 @@ class EdgeCalls:
         model: str,
         ctx: RequestContext,
         telemetry: RequestTelemetry,
-        call: Callable[[], Awaitable[T]],
+        call: Callable[[Any], Awaitable[T]],
         reply_of: Callable[[T], Reply[Any]] = _same,
     ) -> tuple[T, EdgeTrace]:
-        """Run `call` at the colo the edge picks, failing over on 5xx; `reply_of` finds the
-        `Reply` in its result (for the cold-start accounting)."""
+        """Run `call(handle)` on the deployment handle of the region the edge picks, failing
+        over on 5xx; `reply_of` finds the `Reply` in its result (cold-start accounting)."""
         result, trace = await self.dispatcher.dispatch(
             model,
             ctx.location_headers,
             ctx.client_ip,
-            lambda: resolve(call()),
+            lambda handle: resolve(call(handle)),
             reply_of=reply_of,
             deadline_s=self.deadline_s,
         )

@@ -1,4 +1,5 @@
-"""The served models: one handle per model deployment, looked up by name and task."""
+"""The served models, looked up by name and task (their handles, one per region, are the
+edge's: deployments.edge.RegionPools)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ class ServedModel:
     name: str
     task: Task
     family: str
-    handle: Any  # a Ray Serve DeploymentHandle; a fake in unit tests
     aliases: tuple[str, ...] = ()
     categories: tuple[str, ...] = ()  # moderation: what it judges
     description: str = ""
@@ -37,9 +37,18 @@ DeploymentStates = Callable[[], Awaitable[Mapping[str, DeploymentState]]]
 
 
 class ModelCatalogue:
-    def __init__(self, models: Mapping[str, ServedModel], created: int):
+    def __init__(
+        self,
+        models: Mapping[str, ServedModel],
+        created: int,
+        deployments: Mapping[str, Mapping[str, str]] | None = None,
+    ):
+        """`deployments`: model -> region -> Serve deployment name (default: the model's own)."""
         self.models = dict(models)
         self.created = created
+        self.deployments = {
+            name: dict((deployments or {}).get(name) or {"default": name}) for name in self.models
+        }
         # every name a model answers to (its own and its aliases) -> the model's own name
         self.names = {name: name for name in self.models}
         self.names.update(
@@ -99,15 +108,21 @@ class ModelCatalogue:
         states: Mapping[str, DeploymentState],
         last_cold_start: Mapping[str, Any],
     ) -> dict[str, Any]:
-        """/readyz: each model's deployment state and last cold start; `ready` lists the models
-        with a running replica."""
-        models = {
-            name: {
-                "status": states[name].status,
-                "running_replicas": states[name].running_replicas,
+        """/readyz: each model's replicas per region and last cold start; `ready` lists the
+        models with a running replica in some region."""
+        models = {}
+        for name, by_region in self.deployments.items():
+            regions = {
+                region: {
+                    "status": states[deployment].status,
+                    "running_replicas": states[deployment].running_replicas,
+                }
+                for region, deployment in by_region.items()
+            }
+            models[name] = {
+                "running_replicas": sum(r["running_replicas"] for r in regions.values()),
+                "regions": regions,
                 "last_cold_start": last_cold_start.get(name),
             }
-            for name in self.models
-        }
-        ready = [name for name in self.models if states[name].running_replicas > 0]
+        ready = [name for name, model in models.items() if model["running_replicas"] > 0]
         return {"ready": ready, "models": models}

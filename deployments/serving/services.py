@@ -9,7 +9,7 @@ from typing import Any
 
 from deployments.cache import ResponseCache
 from deployments.config import AppConfig
-from deployments.edge import EdgeDispatcher, WarmthTracker
+from deployments.edge import EdgeDispatcher, RegionPools
 from deployments.observability import RouterObservability
 from deployments.observability.recent_traffic import RecentTraffic
 from deployments.security import KeyStore, ModerationGate, RateLimiter
@@ -39,14 +39,14 @@ class RouterServices:
     moderations: ModerationService
     drills: FaultDrills
     dashboard: DashboardService
-    warmth: WarmthTracker
+    pools: RegionPools
     deployment_states: DeploymentStates
     observability: RouterObservability | None = None
     warm_pool: Any | None = None  # deployments.warm_pool's handle, None when it is off
 
     async def readiness(self) -> dict[str, Any]:
         states = await self.deployment_states()
-        ready = self.catalogue.readiness(states, self.warmth.last_cold_start)
+        ready = self.catalogue.readiness(states, self.pools.last_cold_start)
         pool = (
             await resolve(self.warm_pool.describe.remote()) if self.warm_pool is not None else None
         )
@@ -59,7 +59,7 @@ async def _no_deployments() -> Mapping[str, DeploymentState]:
 
 def build_services(
     config: AppConfig,
-    handles: Mapping[str, Any],
+    handles: Mapping[str, Mapping[str, Any]],
     *,
     keys: KeyStore,
     control: Any | None = None,
@@ -70,49 +70,64 @@ def build_services(
     clock: Callable[[], float] = time.monotonic,
     regions: RegionsSource | None = None,
 ) -> RouterServices:
-    """`handles`: one per model deployment, by model name. `rate_limit_share`: this replica's part
-    of each key's budget (1/N with N router replicas). `clock`: the rate limiter's (tests).
-    `regions`: real regions for the dashboard (None: the cluster as one region)."""
-    router = config.router
+    """`handles`: model -> region -> the handle of that model's deployment in that region.
+    `control`: the edge-control deployment, where routers share region state and drills.
+    `rate_limit_share`: this replica's part of each key's budget (1/N with N router replicas).
+    `clock`: the rate limiter's (tests). `regions`: real regions for the dashboard (default:
+    /admin/regions from edge-control when there is one; None: the cluster as one region)."""
+    router, edge_config = config.router, config.edge
+    deployments: dict[str, dict[str, str]] = {}
+    for deployment, (model, region) in config.model_deployments().items():
+        deployments.setdefault(model, {})[region] = deployment
     catalogue = ModelCatalogue(
         {
             name: ServedModel(
                 name,
-                model.task,
-                model.family,
-                handles[name],
-                aliases=model.aliases,
-                categories=model.categories,
-                description=model.description,
+                m.task,
+                m.family,
+                aliases=m.aliases,
+                categories=m.categories,
+                description=m.description,
             )
-            for name, model in config.models.items()
+            for name, m in config.models.items()
         },
         created=int(time.time()),
+        deployments=deployments,
     )
-    network = EdgeNetwork(config.edge)
-    warmth = WarmthTracker(router.warm_window_s, router.default_cold_start_ms)
-    edge = EdgeCalls(
-        EdgeDispatcher(network, warmth, router.failover_attempts), router.request_timeout_s
+    network = EdgeNetwork(edge_config)
+    pools = RegionPools(
+        handles, edge_config.region_policy, router.default_cold_start_ms, control=control
     )
+    dispatcher: EdgeDispatcher[Any] = EdgeDispatcher(
+        network,
+        edge_config.region_map(),
+        pools,
+        router.failover_attempts,
+        edge_config.routing.max_extra_rtt_ms,
+    )
+    edge = EdgeCalls(dispatcher, router.request_timeout_s)
     cached = CachedAnswers(ResponseCache(router.cache), edge)
     security = config.security
     admission = Admission(RateLimiter(clock=clock, share=rate_limit_share), security.request_limits)
     gate_config = security.moderation_gate
 
     async def flags(texts: list[str]) -> list[bool]:
-        """The gate's classifier: the moderation deployment, called directly (not via a colo)."""
-        moderation = catalogue.models[gate_config.moderation_model]
-        reply = await resolve(moderation.handle.classify.remote(texts))
+        """The gate's classifier: the moderation deployment, called directly (not via a colo),
+        in a region where it is warm if there is one."""
+        handle = pools.serving_handle(gate_config.moderation_model)
+        reply = await resolve(handle.classify.remote(texts))
         return [result.flagged for result in reply.value]
 
-    drills = FaultDrills(network, control)
+    drills = FaultDrills(network, control, edge_config.region_names)
+    if regions is None and control is not None and edge_config.regions is not None:
+        regions = drills.region_states
     recent = observability.recent if observability is not None else RecentTraffic()
     dashboard = DashboardService(
         drills,
         list(catalogue.models),
         deployment_states,
         TrafficShare(recent, control),
-        warmth.last_cold_start,
+        pools.last_cold_start,
         regions=regions,
     )
     path = (catalogue, admission, cached, edge)  # what every service's request path goes through
@@ -124,7 +139,7 @@ def build_services(
         moderations=ModerationService(*path),
         drills=drills,
         dashboard=dashboard,
-        warmth=warmth,
+        pools=pools,
         deployment_states=deployment_states,
         observability=observability,
         warm_pool=warm_pool,

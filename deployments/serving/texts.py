@@ -27,8 +27,8 @@ from deployments.serving.context import RequestContext
 from deployments.serving.models import ServedModel
 
 T = TypeVar("T")
-# A model call, made at the colo the edge picked.
-ModelCall = Callable[[ServedModel, list[str], RequestContext], Awaitable[Reply[Any]]]
+# A model call on the deployment handle of the region the edge picked: (handle, texts, request).
+ModelCall = Callable[[Any, list[str], RequestContext], Awaitable[Reply[Any]]]
 
 
 class TextService(ModelService):
@@ -58,7 +58,7 @@ class TextService(ModelService):
 
             async def make() -> tuple[T, EdgeTrace]:
                 reply, trace = await self.edge.call(
-                    model.name, ctx, telemetry, lambda: call(model, texts, ctx)
+                    model.name, ctx, telemetry, lambda handle: call(handle, texts, ctx)
                 )
                 return shape(model, reply.value), trace
 
@@ -93,9 +93,7 @@ class EmbeddingService(TextService):
             body.texts,
             ctx,
             telemetry,
-            lambda model, texts, ctx: model.handle.embed.remote(
-                texts, ctx.traceparent, body.dimensions
-            ),
+            lambda handle, texts, ctx: handle.embed.remote(texts, ctx.traceparent, body.dimensions),
             shape,
             lambda response: response.prompt_tokens,
             cache_request=body,
@@ -112,7 +110,7 @@ class EmbeddingService(TextService):
             texts,
             ctx,
             telemetry,
-            lambda model, texts, ctx: model.handle.embed.remote(texts, ctx.traceparent),
+            lambda handle, texts, ctx: handle.embed.remote(texts, ctx.traceparent),
             lambda model, result: result,
             lambda result: result.total_tokens,
         )
@@ -167,8 +165,8 @@ def verdicts(results: list[Any]) -> list[Moderation]:
     return [Moderation.from_scores(r.category_scores, r.categories) for r in results]
 
 
-def _classify(model: ServedModel, texts: list[str], ctx: RequestContext) -> Awaitable[Reply[Any]]:
-    return model.handle.classify.remote(texts, ctx.traceparent)  # type: ignore[no-any-return]
+def _classify(handle: Any, texts: list[str], ctx: RequestContext) -> Awaitable[Reply[Any]]:
+    return handle.classify.remote(texts, ctx.traceparent)  # type: ignore[no-any-return]
 
 
 def _uncounted(answer: Any) -> None:

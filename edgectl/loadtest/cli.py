@@ -78,7 +78,8 @@ def build_parser(prog: str = "python -m edgectl.loadtest") -> argparse.ArgumentP
     add("--warm-s", type=float, default=2.0, help="burst-after-idle: priming phase before idle")
     add("--serve-config", type=Path, default=Path("serve_config.yaml"))
     add("--fault-colo", help="colo-outage: colo to fault (default: nearest to --region)")
-    add("--fault", default='{"down": true}', help="colo-outage: the fault, as ColoFault JSON")
+    add("--fault-region", help="region-outage: the region to drill (eu, us, ap, ...)")
+    add("--fault", default='{"down": true}', help="*-outage: the fault, as ColoFault JSON")
     add("--outage-start-s", type=float, help="colo-outage: when (default: duration / 3)")
     add("--outage-s", type=float, help="colo-outage: how long (default: duration / 3)")
     add(
@@ -179,6 +180,19 @@ async def plan(
                 if args.idle_s is not None
                 else default_idle_s(args.serve_config, names, args.app)
             )
+        if args.scenario == "region-outage":
+            if not args.admin_key:
+                raise UsageError(
+                    "region-outage calls the admin API: pass --admin-key or set EDGE_ADMIN_KEY"
+                )
+            if not args.fault_region:
+                raise UsageError("region-outage needs --fault-region (a region of the config)")
+            fields |= {
+                "fault_region": args.fault_region,
+                "outage_fault": ColoFault.model_validate_json(args.fault),
+                "outage_start_s": args.outage_start_s,
+                "outage_s": args.outage_s,
+            }
         if args.scenario == "colo-outage":
             if not args.admin_key:
                 raise UsageError(

@@ -79,10 +79,16 @@ class ReplicaSampler:
         taken = [
             ReplicaSample(at_s, name, deployment.running, deployment.wanted, deployment.status)
             for name, deployment in sorted(state.deployments.items())
-            if self._deployments is None or name in self._deployments
+            if self._wanted(name)
         ]
         with self._lock:
             self._samples.extend(taken)
+
+    def _wanted(self, name: str) -> bool:
+        """A model's deployment: named after it, or `<model>-<region>` with regions."""
+        if self._deployments is None:
+            return True
+        return name in self._deployments or name.rpartition("-")[0] in self._deployments
 
     def start(self, t0: float) -> None:
         """Sample now and then every `every_s` seconds; times are relative to `t0`."""

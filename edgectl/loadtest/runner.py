@@ -276,7 +276,7 @@ class LoadRunner:
         t0: float,
         events: list[AdminEvent],
     ) -> None:
-        faulted: set[str] = set()
+        faulted: dict[tuple[str, str], AdminAction] = {}  # (kind, target) -> what set it
         try:
             for action in actions:
                 await self._sleep_until(t0 + action.at_s)
@@ -288,12 +288,18 @@ class LoadRunner:
                 )
                 if 200 <= event.status < 300:
                     if action.method == "POST":
-                        faulted.add(action.colo)
+                        faulted[(action.kind, action.colo)] = action
                     else:
-                        faulted.discard(action.colo)
+                        faulted.pop((action.kind, action.colo), None)
         finally:
-            for colo in sorted(faulted):  # the run was cut short: leave no fault behind
-                cleanup = AdminAction(self._clock() - t0, "DELETE", colo, "fault cleared (early)")
+            for _, set_by in sorted(faulted.items()):  # cut short: leave no fault behind
+                cleanup = AdminAction(
+                    self._clock() - t0,
+                    "DELETE",
+                    set_by.colo,
+                    "fault cleared (early)",
+                    kind=set_by.kind,
+                )
                 events.append(await self._admin_call(client, cleanup, t0))
 
     async def _admin_call(

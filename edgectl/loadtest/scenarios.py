@@ -13,7 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from edge_sim.faults import ColoFault
 from edgectl.loadtest.regions import DEFAULT_REGION, DEFAULT_REGIONS, ClientRegion, region_named
 
-ScenarioName = Literal["steady", "ramp", "burst-after-idle", "geo-mix", "colo-outage"]
+ScenarioName = Literal[
+    "steady", "ramp", "burst-after-idle", "geo-mix", "colo-outage", "region-outage"
+]
 SCENARIOS: tuple[str, ...] = get_args(ScenarioName)
 Task = Literal["chat", "embedding", "moderation"]
 Api = Literal["openai", "workers"]
@@ -48,6 +50,9 @@ class ScenarioConfig(BaseModel):
     )
     idle_s: float = Field(default=315.0, ge=0, description="burst-after-idle: the silent gap")
     fault_colo: str | None = Field(default=None, description="colo-outage: where the fault goes")
+    fault_region: str | None = Field(
+        default=None, description="region-outage: the region whose replicas the drill fails"
+    )
     outage_fault: ColoFault = Field(default_factory=lambda: ColoFault(down=True))
     outage_start_s: float | None = Field(default=None, ge=0, description="None: duration / 3")
     outage_s: float | None = Field(default=None, gt=0, description="None: duration / 3")
@@ -57,9 +62,11 @@ class ScenarioConfig(BaseModel):
         names = [model.name for model in self.models]
         if len(set(names)) != len(names):
             raise ValueError(f"models: duplicate names in {names}")
-        if self.scenario == "colo-outage":
-            if not self.fault_colo:
+        if self.scenario in ("colo-outage", "region-outage"):
+            if self.scenario == "colo-outage" and not self.fault_colo:
                 raise ValueError("colo-outage needs fault_colo")
+            if self.scenario == "region-outage" and not self.fault_region:
+                raise ValueError("region-outage needs fault_region")
             start, length = self.outage_window_s
             if start + length > self.duration_s:
                 raise ValueError(
@@ -70,7 +77,7 @@ class ScenarioConfig(BaseModel):
 
     @property
     def outage_window_s(self) -> tuple[float, float]:
-        """(start, length) of the colo outage."""
+        """(start, length) of the colo or region outage."""
         start = self.duration_s / 3 if self.outage_start_s is None else self.outage_start_s
         length = self.duration_s / 3 if self.outage_s is None else self.outage_s
         return start, length
@@ -94,13 +101,14 @@ class AdminAction:
 
     at_s: float
     method: Literal["POST", "DELETE"]
-    colo: str
+    colo: str  # the colo, or the region when kind is "regions"
     label: str
     body: Mapping[str, Any] | None = None
+    kind: Literal["colos", "regions"] = "colos"
 
     @property
     def path(self) -> str:
-        return f"/admin/colos/{self.colo}/faults"
+        return f"/admin/{self.kind}/{self.colo}/faults"
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,13 +229,19 @@ def _timeline(
             burst_phases = (Phase("warm", 0.0, warm), *burst_phases)
         return np.concatenate([priming, burst]), burst_phases, ()
     times = poisson_times(rng, 0.0, duration, rate)
-    if config.scenario == "colo-outage":
-        assert config.fault_colo is not None  # checked by the config validator
+    if config.scenario in ("colo-outage", "region-outage"):
+        # A region outage is a drill its replicas act out: they fail the requests that reach
+        # them, and the router fails over for real (a killed node is the other way, by hand).
+        kind: Literal["colos", "regions"] = "colos"
+        target = config.fault_colo
+        if config.scenario == "region-outage":
+            kind, target = "regions", config.fault_region
+        assert target is not None  # checked by the config validator
         start, length = config.outage_window_s
         body = config.outage_fault.model_dump(mode="json", exclude_defaults=True)
         actions = (
-            AdminAction(start, "POST", config.fault_colo, "fault injected", body),
-            AdminAction(start + length, "DELETE", config.fault_colo, "fault cleared"),
+            AdminAction(start, "POST", target, "fault injected", body, kind),
+            AdminAction(start + length, "DELETE", target, "fault cleared", kind=kind),
         )
         phases = (
             Phase("before", 0.0, start),

@@ -15,6 +15,7 @@ import httpx
 import pytest
 import yaml
 
+from deployments.config import without_regions
 from edgectl.local_cluster import LocalCluster, free_port, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,6 +80,9 @@ class ServeCluster:
 def scaled_down(config: dict[str, Any], models_root: Path, http_port: int) -> dict[str, Any]:
     """The shipped config with one replica per model at most; kimi starts at zero and goes back
     to zero after a few idle seconds; the simulated RTT is reported but not slept."""
+    # One pool per model, as a config without regions has: regions get clusters of their own
+    # (test_regions.py, test_region_outage.py).
+    config = without_regions(config, home="eu")
     config["http_options"] = {**config.get("http_options", {}), "host": "127.0.0.1"}
     config["http_options"]["port"] = http_port
     app = config["applications"][0]

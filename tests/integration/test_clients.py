@@ -135,7 +135,12 @@ def test_n_choices(client: openai.OpenAI) -> None:
 @pytest.mark.parametrize("model", CHAT_MODELS)
 def test_parse_with_a_pydantic_model(client: openai.OpenAI, model: str) -> None:
     done = client.chat.completions.parse(
-        model=model, messages=[{"role": "user", "content": "Describe a sea."}], response_format=Sea
+        model=model,
+        messages=[{"role": "user", "content": "Describe a sea."}],
+        response_format=Sea,
+        # Greedy: the random-weight models' text is random, and the moderation gate (on, as
+        # shipped) may refuse some random text; this test is about the grammar, not the gate.
+        temperature=0,
     )
     assert isinstance(done.choices[0].message.parsed, Sea)
 

@@ -179,11 +179,17 @@ def fake_handles(**overrides: Any) -> dict[str, Any]:
     return handles
 
 
+def in_every_region(config: AppConfig, handles: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Handles by model -> by model and region: every region shares its model's fake handle."""
+    return {model: dict.fromkeys(config.edge.region_names, h) for model, h in handles.items()}
+
+
 def services_for(
     config: AppConfig,
     handles: Mapping[str, Any],
     environ: Mapping[str, str] | None = None,
 ) -> RouterServices:
+    """`handles` by model (see in_every_region)."""
     keys = KeyStore.from_env(environ or {}, config.security)
     # A clock that stands still: token buckets refill with time, and a loaded machine is slow.
-    return build_services(config, handles, keys=keys, clock=lambda: 0.0)
+    return build_services(config, in_every_region(config, handles), keys=keys, clock=lambda: 0.0)

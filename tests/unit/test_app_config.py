@@ -15,7 +15,9 @@ from deployments.config import (
     AppConfig,
     BatchingConfig,
     ConfigError,
+    check_serve_config,
     parse_app_config,
+    without_regions,
 )
 from edge_sim.config import EdgeConfig
 
@@ -193,31 +195,48 @@ def test_an_absolute_model_dir_ignores_models_dir(args: dict[str, Any], tmp_path
 # ---- the Ray Serve deployments section ---------------------------------------------------------
 
 
-def test_deployment_sections_name_the_models_and_the_router(application: dict[str, Any]):
+def test_deployment_sections_name_every_model_region_and_the_router(application: dict[str, Any]):
     names = [deployment["name"] for deployment in application["deployments"]]
     assert len(names) == len(set(names))
-    assert set(names) == {*application["args"]["models"], "router"}
+    built = parse_app_config(application["args"]).model_deployments()
+    assert set(names) == {*built, "router"}
+    assert ("glm", "ap") in built.values() and "glm-ap" in built
 
 
 def test_every_model_deployment_scales_to_zero(application: dict[str, Any]):
-    models = application["args"]["models"]
+    built = parse_app_config(application["args"]).model_deployments()
     for deployment in application["deployments"]:
-        if deployment["name"] not in models:
+        if deployment["name"] not in built:
             continue
         autoscaling = deployment["autoscaling_config"]
         assert autoscaling["min_replicas"] == 0, deployment["name"]
         assert autoscaling["max_replicas"] >= max(1, autoscaling.get("initial_replicas", 0))
 
 
-def test_a_model_is_warm_exactly_as_long_as_its_replicas_outlive_traffic(
-    application: dict[str, Any],
-):
-    # The router's warm window stands for "the replica has not scaled to zero yet".
-    warm_window_s = application["args"]["router"]["warm_window_s"]
+def test_the_default_config_starts_one_region_warm_per_model(application: dict[str, Any]):
+    built = parse_app_config(application["args"]).model_deployments()
+    warm: dict[str, list[str]] = {}
     for deployment in application["deployments"]:
-        if deployment["name"] in application["args"]["models"]:
-            delay = deployment["autoscaling_config"]["downscale_to_zero_delay_s"]
-            assert delay == warm_window_s, deployment["name"]
+        if deployment["name"] in built:
+            model, region = built[deployment["name"]]
+            if deployment["autoscaling_config"].get("initial_replicas", 0) > 0:
+                warm.setdefault(model, []).append(region)
+    assert warm == dict.fromkeys(application["args"]["models"], ["eu"])
+
+
+def test_without_regions_each_model_is_one_deployment_named_after_it(args: dict[str, Any]):
+    del args["edge"]["regions"]
+    built = parse_app_config(args).model_deployments()
+    assert built == {name: (name, "default") for name in args["models"]}
+
+
+def test_the_config_check_names_a_deployment_the_app_does_not_have(tmp_path: Path):
+    config = yaml.safe_load((PROJECT_ROOT / "serve_config.yaml").read_text())
+    config["applications"][0]["deployments"].append({"name": "glm", "max_ongoing_requests": 4})
+    path = tmp_path / "serve_config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    (problem,) = check_serve_config(path)
+    assert "'glm' is not a deployment of this app" in problem and "'glm-eu'" in problem
 
 
 def test_every_shipped_user_config_validates_as_batching_config(application: dict[str, Any]):
@@ -243,3 +262,21 @@ def test_batching_config_refuses_out_of_range_and_unknown_fields():
         BatchingConfig.model_validate({"batch_wait_timeout_s": 2})
     with pytest.raises(ValueError, match="max_batch"):
         BatchingConfig.model_validate({"max_batch": 8})
+
+
+def test_without_regions_keeps_one_deployment_per_model_from_the_home_region(
+    application: dict[str, Any],
+):
+    shipped = {"applications": [copy.deepcopy(application)]}
+    single = without_regions(shipped, home="eu")
+    (app,) = single["applications"]
+    assert "regions" not in app["args"]["edge"]
+    names = [d["name"] for d in app["deployments"]]
+    assert names == [*application["args"]["models"], "router"]
+    eu = {d["name"]: d for d in application["deployments"]}["glm-eu"]
+    glm = {d["name"]: d for d in app["deployments"]}["glm"]
+    assert glm == {**eu, "name": "glm"}
+    assert "regions" in shipped["applications"][0]["args"]["edge"]  # the input is untouched
+    assert parse_app_config(app["args"]).model_deployments() == {
+        name: (name, "default") for name in application["args"]["models"]
+    }

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import uvicorn
 from fastapi.testclient import TestClient
-from router_fakes import app_config, fake_handles
+from router_fakes import app_config, fake_handles, in_every_region
 
 from deployments.api.app import make_app
 from deployments.observability import InMemoryMetricsBackend, RouterObservability
@@ -59,7 +59,7 @@ def services(env: Mapping[str, str] = ENV, serve: FakeServe | None = None) -> Ro
     )
     return build_services(
         config,
-        fake_handles(),
+        in_every_region(config, fake_handles()),
         keys=KeyStore.from_env(env, config.security),
         observability=observability,
         deployment_states=serve or FakeServe(),

@@ -1,444 +1,278 @@
-"""EdgeDispatcher on a real EdgeNetwork: colo choice, failover, timeouts, cold starts, warmth."""
+"""EdgeDispatcher with fake region handles: where a request is served, what wakes, what spills,
+what fails over, and what the shared state is told (no Ray)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from deployments.edge import EdgeDispatcher, EdgeTrace, InjectedFaultError, WarmthTracker
+from deployments.edge import EdgeDispatcher, RegionPools
 from deployments.errors import (
-    BadHeaderValueError,
-    ContextLengthExceededError,
-    InternalServerError,
     InvalidRequestError,
-    ModelNotFoundError,
-    ModelNotReadyError,
     OverloadedError,
-    ServingError,
+    QueueFullError,
+    RegionFaultError,
 )
 from deployments.servers.base import Reply
-from edge_sim.clock import ManualClock
 from edge_sim.config import EdgeConfig
-from edge_sim.faults import ColoFault
 from edge_sim.geo import CountryCentroids
 from edge_sim.network import EdgeNetwork
+from edge_sim.region_board import BoardSnapshot, Outcome
+from edge_sim.regions import PoolView
 
 MODEL = "m"
-# Four colos on the equator, 1 degree (~111 km, ~1.7 ms RTT) apart: a client at 0,0 ranks them
-# AAA, BBB, CCC, DDD.
-COLOS = [
-    {"id": f"{letter * 3}", "city": letter, "country": "GH", "lat": 0.0, "lon": float(lon)}
-    for lon, letter in enumerate("ABCD")
-]
-AT_AAA = {"x-client-geo": "0,0"}
-AT_DDD = {"x-client-geo": "0,3"}
-CONSECUTIVE_FAILURES = 2
-EJECTION_S = 10.0
-WARM_WINDOW_S = 300.0
+REGIONS = {
+    "eu": {"lat": 50.11, "lon": 8.68},
+    "us": {"lat": 39.04, "lon": -77.49},
+    "ap": {"lat": 1.36, "lon": 103.99},
+}
+TOKYO = {"x-client-geo": "35.68,139.69"}
+FRANKFURT = {"x-client-geo": "50.11,8.68"}
 
 
-@dataclass
+class FakeMethod:
+    def __init__(self, region: FakeRegion, name: str):
+        self.region, self.name = region, name
+
+    def remote(self, *args: Any) -> Any:
+        self.region.calls.append(self.name)
+        return self.region.behaviour(self.name)
+
+
+class FakeRegion:
+    """A region's deployment handle: `behaviour(method)` returns the awaitable a call gives."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.calls: list[str] = []
+        self.behaviour: Callable[[str], Any] = lambda method: _ok(name)
+
+    def __getattr__(self, method: str) -> FakeMethod:
+        return FakeMethod(self, method)
+
+
+async def _ok(region: str, ready_at: float = 0.0) -> Reply[str]:
+    return Reply(region, replica_ready_at=ready_at, replica_load_s=0.1)
+
+
+async def _raise(error: BaseException) -> Any:
+    raise error
+
+
 class Rig:
-    clock: ManualClock
-    network: EdgeNetwork
-    warmth: WarmthTracker
-    dispatcher: EdgeDispatcher[Reply[str]]
+    def __init__(self, running: dict[str, int], max_attempts: int = 3):
+        config = EdgeConfig.from_mapping({"regions": REGIONS, "latency": {"real_delay_scale": 0}})
+        self.handles = {region: FakeRegion(region) for region in REGIONS}
+        self.pools = RegionPools(
+            {MODEL: self.handles}, config.region_policy, default_cold_start_ms=3000.0
+        )
+        self.pools.snapshot = BoardSnapshot(
+            {MODEL: {r: PoolView(running=n) for r, n in running.items()}}, {}
+        )
+        network = EdgeNetwork(config, centroids=CountryCentroids({}))
+        self.dispatcher: EdgeDispatcher[Reply[str]] = EdgeDispatcher(
+            network, config.region_map(), self.pools, max_attempts
+        )
+        self.reported: list[Outcome] = []
+        original = self.pools.report
 
-    def state(self, colo_id: str) -> dict[str, Any]:
-        (state,) = [s for s in self.network.colo_states() if s["id"] == colo_id]
-        return state
+        def report(model: str, region: str, kind: Any, cold_ms: float | None = None) -> None:
+            self.reported.append(Outcome(model, region, kind, cold_ms))
+            original(model, region, kind, cold_ms)
 
-    def assert_no_slot_held(self) -> None:
-        assert {s["id"]: s["in_flight"] for s in self.network.colo_states()} == dict.fromkeys(
-            ("AAA", "BBB", "CCC", "DDD"), 0
+        self.pools.report = report  # type: ignore[method-assign]
+
+    async def send(self, headers: dict[str, str], deadline_s: float = 5.0):
+        return await self.dispatcher.dispatch(
+            MODEL,
+            headers,
+            None,
+            lambda handle: handle.complete.remote(),
+            reply_of=lambda reply: reply,
+            deadline_s=deadline_s,
         )
 
 
-def make_rig(*, default_cold_start_ms: float = 0.0, max_attempts: int = 3) -> Rig:
-    """default_cold_start_ms=0 makes a warm neighbour never worth its extra RTT, so tests that are
-    not about warmth see plain nearest-first order."""
-    clock = ManualClock(1000.0)
-    config = EdgeConfig.model_validate(
-        {
-            "topology": {"colos": COLOS},
-            "latency": {"real_delay_scale": 0.0},  # asyncio.sleep(0): no real waiting
-            "health": {
-                "consecutive_failures": CONSECUTIVE_FAILURES,
-                "base_ejection_s": EJECTION_S,
-                "max_ejection_percent": 100,
-            },
-        }
-    )
-    network = EdgeNetwork(config, clock=clock, centroids=CountryCentroids({"GH": (0.0, 1.5)}))
-    warmth = WarmthTracker(WARM_WINDOW_S, default_cold_start_ms, clock=clock)
-    return Rig(clock, network, warmth, EdgeDispatcher(network, warmth, max_attempts))
+ALL_WARM = {"eu": 1, "us": 1, "ap": 1}
+WARM = PoolView(running=1)
 
 
-def warm_reply(value: str = "ok") -> Reply[str]:
-    """A reply from a replica that was ready long before any request here arrived."""
-    return Reply(value, replica_ready_at=0.0, replica_load_s=0.5)
+def test_all_warm_serves_from_the_nearest_region_and_says_so() -> None:
+    rig = Rig(ALL_WARM)
+    for headers, region, colo in ((TOKYO, "ap", "NRT"), (FRANKFURT, "eu", "FRA")):
+        reply, trace = asyncio.run(rig.send(headers))
+        assert reply.value == region
+        headers_out = trace.headers()
+        assert headers_out["x-edge-region"] == region and headers_out["x-edge-colo"] == colo
+        assert headers_out["x-edge-route-reason"] == "nearest"
+    assert rig.handles["ap"].calls == ["complete"]  # nothing woken
 
 
-@dataclass
-class ScriptedCall:
-    """A model call that plays its outcomes in order (an exception is raised, a Reply returned);
-    the call cannot see the colo, so the script follows the failover order."""
+def test_cold_nearest_is_detoured_to_a_warm_region_and_really_woken() -> None:
+    rig = Rig({"eu": 1, "us": 0, "ap": 0})
 
-    outcomes: list[BaseException | Reply[str] | Callable[[], Awaitable[Reply[str]]]]
-    calls: int = 0
-    seen: list[Any] = field(default_factory=list)
+    async def go():
+        result = await rig.send(TOKYO)
+        await asyncio.sleep(0)  # let the wake task send its call
+        return result
 
-    async def __call__(self) -> Reply[str]:
-        outcome = self.outcomes[min(self.calls, len(self.outcomes) - 1)]
-        self.calls += 1
-        if isinstance(outcome, BaseException):
-            raise outcome
-        if isinstance(outcome, Reply):
-            return outcome
-        return await outcome()
+    reply, trace = asyncio.run(go())
+    assert reply.value == "eu" and trace.reason == "warm"
+    assert rig.handles["ap"].calls == ["wake"]  # a real call that queues until a replica runs
+    assert trace.rtt_ms > 100  # the detour's extra RTT is acted out and reported
 
 
-def dispatch(
-    rig: Rig,
-    call: Callable[[], Awaitable[Reply[str]]],
-    headers: dict[str, str] = AT_AAA,
-    deadline_s: float = 30.0,
-) -> tuple[Reply[str], EdgeTrace]:
-    return asyncio.run(
-        rig.dispatcher.dispatch(MODEL, headers, None, call, lambda r: r, deadline_s=deadline_s)
-    )
+def test_back_pressure_spills_to_the_next_region_and_is_not_a_failure() -> None:
+    rig = Rig(ALL_WARM)
+    rig.handles["ap"].behaviour = lambda method: _raise(QueueFullError("full"))
+    reply, trace = asyncio.run(rig.send(TOKYO))
+    assert reply.value != "ap" and trace.reason == "spillover"
+    assert [o.kind for o in rig.reported] == ["saturated", "ok"]
+    assert rig.pools.pools(MODEL)["ap"].saturated  # the next request skips it at once
+    _, trace = asyncio.run(rig.send(TOKYO))
+    assert trace.reason == "spillover" and rig.handles["ap"].calls == ["complete"]
 
 
-# ---- choosing a colo ---------------------------------------------------------------------------
+def test_every_region_full_is_a_503_with_retry_after_and_no_failure() -> None:
+    rig = Rig(ALL_WARM)
+    for handle in rig.handles.values():
+        handle.behaviour = lambda method: _raise(QueueFullError("full", retry_after_s=1))
+    with pytest.raises(QueueFullError) as caught:
+        asyncio.run(rig.send(TOKYO))
+    assert caught.value.status == 503 and caught.value.retry_after_s == 1
+    assert {o.kind for o in rig.reported} == {"saturated"}
 
 
-@pytest.mark.parametrize(("headers", "expected"), [(AT_AAA, "AAA"), (AT_DDD, "DDD")])
-def test_nearest_colo_serves_the_client(headers: dict[str, str], expected: str):
-    rig = make_rig()
-    call = ScriptedCall([warm_reply("hello")])
-    reply, trace = dispatch(rig, call, headers)
-    assert reply.value == "hello" and call.calls == 1
-    assert (trace.colo, trace.reason, trace.tried) == (expected, "nearest", [expected])
-    assert trace.cold_start_ms is None
-    # The client stands on the colo: only the first hop's RTT (arccos rounding aside).
-    assert trace.rtt_ms == pytest.approx(2 * rig.network.config.latency.per_hop_ms, abs=1e-3)
-    rig.assert_no_slot_held()
+def test_a_replica_error_fails_over_and_counts_against_that_region() -> None:
+    rig = Rig(ALL_WARM)
+    rig.handles["ap"].behaviour = lambda method: _raise(RegionFaultError("down"))
+    reply, trace = asyncio.run(rig.send(TOKYO))
+    assert reply.value != "ap" and trace.reason == "failover"
+    assert trace.headers()["x-edge-failover"].startswith("ap,")
+    assert rig.reported[0] == Outcome(MODEL, "ap", "failed")
 
 
-def test_nearest_for_a_cache_hit_picks_the_first_choice_without_a_call():
-    rig = make_rig()
-    trace = asyncio.run(rig.dispatcher.nearest(MODEL, AT_DDD, None))
-    assert (trace.colo, trace.reason, trace.tried, trace.cache) == ("DDD", "nearest", ["DDD"], None)
-    rig.assert_no_slot_held()
+def test_a_dead_actor_is_mapped_and_failed_over() -> None:
+    from ray.exceptions import ActorDiedError
+
+    rig = Rig(ALL_WARM)
+    rig.handles["ap"].behaviour = lambda method: _raise(ActorDiedError())
+    reply, _ = asyncio.run(rig.send(TOKYO))
+    assert reply.value != "ap"
+    assert rig.reported[0].kind == "failed"
 
 
-@pytest.mark.parametrize(
-    ("headers", "header"),
-    [
-        ({"x-client-geo": "north"}, "x-client-geo"),
-        ({"x-client-geo": "91,0"}, "x-client-geo"),
-        ({"x-client-geo": "0"}, "x-client-geo"),
-        ({"cf-ipcountry": "QQ"}, "cf-ipcountry"),
-    ],
-)
-def test_a_bad_location_header_is_a_400_naming_the_header(headers: dict[str, str], header: str):
-    rig = make_rig()
-    call = ScriptedCall([warm_reply()])
-    with pytest.raises(BadHeaderValueError) as caught:
-        dispatch(rig, call, headers)
-    assert caught.value.status == 400 and caught.value.param == header
-    assert header in caught.value.message
-    assert call.calls == 0
-    with pytest.raises(BadHeaderValueError):
-        asyncio.run(rig.dispatcher.nearest(MODEL, headers, None))
+def test_a_client_error_is_not_failed_over_nor_counted() -> None:
+    rig = Rig(ALL_WARM)
+    rig.handles["ap"].behaviour = lambda method: _raise(InvalidRequestError("bad"))
+    with pytest.raises(InvalidRequestError):
+        asyncio.run(rig.send(TOKYO))
+    assert rig.reported == [] and rig.handles["eu"].calls == []
 
 
-def test_a_colo_marked_down_is_skipped_and_comes_back_when_cleared():
-    rig = make_rig()
-    rig.network.set_fault("AAA", ColoFault(down=True))
-    _, trace = dispatch(rig, ScriptedCall([warm_reply()]))
-    assert (trace.colo, trace.tried) == ("BBB", ["BBB"])
-    assert trace.reason != "failover"  # nothing failed: the plan left AAA out
-    rig.network.clear_faults("AAA")
-    _, trace = dispatch(rig, ScriptedCall([warm_reply()]))
-    assert trace.colo == "AAA"
-
-
-def test_every_colo_down_is_a_503_with_retry_after():
-    rig = make_rig()
-    for colo in COLOS:
-        rig.network.set_fault(colo["id"], ColoFault(down=True))
-    call = ScriptedCall([warm_reply()])
-    with pytest.raises(OverloadedError) as caught:
-        dispatch(rig, call)
-    assert caught.value.status == 503 and caught.value.retry_after_s > 0
-    assert call.calls == 0
-
-
-# ---- failover ----------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "error",
-    [
-        OverloadedError("queue full"),
-        ModelNotReadyError("no replica"),
-        InternalServerError("replica crashed"),
-    ],
-)
-def test_a_5xx_at_the_first_colo_fails_over_to_the_next(error: ServingError):
-    rig = make_rig()
-    call = ScriptedCall([error, warm_reply("second")])
-    reply, trace = dispatch(rig, call)
-    assert reply.value == "second" and call.calls == 2
-    assert (trace.colo, trace.reason, trace.tried) == ("BBB", "failover", ["AAA", "BBB"])
-    assert trace.headers()["x-edge-failover"] == "AAA,BBB"
-    assert rig.state("AAA")["health"]["consecutive_failures"] == 1
-    assert rig.state("BBB")["health"]["consecutive_failures"] == 0
-    rig.assert_no_slot_held()
-
-
-@pytest.mark.parametrize(
-    "error",
-    [
-        InvalidRequestError("bad temperature", param="temperature"),
-        ContextLengthExceededError("prompt too long"),
-        ModelNotFoundError("no such model"),
-    ],
-)
-def test_a_4xx_is_raised_at_once_and_is_not_a_colo_failure(error: ServingError):
-    rig = make_rig()
-    # More 4xx in a row than it takes to eject a colo for failures.
-    for _ in range(CONSECUTIVE_FAILURES + 1):
-        call = ScriptedCall([error, warm_reply()])
-        with pytest.raises(type(error)) as caught:
-            dispatch(rig, call)
-        assert caught.value is error
-        assert call.calls == 1  # no failover to BBB
-    health = rig.state("AAA")["health"]
-    assert health["state"] == "healthy"
-    assert health["consecutive_failures"] == 0 and health["window_failures"] == 0
-    rig.assert_no_slot_held()
-    _, trace = dispatch(rig, ScriptedCall([warm_reply()]))
-    assert trace.colo == "AAA"
-
-
-def test_an_injected_fault_fails_over_without_calling_the_model():
-    rig = make_rig()
-    rig.network.set_fault("AAA", ColoFault(error_rate=1.0))
-    call = ScriptedCall([warm_reply("from BBB")])
-    reply, trace = dispatch(rig, call)
-    assert reply.value == "from BBB" and call.calls == 1  # AAA failed before the call
-    assert (trace.colo, trace.reason, trace.tried) == ("BBB", "failover", ["AAA", "BBB"])
-    assert rig.state("AAA")["health"]["consecutive_failures"] == 1
-    rig.assert_no_slot_held()
-
-
-def test_an_injected_fault_at_every_colo_is_a_503_naming_it():
-    rig = make_rig()
-    for colo in COLOS:
-        rig.network.set_fault(colo["id"], ColoFault(error_rate=1.0))
-    call = ScriptedCall([warm_reply()])
-    with pytest.raises(OverloadedError) as caught:
-        dispatch(rig, call)
-    assert caught.value.status == 503
-    assert InjectedFaultError.__name__ in caught.value.message
-    assert call.calls == 0
-
-
-def test_exhausting_max_attempts_raises_the_last_error():
-    rig = make_rig(max_attempts=2)
-    first, last = OverloadedError("AAA is full"), OverloadedError("BBB is full", retry_after_s=7)
-    call = ScriptedCall([first, last, warm_reply("never")])
-    with pytest.raises(OverloadedError) as caught:
-        dispatch(rig, call)
-    assert caught.value is last
-    assert caught.value.status == 503 and caught.value.retry_after_s == 7
-    assert call.calls == 2  # CCC is third in the plan: never tried
-    assert [rig.state(c)["health"]["consecutive_failures"] for c in ("AAA", "BBB", "CCC")] == [
-        1,
-        1,
-        0,
-    ]
-    rig.assert_no_slot_held()
-
-
-def test_a_call_that_times_out_on_its_own_fails_over():
-    rig = make_rig()
-    call = ScriptedCall([TimeoutError(), warm_reply("from BBB")])
-    reply, trace = dispatch(rig, call)
-    assert reply.value == "from BBB"
-    assert (trace.reason, trace.tried) == ("failover", ["AAA", "BBB"])
-
-
-def test_a_hung_colo_gets_only_its_share_of_the_deadline_then_fails_over():
-    rig = make_rig()
-
-    async def hang() -> Reply[str]:
-        await asyncio.Event().wait()  # nothing ever sets it: only the attempt's limit ends it
-        raise AssertionError("unreachable")
-
-    call = ScriptedCall([hang, warm_reply("from BBB")])
+def test_a_hung_region_gets_its_share_of_the_deadline_then_the_next_answers() -> None:
+    rig = Rig(ALL_WARM)
+    rig.handles["ap"].behaviour = lambda method: asyncio.sleep(60)
     started = time.monotonic()
-    result, trace = dispatch(rig, call, deadline_s=0.3)
-    assert time.monotonic() - started < 5.0
-    assert result.value == "from BBB"
-    assert trace.reason == "failover" and trace.tried == ["AAA", "BBB"]
-    assert rig.state("AAA")["health"]["consecutive_failures"] == 1
-    rig.assert_no_slot_held()
+    reply, trace = asyncio.run(rig.send(TOKYO, deadline_s=0.6))
+    assert reply.value != "ap" and trace.reason == "failover"
+    assert time.monotonic() - started < 0.6
+    assert rig.reported[0] == Outcome(MODEL, "ap", "failed")
 
 
-def test_calls_that_all_hang_become_a_503_within_the_deadline():
-    rig = make_rig()
+def test_every_region_failing_is_the_last_error() -> None:
+    rig = Rig(ALL_WARM)
+    for handle in rig.handles.values():
+        handle.behaviour = lambda method: _raise(RegionFaultError("down"))
+    with pytest.raises(OverloadedError):
+        asyncio.run(rig.send(TOKYO))
+    assert [o.kind for o in rig.reported] == ["failed"] * 3
 
-    async def hang() -> Reply[str]:
-        await asyncio.Event().wait()
-        raise AssertionError("unreachable")
 
-    call = ScriptedCall([hang, hang, hang, hang])
+def test_a_cold_start_is_measured_and_reported() -> None:
+    rig = Rig({})  # all cold: the nearest region serves and waits for its replica
+    rig.handles["ap"].behaviour = lambda method: _ok("ap", ready_at=time.time() + 1.5)
+    _, trace = asyncio.run(rig.send(TOKYO))
+    assert trace.region == "ap" and trace.reason == "nearest"
+    assert trace.cold_start_ms is not None and trace.cold_start_ms > 1000
+    assert trace.headers()["x-edge-cold-start"] == "1"
+    assert rig.reported[0].cold_start_ms == trace.cold_start_ms
+    assert rig.pools.last_cold_start[MODEL]["wait_ms"] == trace.cold_start_ms
+
+
+def test_a_cache_hit_is_answered_by_the_entry_colo_for_its_home_region() -> None:
+    rig = Rig(ALL_WARM)
+    trace = asyncio.run(rig.dispatcher.nearest(MODEL, TOKYO, None))
+    assert (trace.colo, trace.region) == ("NRT", "ap")
+    assert all(not handle.calls for handle in rig.handles.values())
+
+
+def test_an_attempt_whose_region_loses_its_replicas_fails_over_at_once() -> None:
+    """A killed node: Serve holds the request for a replica that cannot be placed; once the
+    shared state shows the region without replicas, the request moves on."""
+    rig = Rig(ALL_WARM)
+    rig.handles["ap"].behaviour = lambda method: asyncio.sleep(60)
+
+    async def go():
+        sending = asyncio.ensure_future(rig.send(TOKYO, deadline_s=30.0))
+        await asyncio.sleep(0.3)
+        rig.pools.snapshot = BoardSnapshot({MODEL: {"eu": WARM, "us": WARM}}, {})  # ap: gone
+        return await sending
+
     started = time.monotonic()
-    with pytest.raises(OverloadedError) as caught:
-        dispatch(rig, call, deadline_s=0.1)
-    assert time.monotonic() - started < 5.0  # bounded by the deadline, not by the calls
-    assert caught.value.status == 503 and "TimeoutError" in caught.value.message
-    rig.assert_no_slot_held()
+    reply, trace = asyncio.run(go())
+    assert reply.value != "ap" and trace.reason == "failover"
+    assert time.monotonic() - started < 2.0  # not the 10 s share of the deadline
+    assert rig.reported[0] == Outcome(MODEL, "ap", "failed")
 
 
-# ---- outlier detection -------------------------------------------------------------------------
+def test_a_cold_region_waiting_for_its_first_replica_is_not_lost() -> None:
+    rig = Rig({})  # all cold: the request waits on the nearest region's cold start
+
+    async def slow_start(method: str) -> Reply[str]:
+        await asyncio.sleep(0.6)
+        return await _ok("ap")
+
+    rig.handles["ap"].behaviour = slow_start
+    reply, trace = asyncio.run(rig.send(TOKYO))
+    assert reply.value == "ap" and trace.reason == "nearest"
 
 
-def test_consecutive_failures_eject_a_colo_from_later_plans():
-    rig = make_rig()
-    for _ in range(CONSECUTIVE_FAILURES):
-        _, trace = dispatch(rig, ScriptedCall([OverloadedError("busy"), warm_reply()]))
-        assert trace.tried == ["AAA", "BBB"]
-    assert rig.state("AAA")["state"] == "ejected"
-    plan = rig.dispatcher.plan(MODEL, AT_AAA, None)
-    assert "AAA" not in [c.colo_id for c in plan.candidates]
-    call = ScriptedCall([warm_reply("from BBB")])
-    _, trace = dispatch(rig, call)
-    assert (trace.colo, trace.tried, call.calls) == ("BBB", ["BBB"], 1)
-    # After the ejection time AAA is probed again, and a success brings it back.
-    rig.clock.advance(EJECTION_S)
-    _, trace = dispatch(rig, ScriptedCall([warm_reply()]))
-    assert trace.colo == "AAA"
-    assert rig.state("AAA")["state"] == "healthy"
+def test_a_colo_drilled_to_fail_passes_the_request_to_the_next_colo() -> None:
+    from edge_sim.faults import ColoFault
+
+    rig = Rig(ALL_WARM)
+    rig.dispatcher.network.set_fault("NRT", ColoFault(error_rate=1.0))
+    reply, trace = asyncio.run(rig.send(TOKYO))
+    assert trace.colo != "NRT" and trace.reason == "failover"
+    assert trace.headers()["x-edge-failover"].startswith("NRT,")
+    assert rig.reported == [Outcome(MODEL, trace.region, "ok")]  # no region blamed
 
 
-# ---- cold starts and warmth --------------------------------------------------------------------
+def test_with_one_region_a_failed_attempt_is_retried_there() -> None:
+    """Without `regions` there is one pool per model: a retry goes to it again (Serve picks
+    another replica, or the one that replaced a dead one)."""
+    config = EdgeConfig.from_mapping({"latency": {"real_delay_scale": 0}})
+    handle = FakeRegion("default")
+    calls = {"n": 0}
 
+    def first_fails(method: str) -> Any:
+        calls["n"] += 1
+        return _raise(RegionFaultError("dead replica")) if calls["n"] == 1 else _ok("default")
 
-def test_a_reply_from_a_replica_ready_after_arrival_is_a_cold_start():
-    rig = make_rig(default_cold_start_ms=3000.0)
-    wait_s = 1.0
-
-    async def cold() -> Reply[str]:
-        # The replica became ready a second after this call began: the request waited on it.
-        return Reply("cold", replica_ready_at=time.time() + wait_s, replica_load_s=0.8)
-
-    _, trace = dispatch(rig, ScriptedCall([cold]))
-    assert trace.cold_start_ms is not None
-    assert wait_s * 1000 <= trace.cold_start_ms < wait_s * 1000 + 5000
-    assert rig.warmth.cold_start_ms(MODEL) == trace.cold_start_ms  # first measurement replaces
-    assert rig.warmth.last_cold_start[MODEL]["replica_load_s"] == 0.8
-    headers = trace.headers()
-    assert headers["x-edge-cold-start"] == "1"
-    assert headers["x-edge-cold-start-ms"] == f"{trace.cold_start_ms:.0f}"
-
-
-def test_a_reply_from_a_ready_replica_is_not_a_cold_start():
-    rig = make_rig(default_cold_start_ms=3000.0)
-    _, trace = dispatch(rig, ScriptedCall([warm_reply()]))
-    assert trace.cold_start_ms is None
-    assert trace.headers()["x-edge-cold-start"] == "0"
-    assert "x-edge-cold-start-ms" not in trace.headers()
-    assert rig.warmth.cold_start_ms(MODEL) == 3000.0
-    assert MODEL not in rig.warmth.last_cold_start
-
-
-def test_cold_start_estimate_is_a_moving_average():
-    clock = ManualClock()
-    warmth = WarmthTracker(WARM_WINDOW_S, 3000.0, clock=clock)
-    assert warmth.record("AAA", MODEL, Reply("x", 12.0, 1.0), arrived_at=10.0) == pytest.approx(
-        2000.0
+    handle.behaviour = first_fails
+    pools = RegionPools({MODEL: {"default": handle}}, config.region_policy, 3000.0)
+    dispatcher: EdgeDispatcher[Reply[str]] = EdgeDispatcher(
+        EdgeNetwork(config, centroids=CountryCentroids({})), config.region_map(), pools, 3
     )
-    assert warmth.cold_start_ms(MODEL) == pytest.approx(2000.0)
-    assert warmth.record("AAA", MODEL, Reply("x", 21.0, 1.0), arrived_at=20.0) == pytest.approx(
-        1000.0
+    reply, trace = asyncio.run(
+        dispatcher.dispatch(
+            MODEL, TOKYO, None, lambda h: h.complete.remote(), lambda r: r, deadline_s=5.0
+        )
     )
-    assert warmth.cold_start_ms(MODEL) == pytest.approx(0.7 * 2000.0 + 0.3 * 1000.0)
-    assert warmth.cold_start_ms("other") == 3000.0  # per model
-
-
-def test_a_colo_stays_warm_for_the_window_after_serving():
-    clock = ManualClock()
-    warmth = WarmthTracker(WARM_WINDOW_S, 3000.0, clock=clock)
-    assert not warmth.is_warm("AAA", MODEL)
-    warmth.record("AAA", MODEL, warm_reply(), arrived_at=1.0)
-    assert warmth.is_warm("AAA", MODEL) and not warmth.is_warm("BBB", MODEL)
-    assert not warmth.is_warm("AAA", "other")
-    clock.advance(WARM_WINDOW_S - 1)
-    assert warmth.is_warm("AAA", MODEL)
-    clock.advance(1)
-    assert not warmth.is_warm("AAA", MODEL)
-
-
-def test_a_warm_neighbour_beats_a_cold_nearest_colo_which_then_warms_up():
-    rig = make_rig(default_cold_start_ms=3000.0)
-    rig.warmth.record("BBB", MODEL, warm_reply(), arrived_at=time.time())
-    call = ScriptedCall([warm_reply("from BBB")])
-    reply, trace = dispatch(rig, call)
-    assert reply.value == "from BBB"
-    assert (trace.colo, trace.reason, trace.tried) == ("BBB", "warm", ["BBB"])
-    assert trace.headers()["x-edge-route-reason"] == "warm"
-    # AAA started warming when it was skipped: warm one cold start (3 s) later, not before.
-    assert not rig.warmth.is_warm("AAA", MODEL)
-    rig.clock.advance(2.5)
-    assert not rig.warmth.is_warm("AAA", MODEL)
-    rig.clock.advance(0.5)
-    assert rig.warmth.is_warm("AAA", MODEL)
-    _, trace = dispatch(rig, ScriptedCall([warm_reply()]))
-    assert (trace.colo, trace.reason) == ("AAA", "nearest")
-
-
-def test_a_warm_neighbour_further_than_a_cold_start_is_not_worth_it():
-    # BBB is ~1.7 ms further than AAA; a 1 ms cold start is cheaper than that detour.
-    rig = make_rig(default_cold_start_ms=1.0)
-    rig.warmth.record("BBB", MODEL, warm_reply(), arrived_at=time.time())
-    _, trace = dispatch(rig, ScriptedCall([warm_reply()]))
-    assert (trace.colo, trace.reason) == ("AAA", "nearest")
-
-
-# ---- EdgeTrace ---------------------------------------------------------------------------------
-
-
-def test_trace_headers_for_a_plain_request():
-    trace = EdgeTrace("AAA", 12.345, "nearest", ["AAA"])
-    assert trace.headers() == {
-        "x-edge-colo": "AAA",
-        "x-edge-rtt-ms": "12.3",
-        "x-edge-route-reason": "nearest",
-        "x-edge-cold-start": "0",
-    }
-
-
-def test_trace_headers_for_a_failover_after_a_cold_start_served_from_cache():
-    trace = EdgeTrace("CCC", 3.0, "failover", ["AAA", "BBB", "CCC"], 1234.56, "MISS")
-    assert trace.headers() == {
-        "x-edge-colo": "CCC",
-        "x-edge-rtt-ms": "3.0",
-        "x-edge-route-reason": "failover",
-        "x-edge-cold-start": "1",
-        "x-edge-failover": "AAA,BBB,CCC",
-        "x-edge-cold-start-ms": "1235",
-        "x-edge-cache": "MISS",
-    }
-
-
-def test_only_a_failover_lists_the_colos_tried():
-    assert "x-edge-failover" not in EdgeTrace("BBB", 1.0, "spillover", ["BBB"]).headers()
+    assert reply.value == "default" and trace.reason == "failover"
+    assert trace.headers()["x-edge-failover"] == "default,default"

@@ -38,6 +38,9 @@ EXPECTED_STATUS: dict[type[ServingError], int] = {
     errors.RateLimitedError: 429,
     errors.OverloadedError: 503,
     errors.ModelNotReadyError: 503,
+    errors.QueueFullError: 503,
+    errors.RegionNotFoundError: 404,
+    errors.RegionFaultError: 503,
     errors.InternalServerError: 500,
 }
 
@@ -161,6 +164,8 @@ EXPECTED_HEADER_NAMES: dict[type[ServingError], set[str]] = {
     errors.RateLimitedError: {"retry-after", "x-ratelimit-remaining-requests"},
     errors.OverloadedError: {"retry-after"},
     errors.ModelNotReadyError: {"retry-after"},
+    errors.QueueFullError: {"retry-after"},
+    errors.RegionFaultError: {"retry-after"},
     errors.MethodNotAllowedError: {"allow"},
 }
 

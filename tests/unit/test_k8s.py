@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import os
 import re
 from collections.abc import Callable
@@ -228,17 +229,35 @@ def test_gpu_work_runs_on_the_gpu_group_only(rayservice: dict[str, Any]) -> None
     assert head["rayStartParams"]["num-cpus"] == "0", "no Serve replica may land on the head"
     assert _gpus(head) == 0
     gpu_groups = [g for g in workers if _gpus(g) > 0]
-    assert len(gpu_groups) == 1, "exactly one worker group requests GPUs"
-    (gpu_group,) = gpu_groups
-    for container in _containers(gpu_group):
-        assert int(container["resources"]["limits"][GPU]) >= 1
-    pod = gpu_group["template"]["spec"]
-    assert any(t["key"] == GPU and t["effect"] == "NoSchedule" for t in pod["tolerations"])
-    assert pod["nodeSelector"], "GPU pods must select GPU nodes"
-    assert gpu_group["minReplicas"] == 0, "GPU nodes scale to zero with the models"
-    assert gpu_group["maxReplicas"] >= 1
-    cpu_groups = [g for g in workers if g is not gpu_group]
+    for gpu_group in gpu_groups:
+        for container in _containers(gpu_group):
+            assert int(container["resources"]["limits"][GPU]) >= 1
+        pod = gpu_group["template"]["spec"]
+        assert any(t["key"] == GPU and t["effect"] == "NoSchedule" for t in pod["tolerations"])
+        assert pod["nodeSelector"], "GPU pods must select GPU nodes"
+        assert gpu_group["minReplicas"] == 0, "GPU nodes scale to zero with the models"
+        assert gpu_group["maxReplicas"] >= 1
+    cpu_groups = [g for g in workers if g not in gpu_groups]
     assert cpu_groups and all(g["minReplicas"] >= 1 for g in cpu_groups), "the router's nodes"
+
+
+def test_each_region_has_its_gpu_group_carrying_its_resource(
+    rayservice: dict[str, Any], serve_config: dict[str, Any]
+) -> None:
+    _, *workers = _groups(rayservice)
+    regions = serve_config["applications"][0]["args"]["edge"]["regions"]
+    gpu_groups = {g["groupName"]: g for g in workers if _gpus(g) > 0}
+    assert set(gpu_groups) == {f"gpu-{region}" for region in regions}
+    for region in regions:
+        params = gpu_groups[f"gpu-{region}"]["rayStartParams"]
+        # KubeRay's form of `ray start --resources`: a quoted, escaped JSON string.
+        quoted = params["resources"]
+        assert quoted[0] == quoted[-1] == '"'
+        assert json.loads(quoted[1:-1].replace('\\"', '"')) == {f"region:{region}": 100}
+    (ingress,) = [g for g in workers if _gpus(g) == 0]
+    assert "ingress" in ingress["rayStartParams"]["resources"]
+    policy = serve_config["applications"][0]["args"]["edge"]["region_policy"]
+    assert policy["placement"] == "node_resource" and policy["ingress_resource"] == "ingress"
 
 
 def test_autoscaler_keeps_nodes_as_long_as_serve_keeps_replicas(
@@ -288,6 +307,7 @@ def test_serve_config_is_serve_config_yaml_with_only_the_k8s_overrides(
         assert app["args"]["models_dir"] == models_dir == "/models"
         for key in ("accelerator", "models_dir"):
             app["args"][key] = source_app["args"][key]
+        app["args"]["edge"]["region_policy"] = source_app["args"]["edge"]["region_policy"]
     assert restored == source_config, "serveConfigV2 must be serve_config.yaml, overrides aside"
 
 

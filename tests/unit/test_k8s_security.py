@@ -104,7 +104,7 @@ def test_every_container_states_its_resources_and_gpus_stay_on_the_gpu_group(
         for container in pod["containers"]:
             for kind in ("requests", "limits"):
                 assert {"cpu", "memory"} <= container["resources"][kind].keys(), name
-            if name == "gpu":
+            if name == "gpu" or name.startswith("gpu-"):  # gpu-<region>: one group per region
                 assert container["resources"]["limits"][GPU] == "1"
             else:
                 assert GPU not in container["resources"]["limits"], name
@@ -334,7 +334,8 @@ def test_render_refuses_a_container_without_resources(tmp_path: Path) -> None:
         group = template["spec"]["rayClusterConfig"]["workerGroupSpecs"][0]
         del group["template"]["spec"]["containers"][0]["resources"]["limits"]
 
-    with pytest.raises(ValueError, match=r"worker group 'gpu'.*limits\.cpu, limits\.memory"):
+    # The template's `gpu` group is the prototype of every region's (`gpu-eu`, ...).
+    with pytest.raises(ValueError, match=r"worker group 'gpu-eu'.*limits\.cpu, limits\.memory"):
         _render_with_template(tmp_path, drop_limits)
 
 

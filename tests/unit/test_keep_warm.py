@@ -129,7 +129,7 @@ def test_the_policy_holds_the_floor_in_a_window_and_defers_to_traffic_otherwise(
 
 def test_the_config_check_reports_a_bad_schedule_before_deploying(tmp_path):
     config = yaml.safe_load((PROJECT_ROOT / "serve_config.yaml").read_text())
-    kimi = next(d for d in config["applications"][0]["deployments"] if d["name"] == "kimi")
+    kimi = next(d for d in config["applications"][0]["deployments"] if d["name"] == "kimi-eu")
     kimi["autoscaling_config"]["policy"] = {
         "policy_function": KEEP_WARM_POLICY,
         "policy_kwargs": {"windows": [{**OFFICE_HOURS, "timezone": "Berlin"}]},
@@ -137,7 +137,8 @@ def test_the_config_check_reports_a_bad_schedule_before_deploying(tmp_path):
     path = tmp_path / "serve_config.yaml"
     path.write_text(yaml.safe_dump(config))
     (problem,) = check_serve_config(path)
-    assert "deployments.kimi.autoscaling_config.policy.policy_kwargs.windows.0.timezone" in problem
+    where = "deployments.kimi-eu.autoscaling_config.policy.policy_kwargs.windows.0.timezone"
+    assert where in problem
     assert "unknown time zone 'Berlin'" in problem
 
     kimi["autoscaling_config"]["policy"]["policy_kwargs"]["windows"][0]["timezone"] = "UTC"
@@ -173,13 +174,13 @@ def test_the_benchmark_window_opens_when_asked_and_passes_the_config_check(tmp_p
 
     config = yaml.safe_load((PROJECT_ROOT / "serve_config.yaml").read_text())
     opens = utc("2026-12-01 23:59:50")  # the window runs past midnight
-    edge = with_keep_warm(config["applications"][0], "glm", opens)
+    edge = with_keep_warm(config["applications"][0], "glm-eu", opens)
     config["applications"][0] = edge
     path = tmp_path / "serve_config.yaml"
     path.write_text(yaml.safe_dump(config))
     assert check_serve_config(path) == []
 
-    (glm,) = [d for d in edge["deployments"] if d["name"] == "glm"]
+    (glm,) = [d for d in edge["deployments"] if d["name"] == "glm-eu"]
     policy = KeepWarm(**glm["autoscaling_config"]["policy"]["policy_kwargs"])
     assert policy.floor(opens.timestamp() - 1) == 0
     assert policy.floor(opens.timestamp()) == 1

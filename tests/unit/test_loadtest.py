@@ -178,6 +178,21 @@ def test_colo_outage_sets_and_clears_a_fault_inside_the_run() -> None:
         config(scenario="colo-outage", fault_colo="FRA", duration_s=10, outage_start_s=8)
 
 
+def test_region_outage_drills_the_regions_replicas_inside_the_run() -> None:
+    schedule = build_schedule(config(scenario="region-outage", duration_s=90, fault_region="ap"))
+    post, delete = schedule.actions
+    assert (post.method, post.path, post.at_s, post.body) == (
+        "POST",
+        "/admin/regions/ap/faults",
+        30.0,
+        {"down": True},
+    )
+    assert (delete.method, delete.path, delete.at_s) == ("DELETE", "/admin/regions/ap/faults", 60.0)
+    assert [p.name for p in schedule.phases] == ["before", "outage", "after"]
+    with pytest.raises(ValueError, match="fault_region"):
+        config(scenario="region-outage")
+
+
 def test_each_task_and_api_gets_its_endpoint_body_and_headers() -> None:
     def arrival(model: ModelTarget, api: str) -> Arrival:
         return Arrival(seq=7, at_s=0.0, model=model, api=api, region=region_named("asia-east"),
@@ -471,10 +486,10 @@ def test_ray_token_comes_from_the_places_ray_reads_it(tmp_path: Path) -> None:
 
 def test_scale_to_zero_delay_comes_from_serve_config() -> None:
     shipped = yaml.safe_load((REPO / "serve_config.yaml").read_text())
-    delays = scale_to_zero_delays_s(shipped, ["glm", "embedding", "router", "absent"])
+    delays = scale_to_zero_delays_s(shipped, ["glm-eu", "embedding-ap", "router", "absent"])
     deployments = {d["name"]: d for d in shipped["applications"][0]["deployments"]}
-    expected = deployments["glm"]["autoscaling_config"]["downscale_to_zero_delay_s"]
-    assert delays == {"glm": expected, "embedding": delays["embedding"], "router": None,
+    expected = deployments["glm-eu"]["autoscaling_config"]["downscale_to_zero_delay_s"]
+    assert delays == {"glm-eu": expected, "embedding-ap": delays["embedding-ap"], "router": None,
                       "absent": None}  # fmt: skip
     custom = {
         "applications": [
@@ -520,6 +535,27 @@ def test_replica_sampler_samples_in_the_background_and_counts_failures() -> None
     assert {s.deployment for s in threaded.samples} == {"glm", "kimi", "moderation", "router"}
     taken = len(threaded.samples)
     assert taken >= 8 and len(threaded.samples) == taken  # nothing after stop()
+
+
+def test_replica_sampler_takes_a_models_region_deployments_too() -> None:
+    status = {
+        "applications": {
+            "edge": {
+                "status": "RUNNING",
+                "deployments": {
+                    name: {"status": "HEALTHY", "replica_states": {"RUNNING": 1}}
+                    for name in ("glm-eu", "glm-ap", "kimi-eu", "router", "glmx")
+                },
+            }
+        }
+    }
+    clock = ManualClock(0.0)
+    sampler = ReplicaSampler(
+        lambda: parse_serve_applications(status), deployments=["glm"], clock=clock
+    )
+    sampler._t0 = 0.0
+    sampler.sample_once()
+    assert sorted(s.deployment for s in sampler.samples) == ["glm-ap", "glm-eu"]
 
 
 # ---- whole runs against a fake router ---------------------------------------------------------

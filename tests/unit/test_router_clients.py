@@ -122,6 +122,12 @@ def test_fields_openai_does_not_define_are_named_in_a_header(client: TestClient)
         "/v1/chat/completions", json={**body, "vendor_hint": 1, "stream": True}, headers=USER
     )
     assert extended.headers["x-ignored-fields"] == "vendor_hint"
+    # A name with a control character (found by fuzzing: it aborted the response) is encoded.
+    odd = client.post("/v1/moderations", json={"input": "x", "\u001f": None}, headers=USER)
+    assert odd.status_code == 200 and odd.headers["x-ignored-fields"] == "%1F"
+    many = {f"f{i}": i for i in range(30)}
+    flood = client.post("/v1/moderations", json={"input": "x", **many}, headers=USER)
+    assert flood.headers["x-ignored-fields"].endswith("... (10 more)")
 
 
 def test_the_chat_replica_gets_every_feature_of_the_request() -> None:

@@ -162,7 +162,7 @@ def test_the_gate_replaces_a_flagged_answer_and_is_off_for_ungated_models():
 # ---- edge: failover -----------------------------------------------------------------------------
 
 
-def test_a_failing_colo_is_failed_over_and_the_trace_says_so():
+def test_a_failing_region_is_failed_over_and_the_trace_says_so():
     calls = {"n": 0}
     handle = FakeChatHandle()
     succeed = handle.complete.run
@@ -170,7 +170,7 @@ def test_a_failing_colo_is_failed_over_and_the_trace_says_so():
     async def first_fails(*args: Any) -> Any:
         calls["n"] += 1
         if calls["n"] == 1:
-            raise OverloadedError("the first colo's replica is busy")
+            raise OverloadedError("the first region's replica failed")
         return await succeed(*args)
 
     handle.complete.run = first_fails
@@ -178,7 +178,7 @@ def test_a_failing_colo_is_failed_over_and_the_trace_says_so():
     answer = run(services.chat.complete(chat(), context(), telemetry()))
     assert answer.headers["x-edge-route-reason"] == "failover"
     tried = answer.headers["x-edge-failover"].split(",")
-    assert len(tried) == 2 and tried[-1] == answer.headers["x-edge-colo"]
+    assert len(tried) == 2 and tried[-1] == answer.headers["x-edge-region"]
 
 
 def test_when_every_colo_fails_the_error_is_a_503():

@@ -1,0 +1,153 @@
+"""A region outage for real: a 3-node Ray cluster on this machine (the head carries region eu and
+the ingress, one node each for us and ap), load from mixed cities, then the ap node's processes
+killed at once. No non-streaming request may fail; ap's traffic moves to the next region; with
+the node back, Serve places ap's replica again and the traffic returns."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+from region_app import (
+    CITIES,
+    CLUSTER_ENV,
+    LOAD,
+    RegionApp,
+    free_port,
+    region_config,
+    running_app,
+    wait_until,
+)
+
+from edgectl.local_cluster import LocalCluster, RayNode
+
+INGRESS = "ingress"
+NODE_CPUS = 1
+RETURN_S = 240  # node start + replica start on a loaded 2-core machine
+
+
+@dataclass
+class Answer:
+    sent_at: float  # monotonic
+    city: str
+    status: int
+    region: str | None
+
+
+@dataclass
+class MixedLoad:
+    """Clients in every city, one request after another each, until stopped."""
+
+    base_url: str
+    answers: list[Answer] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    def start(self) -> None:
+        for city in CITIES:
+            thread = threading.Thread(target=self._client, args=(city,), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=150)
+
+    def from_city(self, city: str, since: float) -> list[Answer]:
+        return [a for a in list(self.answers) if a.city == city and a.sent_at >= since]
+
+    def _client(self, city: str) -> None:
+        geo, _ = CITIES[city]
+        headers = {**LOAD, "x-client-geo": geo, "x-edge-cache": "bypass"}
+        body = {"model": "embedding", "input": f"hello from {city}"}
+        with httpx.Client(base_url=self.base_url, timeout=120) as client:
+            while not self._stop.is_set():
+                sent_at = time.monotonic()
+                try:
+                    response = client.post("/v1/embeddings", json=body, headers=headers)
+                    answer = Answer(
+                        sent_at, city, response.status_code, response.headers.get("x-edge-region")
+                    )
+                except httpx.HTTPError:
+                    answer = Answer(sent_at, city, 0, None)
+                self.answers.append(answer)
+                time.sleep(0.2)
+
+
+def restart_node(cluster: LocalCluster, node: RayNode) -> None:
+    """`ray start` again on the node; a starved machine may time a first start out."""
+    try:
+        cluster.restart_node(node, num_cpus=NODE_CPUS)
+    except (TimeoutError, RuntimeError):
+        cluster.add_node(node.name, num_cpus=NODE_CPUS, resources=node.resources)
+
+
+@pytest.fixture(scope="module")
+def cluster(models_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    ray = LocalCluster.start(
+        num_cpus=2, resources={"region:eu": 100, INGRESS: 100}, env=CLUSTER_ENV
+    )
+    try:
+        for region in ("us", "ap"):
+            ray.add_node(region, num_cpus=NODE_CPUS, resources={f"region:{region}": 100})
+        yield ray
+    finally:
+        ray.stop()
+
+
+@pytest.fixture(scope="module")
+def app(cluster: LocalCluster, models_root: Path, tmp_path_factory) -> Iterator[RegionApp]:
+    config = region_config(
+        models_root,
+        free_port(),
+        {"embedding": {"eu": 1, "us": 1, "ap": 1}},
+        ingress_resource=INGRESS,
+    )
+    yield from running_app(cluster, tmp_path_factory.mktemp("outage"), config)
+
+
+def test_killing_a_regions_node_fails_no_request_and_its_traffic_comes_back(cluster, app):
+    load = MixedLoad(app.base_url)
+    load.start()
+    try:
+        started = time.monotonic()
+        wait_until(
+            lambda: len([a for a in load.from_city("tokyo", started) if a.region == "ap"]) >= 5,
+            60,
+            "Tokyo served from ap",
+        )
+        (ap_node,) = [node for node in cluster.nodes if node.name == "ap"]
+        killed_at = time.monotonic()
+        cluster.kill_node(ap_node)
+
+        # ap's clients move to another region once Ray declares the node dead (a few seconds;
+        # replicas already serving may finish what they hold).
+        def tokyo_moved() -> bool:
+            served = [a.region for a in load.from_city("tokyo", killed_at) if a.status == 200]
+            return len(served) >= 5 and set(served[-5:]) <= {"eu", "us"}
+
+        wait_until(tokyo_moved, 120, "Tokyo served elsewhere")
+        moved_at = time.monotonic()
+        time.sleep(5)  # a few more answers while ap is down
+        restarted_at = time.monotonic()
+        restart_node(cluster, ap_node)
+        wait_until(
+            lambda: any(a.region == "ap" for a in load.from_city("tokyo", restarted_at)),
+            RETURN_S,
+            "Tokyo served from ap again",
+        )
+    finally:
+        load.stop()
+    failed = [a for a in load.answers if a.status != 200]
+    assert not failed, failed[:5]
+    during = [a for a in load.from_city("tokyo", moved_at) if a.sent_at < restarted_at]
+    assert during and {a.region for a in during} <= {"eu", "us"}
+    # The other regions' clients never noticed.
+    for city in ("frankfurt", "new_york"):
+        assert {a.region for a in load.from_city(city, started)} == {CITIES[city][1]}
