@@ -152,7 +152,11 @@ def test_overload_from_one_city_sheds_with_retry_after_and_ejects_nothing(app, h
     assert sum(r["models"]["moderation"]["back_pressure"] for r in regions.values()) > 0
     for name, region in regions.items():
         for model, state in region["models"].items():
-            assert state["health"]["state"] == "healthy", (name, model)
+            # A pool the drill above ejected stays half-open until a request probes it (no
+            # traffic reaches it here); any other pool must be healthy.
+            drilled = ejections_before[(name, model)] > 0
+            allowed = {"healthy", "half_open"} if drilled else {"healthy"}
+            assert state["health"]["state"] in allowed, (name, model, state["health"])
             assert state["failures"] == 0 or model == "embedding", (name, model)
     assert all(
         count <= ejections_before[key] for key, count in _ejections(app).items()
