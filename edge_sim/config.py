@@ -1,4 +1,4 @@
-"""The `edge` section of the serving config: topology, latency, health, routing, faults, GeoIP."""
+"""The `edge` section of the serving config: topology, latency, routing, regions, faults, GeoIP."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from pydantic import (
 
 from edge_sim.faults import ColoFault
 from edge_sim.geo import ClientLocation
-from edge_sim.health import OutlierDetectionConfig
 from edge_sim.latency import LatencyModel
 from edge_sim.regions import Region, RegionMap, RegionPolicy, validate_regions
 from edge_sim.routing import RoutingConfig
@@ -89,7 +88,6 @@ class EdgeConfig(BaseModel):
 
     topology: TopologyConfig = Field(default_factory=TopologyConfig)
     latency: LatencyModel = Field(default_factory=LatencyModel)
-    health: OutlierDetectionConfig = Field(default_factory=OutlierDetectionConfig)
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
     regions: dict[str, Region] | None = Field(
         default=None,

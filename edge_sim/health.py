@@ -1,4 +1,6 @@
-"""Envoy-style passive outlier detection per colo, driven by request results and a clock.
+"""Envoy-style passive outlier detection, driven by real request results and a clock. The router
+runs one per model over its regions' replica pools (edge_sim/region_board.py); the members are
+called colos here, for any named member set.
 
 healthy --(N consecutive failures, or failure rate over a window)--> ejected
 ejected --(ejection time over; it grows with each ejection)--> half_open

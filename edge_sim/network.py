@@ -1,5 +1,6 @@
-"""`EdgeNetwork`: the one object a router holds. It owns topology, latency, health, faults and
-in-flight counters, and answers "where should this request go" and "how did it go"."""
+"""`EdgeNetwork`: the simulated part of the edge a router holds: topology, client location,
+latency and the colo drills. It answers "which colos would this client enter by" and "how long
+does that take". What is real (warm, full, failing) lives with the regions' replica pools."""
 
 from __future__ import annotations
 
@@ -9,13 +10,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from edge_sim.capacity import InFlightCounter
 from edge_sim.clock import Clock
 from edge_sim.config import EdgeConfig
 from edge_sim.faults import ColoFault, FaultBook, ScheduledFault
 from edge_sim.geo import ClientLocation, ClientLocator, CountryCentroids, GeoIPReader, open_geoip
-from edge_sim.health import OutlierDetector
-from edge_sim.routing import ColdStartMs, ColoRanker, IsWarm, RouteCandidate
+from edge_sim.routing import ColoRanker, RouteCandidate
 from edge_sim.topology import Topology
 
 
@@ -23,14 +22,14 @@ from edge_sim.topology import Topology
 class RoutePlan:
     model: str
     client: ClientLocation
-    candidates: tuple[RouteCandidate, ...]  # failover order, never empty
+    candidates: tuple[RouteCandidate, ...]  # entry colos, nearest first, never empty
 
 
 class EdgeNetwork:
     """Simulated edge network state for one router. Not thread-safe: one event loop owns it.
 
-    Per request:  plan = net.route(...); for each candidate: if net.try_acquire(id): wait
-    net.delay_s(candidate), fail if net.should_fail(id), call the model, net.release(id, ok).
+    Per request: plan = net.route(...); the first candidate whose drill does not fail the request
+    (net.should_fail) is the entry colo; net.delay_s(candidate) is its RTT to act out.
     """
 
     def __init__(
@@ -54,8 +53,6 @@ class EdgeNetwork:
         )
         self._ranker = ColoRanker(self._topology, config.latency, config.routing)
         self._regions = config.region_map()
-        self._health = OutlierDetector(ids, config.health, clock)
-        self._slots = InFlightCounter({colo.id: colo.capacity for colo in self._topology.colos})
         # Separate streams, so turning jitter on does not change which requests fail.
         self._jitter_rng = random.Random(f"{config.seed}:jitter")
         self._faults = FaultBook(ids, clock, random.Random(f"{config.seed}:faults"))
@@ -76,13 +73,10 @@ class EdgeNetwork:
         model: str,
         headers: Mapping[str, str],
         client_ip: str | None = None,
-        *,
-        is_warm: IsWarm | None = None,
-        cold_start_ms: ColdStartMs | None = None,
     ) -> RoutePlan:
         """Rank colos for this request. Raises BadHeaderError (400), NoColoAvailableError (503)."""
         client = self._locator.locate(headers, client_ip)
-        unavailable = self._health.unroutable()
+        unavailable = []
         added_latency_ms = {}
         for colo_id, effect in self._faults.active_effects().items():
             if effect.down:
@@ -93,31 +87,9 @@ class EdgeNetwork:
             model,
             client,
             unavailable=unavailable,
-            full=self._slots.full,
             added_latency_ms=added_latency_ms,
-            is_warm=is_warm,
-            cold_start_ms=cold_start_ms,
         )
         return RoutePlan(model, client, tuple(candidates))
-
-    def try_acquire(self, colo_id: str) -> bool:
-        """Take a request slot (and, if half-open, a probe slot); False: try the next candidate."""
-        if not self._slots.has_room(colo_id):
-            return False
-        effect = self._faults.effect(colo_id)
-        if effect is not None and effect.down:
-            return False  # went down since the plan was made
-        if not self._health.admit(colo_id):
-            return False
-        return self._slots.try_acquire(colo_id)
-
-    def release(self, colo_id: str, ok: bool | None) -> None:
-        """End an acquired request: ok=True/False feeds outlier detection, None (cancelled) not."""
-        self._slots.release(colo_id)
-        if ok is None:
-            self._health.cancel(colo_id)
-        else:
-            self._health.record(colo_id, ok)
 
     def should_fail(self, colo_id: str) -> bool:
         """Does this request fail by an injected error rate at the colo? (seeded draw)"""
@@ -143,11 +115,12 @@ class EdgeNetwork:
         self._faults.clear(colo_id)
 
     def colo_states(self) -> list[dict[str, Any]]:
-        """One JSON-ready dict per colo, in topology order, for the admin API."""
+        """One JSON-ready dict per colo, in topology order, for the admin API. A colo is up
+        unless a drill takes it down (or it is not active): the state of the replicas behind
+        it is its region's, in /admin/regions."""
         now = self._clock()
         states = []
         for colo in self._topology.colos:
-            health = self._health.snapshot(colo.id)
             effect = self._faults.effect(colo.id)
             down = effect is not None and effect.down
             states.append(
@@ -160,13 +133,7 @@ class EdgeNetwork:
                     "lon": colo.lon,
                     "models": colo.models,
                     "status": colo.status,
-                    "capacity": colo.capacity,
-                    "in_flight": self._slots.in_flight(colo.id),
-                    "healthy": colo.status == "active"
-                    and not down
-                    and health["state"] == "healthy",
-                    "state": health["state"],
-                    "health": health,
+                    "healthy": colo.status == "active" and not down,
                     "faults": [s.describe(now) for s in self._faults.scheduled(colo.id)],
                 }
             )

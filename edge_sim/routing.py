@@ -1,7 +1,9 @@
 """Rank colos for one request: an ordered failover list, nearest by simulated RTT first.
 
 Per-colo geometry is precomputed as unit vectors, so a decision over hundreds of colos is a few
-numpy operations; only the colos that are down, ejected, full or slowed are passed per request.
+numpy operations; only the colos that are drilled down or slowed are passed per request. Warmth,
+back-pressure and health are not colo matters: they are the regions' (edge_sim/regions.py), read
+from the real replica pools behind them.
 """
 
 from __future__ import annotations
@@ -19,10 +21,9 @@ from edge_sim.latency import LatencyModel
 from edge_sim.topology import ALL_MODELS, Topology
 
 RouteReason = Literal["nearest", "warm", "spillover", "failover"]
-"""Why a colo was chosen. The ranking gives the first candidate "nearest", "warm" or "spillover"
-and the rest "nearest"; the router marks "failover" when it moves down the list after a failure."""
+"""Why a region was chosen (edge_sim/regions.py): nearest, a detour to a warm one, past a full
+one, or past an ejected one / after a failure."""
 
-IsWarm = Callable[[str, str], bool]  # (colo_id, model) -> has a loaded replica
 ColdStartMs = Callable[[str], float]  # model -> measured cold-start time
 
 
@@ -33,8 +34,8 @@ class RoutingConfig(BaseModel):
     max_extra_rtt_ms: float | None = Field(
         default=None,
         ge=0.0,
-        description="extra RTT worth paying to reach a warm colo instead of the nearest cold one; "
-        "None: anything below the model's measured cold-start time",
+        description="extra RTT worth paying to reach a warm region instead of the nearest cold "
+        "one; None: anything below the model's measured cold-start time",
     )
 
 
@@ -43,7 +44,6 @@ class RouteCandidate:
     colo_id: str
     rtt_ms: float  # simulated, including latency added by faults
     distance_km: float
-    reason: RouteReason
 
 
 class NoColoAvailableError(RuntimeError):
@@ -53,10 +53,6 @@ class NoColoAvailableError(RuntimeError):
         super().__init__(message)
         self.model = model
         self.message = message
-
-
-# Sorts full colos behind every colo with room while keeping their own RTT order.
-_FULL_PENALTY_MS = 1e12
 
 
 class ColoRanker:
@@ -93,17 +89,12 @@ class ColoRanker:
         client: ClientLocation,
         *,
         unavailable: Collection[str] = (),
-        full: Collection[str] = (),
         added_latency_ms: Mapping[str, float] | None = None,
-        is_warm: IsWarm | None = None,
-        cold_start_ms: ColdStartMs | None = None,
     ) -> list[RouteCandidate]:
-        """Failover list for `model` from `client`, best first, at most max_candidates long.
+        """Entry colos for `model` from `client`, nearest by RTT first, at most max_candidates.
 
-        unavailable: colos no request may go to (down, ejected, half-open with no probe slot).
-        full: colos at capacity; they stay in the list, behind every colo with room.
-        is_warm / cold_start_ms: when the nearest colo is cold, a warm one first if the extra RTT
-        is within max_extra_rtt_ms (default: below the model's cold-start time).
+        unavailable: colos no request may enter (drilled down).
+        added_latency_ms: extra RTT per colo (a latency drill), which can reorder them.
         """
         index = self._index
         serving = self._serves.get(model, self._serves_unlisted_model)
@@ -125,39 +116,12 @@ class ColoRanker:
                 if position is not None:
                     rtt[position] += extra_ms
         sort_key = np.where(usable, rtt, np.inf)
-        full_positions = [index[c] for c in full if c in index and usable[index[c]]]
-        for position in full_positions:
-            sort_key[position] += _FULL_PENALTY_MS
         # Stable sort: equal RTTs keep topology order, so decisions are reproducible.
         order = np.argsort(sort_key, kind="stable")
-        max_candidates = self._config.max_candidates
         # Only the head becomes Python ints (converting all of a 300-colo order costs ~3 us).
-        chosen: list[int] = order[: min(max_candidates, count)].tolist()
-
-        first = chosen[0]
-        reason: RouteReason = "nearest"
-        if full_positions and first not in full_positions:
-            nearest_full = min(full_positions, key=lambda position: (rtt[position], position))
-            if (rtt[nearest_full], nearest_full) < (rtt[first], first):
-                reason = "spillover"
-        if (
-            is_warm is not None
-            and first not in full_positions
-            and not is_warm(self._ids[first], model)
-        ):
-            warm = self._warm_alternative(model, order, sort_key, is_warm, cold_start_ms)
-            if warm is not None:
-                chosen = [warm, *(p for p in chosen if p != warm)][:max_candidates]
-                reason = "warm"
-
+        chosen: list[int] = order[: min(self._config.max_candidates, count)].tolist()
         ids = self._ids
-        candidates = [
-            RouteCandidate(ids[p], float(rtt[p]), float(km[p]), "nearest") for p in chosen
-        ]
-        if reason != "nearest":
-            head = candidates[0]
-            candidates[0] = RouteCandidate(head.colo_id, head.rtt_ms, head.distance_km, reason)
-        return candidates
+        return [RouteCandidate(ids[p], float(rtt[p]), float(km[p])) for p in chosen]
 
     def _rtt_and_km(self, client: ClientLocation) -> tuple[np.ndarray, np.ndarray]:
         lat, lon = math.radians(client.lat), math.radians(client.lon)
@@ -173,38 +137,11 @@ class ColoRanker:
         rtt += self._base_rtt_ms
         return rtt, km
 
-    def _warm_alternative(
-        self,
-        model: str,
-        order: np.ndarray,
-        sort_key: np.ndarray,
-        is_warm: IsWarm,
-        cold_start_ms: ColdStartMs | None,
-    ) -> int | None:
-        """The nearest warm colo with room worth its extra RTT over the (cold) first choice."""
-        first_rtt = float(sort_key[order[0]])
-        if self._config.max_extra_rtt_ms is not None:
-            limit_ms, inclusive = first_rtt + self._config.max_extra_rtt_ms, True
-        else:
-            # Paying as much extra RTT as the cold start itself would gain nothing.
-            budget_ms = cold_start_ms(model) if cold_start_ms is not None else 0.0
-            limit_ms, inclusive = first_rtt + budget_ms, False
-        # Full colos carry a huge penalty in sort_key; the cap keeps them out of any budget.
-        limit_ms = min(limit_ms, _FULL_PENALTY_MS / 2)
-        within = sort_key <= limit_ms if inclusive else sort_key < limit_ms
-        reachable = int(np.count_nonzero(within))
-        ids = self._ids
-        for position in order[1:reachable].tolist():
-            if is_warm(ids[position], model):
-                return int(position)
-        return None
-
     def _no_colo_error(self, model: str, serving: np.ndarray) -> NoColoAvailableError:
         serving_count = int(np.count_nonzero(serving))
         if serving_count == 0:
             return NoColoAvailableError(model, f"no active colo serves model {model!r}")
         return NoColoAvailableError(
             model,
-            f"no colo can take model {model!r} now: all {serving_count} colos serving it "
-            "are down or ejected",
+            f"no colo can take model {model!r} now: all {serving_count} colos serving it are down",
         )

@@ -31,7 +31,7 @@ class UnknownColoError(LookupError):
 
 
 class Colo(BaseModel):
-    """One point of presence: where it is, which models it serves, how many requests it holds."""
+    """One point of presence (simulated): where it is and which models it serves."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -41,7 +41,6 @@ class Colo(BaseModel):
     lat: Latitude
     lon: Longitude
     models: list[str] | Literal["*"] = ALL_MODELS
-    capacity: int = Field(default=32, gt=0, description="max concurrent requests")
     status: ColoStatus = "active"
 
     @field_validator("id")

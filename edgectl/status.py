@@ -161,31 +161,23 @@ def models_table(view: StatusView) -> Table:
 
 
 def colos_table(colos: Sequence[Mapping[str, Any]]) -> Table:
+    """The simulated entry points and their drills. What is real about a region (replicas,
+    queues, cold starts) is in the models table: Serve's own state per `<model>-<region>`."""
     table = Table(title="Colos (from /admin/colos)", title_justify="left")
     with_region = any(colo.get("region") for colo in colos)
-    for column in ("colo", *(("region",) if with_region else ()), "city", "health", "in flight",
-                   "faults", "models"):  # fmt: skip
+    for column in ("colo", *(("region",) if with_region else ()), "city", "state", "faults",
+                   "models"):  # fmt: skip
         table.add_column(column)
     for colo in colos:
-        state = colo.get("state")
-        detail = state if state and state != "healthy" else ""
-        ejected_for_s = (colo.get("health") or {}).get("ejected_for_s")
-        if state == "ejected" and ejected_for_s:
-            detail += f", {ejected_for_s:.0f} s left"
+        state = "[green]up" if colo.get("healthy") else "[red]down"
         if colo.get("status", "active") != "active":
-            detail = ", ".join(filter(None, [colo["status"], detail]))
-        health = ("[green]healthy" if colo.get("healthy") else "[red]unhealthy") + (
-            f" ({detail})" if detail else ""
-        )
-        capacity = colo.get("capacity")
-        in_flight = f"{colo.get('in_flight', '?')}" + (f" / {capacity}" if capacity else "")
+            state += f" ({colo['status']})"
         models = colo.get("models", "*")
         table.add_row(
             str(colo.get("id", "?")),
             *((str(colo.get("region") or ""),) if with_region else ()),
             str(colo.get("city", "")),
-            health,
-            in_flight,
+            state,
             _faults(colo.get("faults") or []),
             models if isinstance(models, str) else ", ".join(models),
         )
@@ -208,10 +200,9 @@ def status_screen(view: StatusView) -> RenderableType:
 
 
 def colos_summary(colos: Sequence[Mapping[str, Any]]) -> str:
-    """Healthy colos overall and per region (when the router reports regions)."""
-    healthy = sum(1 for c in colos if c.get("healthy"))
-    in_flight = sum(int(c.get("in_flight") or 0) for c in colos)
-    line = f"{healthy}/{len(colos)} colos healthy, {in_flight} requests in flight"
+    """Colos up (not drilled down) overall and per region (when the router reports regions)."""
+    up = sum(1 for c in colos if c.get("healthy"))
+    line = f"{up}/{len(colos)} colos up"
     regions: dict[str, list[bool]] = {}
     for colo in colos:
         if colo.get("region"):

@@ -13,19 +13,19 @@ from typing import Any, Literal
 
 from deployments.observability.recent_traffic import summarize
 
-ColoDisplayState = Literal["healthy", "ejected", "half_open", "down"]
+ColoDisplayState = Literal["healthy", "degraded", "down"]
 CLUSTER_REGION = "cluster"
 # Serve's replica states that will be running once they are done: "wanted" counts them too.
 STARTING_STATES = frozenset({"STARTING", "UPDATING", "RECOVERING", "PENDING_MIGRATION"})
 
 
-def colo_display_state(colo: Mapping[str, Any]) -> ColoDisplayState:
-    """A drill that takes the colo down (or a colo not active) wins over outlier detection."""
+def colo_display_state(colo: Mapping[str, Any], region_healthy: bool = True) -> ColoDisplayState:
+    """A drill that takes the colo down (or a colo not active) wins; otherwise the colo shows
+    its region's real health: "degraded" while a replica pool there is ejected."""
     down = any(fault["active"] and fault.get("down") for fault in colo.get("faults", []))
     if down or colo.get("status", "active") != "active":
         return "down"
-    state = colo.get("state", "healthy")
-    return state if state in ("ejected", "half_open") else "healthy"
+    return "healthy" if region_healthy else "degraded"
 
 
 def _drill(colo: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -42,16 +42,15 @@ def _drill(colo: Mapping[str, Any]) -> dict[str, Any] | None:
     }
 
 
-def colo_view(colo: Mapping[str, Any]) -> dict[str, Any]:
+def colo_view(colo: Mapping[str, Any], region_healthy: bool = True) -> dict[str, Any]:
     return {
         "id": colo["id"],
         "city": colo.get("city"),
         "country": colo.get("country"),
         "lat": colo["lat"],
         "lon": colo["lon"],
-        "state": colo_display_state(colo),
-        "in_flight": colo.get("in_flight", 0),
-        "capacity": colo.get("capacity"),
+        "region": colo.get("region"),
+        "state": colo_display_state(colo, region_healthy),
         "models": colo.get("models"),
         "drill": _drill(colo),
     }
@@ -82,21 +81,25 @@ def cluster_region(
 
 
 def regions_view(regions: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Real regions (the /admin/regions payload: id or name, replicas or models per model with
-    running and wanted), in the page's shape."""
+    """Real regions (edge-control's /admin/regions payload, `RegionBoard.describe()` plus drills)
+    in the page's shape. A region is healthy while no model's pool there is ejected or
+    half-open: real request failures, not a counter of the router's."""
     views = []
     for region in regions:
-        per_model = region.get("replicas") or region.get("models") or {}
+        pools: Mapping[str, Mapping[str, Any]] = region.get("models") or {}
         views.append(
             {
-                "id": str(region.get("id") or region.get("name")),
-                "healthy": bool(region.get("healthy", True)),
+                "id": str(region["region"]),
+                "healthy": all(
+                    (pool.get("health") or {}).get("state", "healthy") == "healthy"
+                    for pool in pools.values()
+                ),
                 "replicas": {
                     model: {
-                        "running": int(counts.get("running", 0)),
-                        "wanted": int(counts.get("wanted", counts.get("running", 0))),
+                        "running": int(pool.get("replicas_running", 0)),
+                        "wanted": int(pool.get("replicas_wanted", 0)),
                     }
-                    for model, counts in per_model.items()
+                    for model, pool in pools.items()
                 },
                 "source": "regions",
             }
@@ -118,10 +121,11 @@ def dashboard_data(
     region_views = (
         regions_view(regions) if regions is not None else [cluster_region(models, replica_states)]
     )
+    region_healthy = {region["id"]: region["healthy"] for region in region_views}
     return {
         "generated_at_unix": now,
         "models": list(models),
-        "colos": [colo_view(colo) for colo in colos],
+        "colos": [colo_view(colo, region_healthy.get(colo.get("region"), True)) for colo in colos],
         "regions": region_views,
         "last_cold_start": dict(last_cold_start or {}),
         **summarize(traffic_snapshots, now),

@@ -61,7 +61,10 @@ def test_the_shipped_args_validate(args: dict[str, Any]):
 def test_the_shipped_edge_section_validates_as_edge_config(args: dict[str, Any]):
     edge = EdgeConfig.from_mapping(args["edge"], base_dir=SERVE_CONFIG.parent)
     assert edge.latency.real_delay_scale == args["edge"]["latency"]["real_delay_scale"]
-    assert edge.health.consecutive_failures == args["edge"]["health"]["consecutive_failures"]
+    policy = args["edge"]["region_policy"]
+    assert (
+        edge.region_policy.health.consecutive_failures == policy["health"]["consecutive_failures"]
+    )
     assert edge.routing.max_candidates == args["edge"]["routing"]["max_candidates"]
     assert len(edge.resolved_topology.colos) > 0
     assert parse_app_config(args).edge == edge

@@ -21,6 +21,9 @@ from deployments.observability.recent_traffic import (
     latency_bucket,
     summarize,
 )
+from edge_sim.clock import ManualClock
+from edge_sim.region_board import Outcome, RegionBoard
+from edge_sim.regions import RegionPolicy
 
 
 class Clock:
@@ -119,19 +122,19 @@ def test_latency_buckets_cover_a_millisecond_to_minutes():
 
 
 @pytest.mark.parametrize(
-    ("colo", "state"),
+    ("colo", "region_healthy", "state"),
     [
-        ({"state": "healthy", "faults": []}, "healthy"),
-        ({"state": "ejected", "faults": []}, "ejected"),
-        ({"state": "half_open", "faults": []}, "half_open"),
-        ({"state": "healthy", "faults": [{"active": True, "down": True}]}, "down"),
-        ({"state": "ejected", "faults": [{"active": True, "down": True}]}, "down"),
-        ({"state": "healthy", "faults": [{"active": False, "down": True}]}, "healthy"),
-        ({"state": "healthy", "faults": [], "status": "planned"}, "down"),
+        ({"faults": []}, True, "healthy"),
+        ({"faults": []}, False, "degraded"),
+        ({"faults": [{"active": True, "down": True}]}, True, "down"),
+        ({"faults": [{"active": True, "down": True}]}, False, "down"),
+        ({"faults": [{"active": False, "down": True}]}, True, "healthy"),
+        ({"faults": [{"active": True, "down": False, "error_rate": 0.5}]}, True, "healthy"),
+        ({"faults": [], "status": "planned"}, True, "down"),
     ],
 )
-def test_colo_display_state(colo: dict[str, Any], state: str):
-    assert colo_display_state(colo) == state
+def test_colo_display_state(colo: dict[str, Any], region_healthy: bool, state: str):
+    assert colo_display_state(colo, region_healthy) == state
 
 
 def test_replicas_wanted_count_the_ones_starting():
@@ -145,7 +148,7 @@ COLO = {
     "country": "DE",
     "lat": 50.1,
     "lon": 8.7,
-    "state": "healthy",
+    "region": "eu",
     "status": "active",
     "faults": [
         {"active": True, "down": False, "added_latency_ms": 200.0, "error_rate": 0.0,
@@ -179,17 +182,33 @@ def test_payload_without_regions_is_the_cluster_with_serve_replica_counts():
     assert data["traffic"] == [] and data["cold_starts"] == []
 
 
-def test_payload_uses_real_regions_when_there_are_some():
-    regions = [
-        {"name": "eu", "healthy": True, "replicas": {"glm": {"running": 1, "wanted": 2}}},
-        {"id": "us", "healthy": False, "models": {"glm": {"running": 0}}},
-    ]
+def test_payload_uses_real_regions_from_the_region_board():
+    """The payload edge-control really serves (RegionBoard.describe), not a hand-made shape:
+    a pool ejected by real failures makes its region, and the colos homed there, unhealthy."""
+    clock = ManualClock()
+    board = RegionBoard(
+        ["glm"], ["eu", "us"], RegionPolicy(), default_cold_start_ms=3000.0, clock=clock
+    )
+    board.set_replicas({("glm", "eu"): 1}, {("glm", "eu"): 2, ("glm", "us"): 0})
+    board.report([Outcome("glm", "us", "failed")] * RegionPolicy().health.consecutive_failures)
+    described = board.describe()
+    assert described[1]["models"]["glm"]["health"]["state"] == "ejected"  # the premise
+    us_colo = {**COLO, "id": "IAD", "region": "us", "faults": []}
     data = dashboard_data(
-        now=0.0, colos=[], models=["glm"], replica_states={}, traffic_snapshots=[], regions=regions
+        now=0.0,
+        colos=[COLO, us_colo],
+        models=["glm"],
+        replica_states={},
+        traffic_snapshots=[],
+        regions=described,
     )
     assert [(r["id"], r["healthy"], r["replicas"]["glm"]) for r in data["regions"]] == [
         ("eu", True, {"running": 1, "wanted": 2}),
         ("us", False, {"running": 0, "wanted": 0}),
+    ]
+    assert [(c["id"], c["state"]) for c in data["colos"]] == [
+        ("FRA", "healthy"),
+        ("IAD", "degraded"),
     ]
 
 

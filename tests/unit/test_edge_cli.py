@@ -172,7 +172,7 @@ def test_status_watch_redraws_a_cold_start_with_one_dashboard_call_each() -> Non
     # The last screen stays: glm went 0 -> 1 running replica.
     glm = next(line for line in text.splitlines() if line.strip("│ ").startswith("glm"))
     assert "1 / 1" in glm and "RUNNING 1" in glm
-    assert "3/3 colos healthy" in text and "regions: asia 1/1, eu 2/2" in text
+    assert "3/3 colos up" in text and "regions: asia 1/1, eu 2/2" in text
 
 
 def test_status_exits_1_when_a_deployment_is_unhealthy_or_the_dashboard_is_down() -> None:

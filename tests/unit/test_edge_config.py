@@ -32,7 +32,6 @@ def topology_error(colos: list[dict[str, object]]) -> str:
         ({"id": "ams"}, "colos[3].id: must be 3 upper-case letters, got 'ams'"),
         ({"id": "AMSX"}, "colos[3].id: must be 3 upper-case letters"),
         ({"country": "NLD"}, "colos[3].country: must be an ISO-3166 alpha-2 code"),
-        ({"capacity": 0}, "colos[3].capacity: "),
         ({"status": "broken"}, "colos[3].status: "),
         ({"models": []}, "colos[3].models: must be '*' or a non-empty list"),
         ({"colour": "red"}, "colos[3].colour: unknown field"),
@@ -140,8 +139,15 @@ def test_edge_config_inline_duplicates_rejected():
     [
         ({"latency": {"fiber_km_per_s": 0}}, "latency.fiber_km_per_s: "),
         ({"latency": {"jiter_ms": 3}}, "latency.jiter_ms: unknown field"),
-        ({"health": {"base_ejection_s": 60, "max_ejection_s": 10}}, "max_ejection_s must be >="),
-        ({"health": {"max_ejection_percent": 150}}, "health.max_ejection_percent: "),
+        (
+            {"region_policy": {"health": {"base_ejection_s": 60, "max_ejection_s": 10}}},
+            "max_ejection_s must be >=",
+        ),
+        (
+            {"region_policy": {"health": {"max_ejection_percent": 150}}},
+            "region_policy.health.max_ejection_percent: ",
+        ),
+        ({"health": {"consecutive_failures": 2}}, "health: unknown field"),
         ({"routing": {"max_candidates": 0}}, "routing.max_candidates: "),
         ({"faults": {"ZZZ": [{"down": True}]}}, "faults: unknown colo ids ['ZZZ']"),
         ({"faults": {"AMS": [{"error_rate": 1.5}]}}, "faults.AMS[0].error_rate: "),

@@ -1,10 +1,9 @@
-"""Outlier detection state machine on a manual clock, and in-flight capacity counters."""
+"""Outlier detection state machine on a manual clock."""
 
 from __future__ import annotations
 
 import pytest
 
-from edge_sim.capacity import InFlightCounter
 from edge_sim.clock import ManualClock
 from edge_sim.health import OutlierDetectionConfig, OutlierDetector
 from edge_sim.topology import UnknownColoError
@@ -219,21 +218,3 @@ def test_unknown_colo():
 def test_config_rejects_max_below_base():
     with pytest.raises(ValueError, match="max_ejection_s must be >= base_ejection_s"):
         OutlierDetectionConfig(base_ejection_s=60, max_ejection_s=30)
-
-
-def test_in_flight_counter_fills_and_frees():
-    slots = InFlightCounter({A: 2, B: 1})
-    assert slots.try_acquire(A) and slots.try_acquire(A)
-    assert not slots.try_acquire(A)
-    assert slots.full == {A} and slots.in_flight(A) == 2
-    slots.release(A)
-    assert slots.has_room(A) and slots.full == frozenset()
-    assert slots.try_acquire(B) and slots.full == {B}
-
-
-def test_in_flight_release_without_acquire_is_a_bug():
-    slots = InFlightCounter({A: 1})
-    with pytest.raises(RuntimeError, match="without a matching acquire"):
-        slots.release(A)
-    with pytest.raises(UnknownColoError):
-        slots.try_acquire("ZZZ")

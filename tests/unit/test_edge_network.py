@@ -1,4 +1,4 @@
-"""EdgeNetwork facade: routing with faults, capacity, outlier detection and admin state together."""
+"""EdgeNetwork facade: locating clients, ranking entry colos with drills, admin state."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from edge_sim.topology import UnknownColoError
 
 # Three colos on the equator, 1 degree (~111 km) apart; a client at lon 0 prefers AAA, BBB, CCC.
 COLOS = [
-    {"id": "AAA", "city": "A", "country": "GH", "lat": 0.0, "lon": 0.0, "capacity": 2},
-    {"id": "BBB", "city": "B", "country": "GH", "lat": 0.0, "lon": 1.0, "capacity": 2},
-    {"id": "CCC", "city": "C", "country": "GH", "lat": 0.0, "lon": 2.0, "capacity": 2},
+    {"id": "AAA", "city": "A", "country": "GH", "lat": 0.0, "lon": 0.0},
+    {"id": "BBB", "city": "B", "country": "GH", "lat": 0.0, "lon": 1.0},
+    {"id": "CCC", "city": "C", "country": "GH", "lat": 0.0, "lon": 2.0},
 ]
 HERE = {"x-client-geo": "0,0"}
 
@@ -25,7 +25,6 @@ HERE = {"x-client-geo": "0,0"}
 def network(clock: ManualClock | None = None, **config: Any) -> EdgeNetwork:
     settings: dict[str, Any] = {
         "topology": {"colos": COLOS},
-        "health": {"consecutive_failures": 2, "base_ejection_s": 10, "max_ejection_percent": 100},
         "default_location": {"lat": 0.0, "lon": 2.0, "country": None},
         **config,
     }
@@ -59,7 +58,6 @@ def test_down_fault_removes_a_colo_until_cleared():
     net = network()
     net.set_fault("AAA", ColoFault(down=True))
     assert order(net) == ["BBB", "CCC"]
-    assert not net.try_acquire("AAA")
     states = {s["id"]: s for s in net.colo_states()}
     assert states["AAA"]["healthy"] is False and states["AAA"]["faults"][0]["down"] is True
     assert states["BBB"]["healthy"] is True and states["BBB"]["faults"] == []
@@ -83,50 +81,6 @@ def test_config_declared_outage_window():
     clock.advance(60)
     assert order(net)[0] == "BBB"
     clock.advance(30)
-    assert order(net)[0] == "AAA"
-
-
-def test_full_colo_spills_over():
-    net = network()
-    assert net.try_acquire("AAA") and net.try_acquire("AAA")
-    assert not net.try_acquire("AAA")
-    candidates = net.route("m", HERE).candidates
-    assert [(c.colo_id, c.reason) for c in candidates][:2] == [
-        ("BBB", "spillover"),
-        ("CCC", "nearest"),
-    ]
-    assert candidates[-1].colo_id == "AAA"
-    assert {s["id"]: s["in_flight"] for s in net.colo_states()} == {"AAA": 2, "BBB": 0, "CCC": 0}
-    net.release("AAA", ok=True)
-    assert net.route("m", HERE).candidates[0].reason == "nearest"
-
-
-def test_failures_eject_then_a_probe_brings_the_colo_back():
-    clock = ManualClock()
-    net = network(clock)
-    for _ in range(2):
-        assert net.try_acquire("AAA")
-        net.release("AAA", ok=False)
-    assert order(net) == ["BBB", "CCC"]
-    assert not net.try_acquire("AAA")
-    state = {s["id"]: s for s in net.colo_states()}["AAA"]
-    assert (state["state"], state["healthy"], state["health"]["ejections"]) == ("ejected", False, 1)
-
-    clock.advance(10)
-    assert order(net) == ["AAA", "BBB", "CCC"]  # half-open: offered for one probe
-    assert net.try_acquire("AAA")
-    assert order(net) == ["BBB", "CCC"]  # the probe slot is taken
-    assert not net.try_acquire("AAA")
-    net.release("AAA", ok=True)
-    assert {s["id"]: s["state"] for s in net.colo_states()}["AAA"] == "healthy"
-    assert order(net) == ["AAA", "BBB", "CCC"]
-
-
-def test_cancelled_requests_do_not_count_as_failures():
-    net = network()
-    for _ in range(5):
-        assert net.try_acquire("AAA")
-        net.release("AAA", ok=None)
     assert order(net)[0] == "AAA"
 
 
@@ -157,15 +111,17 @@ def test_unknown_colo_in_admin_calls():
     with pytest.raises(UnknownColoError):
         net.set_fault("ZZZ", ColoFault(down=True))
     with pytest.raises(UnknownColoError):
-        net.try_acquire("ZZZ")
+        net.clear_faults("ZZZ")
 
 
-def test_colo_states_shape():
+def test_colo_states_say_only_what_the_simulation_knows():
+    """No in-flight counts or outlier state per colo: the request path keeps none (what is real
+    about load and health is per region, from Serve and real failures: /admin/regions)."""
     state = network().colo_states()[0]
-    assert {"id", "city", "lat", "lon", "models", "healthy", "state", "faults", "in_flight"} <= set(
-        state
-    )
-    assert (state["id"], state["models"], state["state"]) == ("AAA", "*", "healthy")
+    assert set(state) == {
+        "id", "city", "country", "region", "lat", "lon", "models", "status", "healthy", "faults"
+    }  # fmt: skip
+    assert (state["id"], state["models"], state["healthy"]) == ("AAA", "*", True)
 
 
 def test_default_network_uses_shipped_topology_and_country_table():

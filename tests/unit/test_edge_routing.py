@@ -1,4 +1,5 @@
-"""Ranking colos: nearest by RTT, only colos that can serve, spillover, cold-start awareness."""
+"""Ranking entry colos: nearest by RTT, only colos that can serve, drills. (Warmth and
+back-pressure are the regions': tests/unit/test_edge_regions.py.)"""
 
 from __future__ import annotations
 
@@ -76,7 +77,6 @@ def test_order_is_by_great_circle_distance_for_random_clients():
             expected_km = haversine_km(client.lat, client.lon, colo.lat, colo.lon)
             assert candidate.distance_km == pytest.approx(expected_km, abs=0.5)
             assert candidate.rtt_ms == pytest.approx(LATENCY.rtt_ms(expected_km), abs=0.01)
-        assert [c.reason for c in candidates] == ["nearest"] * 6
 
 
 def test_rtt_model_london_new_york():
@@ -114,7 +114,7 @@ def test_unavailable_colos_are_skipped():
 
 def test_no_colo_errors_say_why():
     rank = ranker(line_topology(("AAA", 0), ("BBB", 1), AAA={"models": ["glm"]}))
-    with pytest.raises(NoColoAvailableError, match="all 2 colos serving it are down or ejected"):
+    with pytest.raises(NoColoAvailableError, match="all 2 colos serving it are down"):
         rank.rank("glm", at(0, 0), unavailable=["AAA", "BBB"])
     only_glm = ranker(line_topology(("AAA", 0), AAA={"models": ["glm"]}))
     with pytest.raises(NoColoAvailableError, match="no active colo serves model 'kimi'") as caught:
@@ -127,101 +127,6 @@ def test_added_fault_latency_reorders():
     candidates = rank.rank("m", at(0, 0), added_latency_ms={"AAA": 50.0})
     assert ids(candidates) == ["BBB", "CCC", "AAA"]
     assert candidates[2].rtt_ms == pytest.approx(LATENCY.rtt_ms(0) + 50.0)
-
-
-def test_full_colo_moves_behind_colos_with_room_and_first_says_spillover():
-    rank = ranker(line_topology(("AAA", 0), ("BBB", 1), ("CCC", 2)))
-    candidates = rank.rank("m", at(0, 0), full={"AAA"})
-    assert ids(candidates) == ["BBB", "CCC", "AAA"]
-    assert [c.reason for c in candidates] == ["spillover", "nearest", "nearest"]
-
-
-def test_full_colo_that_is_not_nearest_changes_no_reason():
-    rank = ranker(line_topology(("AAA", 0), ("BBB", 1), ("CCC", 2)))
-    candidates = rank.rank("m", at(0, 0), full={"BBB"})
-    assert ids(candidates) == ["AAA", "CCC", "BBB"]
-    assert candidates[0].reason == "nearest"
-
-
-def test_all_full_keeps_rtt_order():
-    rank = ranker(line_topology(("AAA", 0), ("BBB", 1)))
-    assert ids(rank.rank("m", at(0, 1), full={"AAA", "BBB"})) == ["BBB", "AAA"]
-
-
-def warm_only(*warm: str):
-    return lambda colo_id, model: colo_id in warm
-
-
-def test_warm_colo_goes_first_when_extra_rtt_is_below_cold_start():
-    rank = ranker(line_topology(("AAA", 0), ("BBB", 10), ("CCC", 20)))
-    extra_ms = LATENCY.rtt_ms(haversine_km(0, 0, 0, 20)) - LATENCY.rtt_ms(0)
-    candidates = rank.rank(
-        "m", at(0, 0), is_warm=warm_only("CCC"), cold_start_ms=lambda model: extra_ms + 1
-    )
-    assert ids(candidates) == ["CCC", "AAA", "BBB"]
-    assert [c.reason for c in candidates] == ["warm", "nearest", "nearest"]
-
-
-def test_warm_colo_not_chosen_when_too_far():
-    rank = ranker(line_topology(("AAA", 0), ("BBB", 10), ("CCC", 20)))
-    extra_ms = LATENCY.rtt_ms(haversine_km(0, 0, 0, 20)) - LATENCY.rtt_ms(0)
-    candidates = rank.rank(
-        "m", at(0, 0), is_warm=warm_only("CCC"), cold_start_ms=lambda model: extra_ms - 1
-    )
-    assert ids(candidates) == ["AAA", "BBB", "CCC"]
-    assert candidates[0].reason == "nearest"
-
-
-def test_nearest_warm_colo_is_preferred_among_warm_ones():
-    rank = ranker(line_topology(("AAA", 0), ("BBB", 10), ("CCC", 20)))
-    candidates = rank.rank(
-        "m", at(0, 0), is_warm=warm_only("BBB", "CCC"), cold_start_ms=lambda model: 10_000.0
-    )
-    assert ids(candidates)[0] == "BBB"
-
-
-def test_warm_nearest_needs_no_detour():
-    rank = ranker(line_topology(("AAA", 0), ("BBB", 10)))
-    candidates = rank.rank(
-        "m", at(0, 0), is_warm=warm_only("AAA", "BBB"), cold_start_ms=lambda model: 10_000.0
-    )
-    assert ids(candidates) == ["AAA", "BBB"] and candidates[0].reason == "nearest"
-
-
-def test_configured_max_extra_rtt_overrides_cold_start():
-    topology = line_topology(("AAA", 0), ("BBB", 10))
-    extra_ms = LATENCY.rtt_ms(haversine_km(0, 0, 0, 10)) - LATENCY.rtt_ms(0)
-    big_cold_start = {"is_warm": warm_only("BBB"), "cold_start_ms": lambda model: 1e6}
-    tight = ranker(topology, max_extra_rtt_ms=extra_ms - 1).rank("m", at(0, 0), **big_cold_start)
-    assert ids(tight)[0] == "AAA"
-    loose = ranker(topology, max_extra_rtt_ms=extra_ms + 1).rank("m", at(0, 0), **big_cold_start)
-    assert ids(loose)[0] == "BBB"
-
-
-def test_without_cold_start_time_no_detour():
-    rank = ranker(line_topology(("AAA", 0), ("BBB", 1)))
-    assert ids(rank.rank("m", at(0, 0), is_warm=warm_only("BBB")))[0] == "AAA"
-
-
-def test_full_warm_colo_is_not_a_detour_target():
-    rank = ranker(line_topology(("AAA", 0), ("BBB", 1), ("CCC", 2)))
-    candidates = rank.rank(
-        "m",
-        at(0, 0),
-        full={"BBB"},
-        is_warm=warm_only("BBB", "CCC"),
-        cold_start_ms=lambda model: 10_000.0,
-    )
-    assert ids(candidates) == ["CCC", "AAA", "BBB"]
-    assert candidates[0].reason == "warm"
-
-
-def test_warm_colo_beyond_the_candidate_cap_still_goes_first():
-    topology = line_topology(*[(f"A{chr(65 + i)}A", float(i)) for i in range(8)])
-    candidates = ranker(topology, max_candidates=3).rank(
-        "m", at(0, 0), is_warm=warm_only("AHA"), cold_start_ms=lambda model: 10_000.0
-    )
-    assert ids(candidates) == ["AHA", "AAA", "ABA"]
 
 
 def test_ties_keep_topology_order():

@@ -9,7 +9,7 @@ const POLL_MS = 1000;
 const ADMIN_OFF_POLL_MS = 5000;
 const NEW_EVENT_S = 10;
 const SVG = "http://www.w3.org/2000/svg";
-const STATE_LABEL = { healthy: "healthy", half_open: "half-open", ejected: "ejected", down: "drilled down" };
+const STATE_LABEL = { healthy: "healthy", degraded: "region unhealthy", down: "drilled down" };
 
 const $ = (id) => document.getElementById(id);
 let pollTimer = null;
@@ -92,8 +92,8 @@ function drawColos(colos) {
     marker.setAttribute("data-state", colo.state);
     marker.setAttribute("class", `colo state-${colo.state}` + (colo.drill && !colo.drill.down ? " drilled" : ""));
     const drill = colo.drill ? " · drill: " + describeDrill(colo.drill) : "";
-    marker.firstChild.textContent = `${colo.id} ${colo.city || ""}: ${STATE_LABEL[colo.state]}, ` +
-      `${colo.in_flight}/${colo.capacity} in flight${drill}`;
+    const region = colo.region ? `, region ${colo.region}` : "";
+    marker.firstChild.textContent = `${colo.id} ${colo.city || ""}: ${STATE_LABEL[colo.state]}${region}${drill}`;
   }
   highlightSelected();
 }
