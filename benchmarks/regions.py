@@ -29,6 +29,7 @@ import yaml
 
 from edge_sim.config import EdgeConfig
 from edge_sim.regions import PoolView, plan_regions
+from edgectl.loadtest.regions import CITY_PROBES
 
 REPO = Path(__file__).resolve().parent.parent
 log = logging.getLogger("benchmarks")
@@ -36,14 +37,6 @@ ADMIN_KEY = "bench-admin-key"
 LOAD_KEY = "sk-bench-load-0000"
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 LOAD = {"authorization": f"Bearer {LOAD_KEY}"}
-CITIES = {
-    "tokyo": ("35.68,139.69", "ap"),
-    "sydney": ("-33.87,151.21", "ap"),
-    "frankfurt": ("50.11,8.68", "eu"),
-    "london": ("51.51,-0.13", "eu"),
-    "new_york": ("40.71,-74.01", "us"),
-    "sao_paulo": ("-23.55,-46.63", "us"),
-}
 TIGHT = {"max_ongoing_requests": 2, "max_queued_requests": 4}  # moderation: capacity per region
 
 
@@ -116,7 +109,7 @@ def _p(values: list[float], q: float) -> float | None:
 async def _send(
     client: httpx.AsyncClient, city: str, model: str = "embedding"
 ) -> tuple[float, httpx.Response]:
-    geo, _ = CITIES[city]
+    geo, _ = CITY_PROBES[city]
     path, body = (
         ("/v1/moderations", {"model": model, "input": [f"t{n}" for n in range(16)]})
         if model == "moderation"
@@ -136,7 +129,7 @@ async def all_warm(base_url: str, edge: EdgeConfig, rounds: int) -> dict[str, An
     served, added = [], []
     async with httpx.AsyncClient(base_url=base_url, timeout=120) as client:
         for _ in range(rounds):
-            for city, (_, region) in CITIES.items():
+            for city, (_, region) in CITY_PROBES.items():
                 _, response = await _send(client, city)
                 colo, chosen = response.headers["x-edge-colo"], response.headers["x-edge-region"]
                 backhaul = dict(regions.from_colo(colo))
@@ -224,7 +217,7 @@ async def outage(base_url: str, cluster: Any, phase_s: float) -> dict[str, Any]:
             await asyncio.sleep(0.1)
 
     async with httpx.AsyncClient(base_url=base_url, timeout=120) as client:
-        tasks = [asyncio.create_task(city_client(client, city)) for city in CITIES]
+        tasks = [asyncio.create_task(city_client(client, city)) for city in CITY_PROBES]
         await asyncio.sleep(phase_s)
         (ap,) = [node for node in cluster.nodes if node.name == "ap"]
         killed_at = time.monotonic()

@@ -46,3 +46,21 @@ def region_named(name: str, regions: tuple[ClientRegion, ...] = DEFAULT_REGIONS)
             return region
     known = ", ".join(region.name for region in regions)
     raise ValueError(f"unknown client region {name!r}; known: {known}")
+
+
+# The region each of these clients is served from when every region of the shipped
+# serve_config.yaml (eu, us, ap) is warm: probes for the region tests and benchmark.
+_NEAREST_SHIPPED_REGION = {
+    "asia-northeast": "ap",
+    "oceania": "ap",
+    "eu-central": "eu",
+    "eu-west": "eu",
+    "na-east": "us",
+    "sa-east": "us",
+}
+CITY_PROBES: dict[str, tuple[str, str]] = {
+    region.city.lower().replace(" ", "_"): (region.geo_header, _NEAREST_SHIPPED_REGION[region.name])
+    for region in DEFAULT_REGIONS
+    if region.name in _NEAREST_SHIPPED_REGION
+}
+"""City ("tokyo", "frankfurt", ...) -> (its `x-client-geo`, the shipped region nearest to it)."""

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import yaml
 
+from edgectl.loadtest.regions import CITY_PROBES
 from edgectl.local_cluster import LocalCluster, free_port, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,14 +30,6 @@ CLUSTER_ENV = {
     "RAY_health_check_failure_threshold": "3",
 }
 # Cities and the region each is nearest to (through its nearest colo) in the shipped config.
-CITIES = {
-    "tokyo": ("35.68,139.69", "ap"),
-    "sydney": ("-33.87,151.21", "ap"),
-    "frankfurt": ("50.11,8.68", "eu"),
-    "london": ("51.51,-0.13", "eu"),
-    "new_york": ("40.71,-74.01", "us"),
-    "sao_paulo": ("-23.55,-46.63", "us"),
-}
 
 
 def region_config(
@@ -127,8 +120,8 @@ def running_app(ray: LocalCluster, config_dir: Path, config: dict[str, Any]) -> 
 
 
 def embed(http: httpx.Client, city: str, model: str = "embedding") -> httpx.Response:
-    """One uncached request from `city` (see CITIES)."""
-    geo, _ = CITIES[city]
+    """One uncached request from `city` (see CITY_PROBES)."""
+    geo, _ = CITY_PROBES[city]
     return http.post(
         "/v1/embeddings",
         json={"model": model, "input": f"hello from {city}"},
@@ -136,4 +129,4 @@ def embed(http: httpx.Client, city: str, model: str = "embedding") -> httpx.Resp
     )
 
 
-__all__ = ["free_port", "wait_until"]
+__all__ = ["CITY_PROBES", "free_port", "wait_until"]

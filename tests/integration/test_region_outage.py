@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 from region_app import (
-    CITIES,
+    CITY_PROBES,
     CLUSTER_ENV,
     LOAD,
     RegionApp,
@@ -49,7 +49,7 @@ class MixedLoad:
     _threads: list[threading.Thread] = field(default_factory=list)
 
     def start(self) -> None:
-        for city in CITIES:
+        for city in CITY_PROBES:
             thread = threading.Thread(target=self._client, args=(city,), daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -63,7 +63,7 @@ class MixedLoad:
         return [a for a in list(self.answers) if a.city == city and a.sent_at >= since]
 
     def _client(self, city: str) -> None:
-        geo, _ = CITIES[city]
+        geo, _ = CITY_PROBES[city]
         headers = {**LOAD, "x-client-geo": geo, "x-edge-cache": "bypass"}
         body = {"model": "embedding", "input": f"hello from {city}"}
         with httpx.Client(base_url=self.base_url, timeout=120) as client:
@@ -150,4 +150,4 @@ def test_killing_a_regions_node_fails_no_request_and_its_traffic_comes_back(clus
     assert during and {a.region for a in during} <= {"eu", "us"}
     # The other regions' clients never noticed.
     for city in ("frankfurt", "new_york"):
-        assert {a.region for a in load.from_city(city, started)} == {CITIES[city][1]}
+        assert {a.region for a in load.from_city(city, started)} == {CITY_PROBES[city][1]}

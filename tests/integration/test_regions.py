@@ -13,7 +13,7 @@ import httpx
 import pytest
 from region_app import (
     ADMIN,
-    CITIES,
+    CITY_PROBES,
     CLUSTER_ENV,
     LOAD,
     RegionApp,
@@ -79,7 +79,7 @@ def test_with_every_region_warm_each_city_is_served_from_its_nearest_region(app,
     wait_until(lambda: app.running("embedding-us") == 1, SCALE_UP_S, "embedding-us scaled up")
     wait_until(lambda: embed(http, "new_york").headers["x-edge-region"] == "us", 10, "us seen warm")
     for _ in range(3):
-        for city, (_, region) in CITIES.items():
+        for city, (_, region) in CITY_PROBES.items():
             response = embed(http, city)
             assert response.status_code == 200
             served = (response.headers["x-edge-region"], response.headers["x-edge-route-reason"])
@@ -106,7 +106,7 @@ def test_a_region_drill_fails_requests_in_its_replicas_and_they_fail_over(app, h
 
 
 async def _burst(base_url: str, seconds: float, concurrency: int) -> list[httpx.Response]:
-    geo, _ = CITIES["frankfurt"]
+    geo, _ = CITY_PROBES["frankfurt"]
     body = {"model": "moderation", "input": [f"text {n}" for n in range(16)]}
     headers = {**LOAD, "x-client-geo": geo, "x-edge-cache": "bypass"}
     answers: list[httpx.Response] = []
@@ -162,7 +162,7 @@ def test_overload_from_one_city_sheds_with_retry_after_and_ejects_nothing(app, h
         count <= ejections_before[key] for key, count in _ejections(app).items()
     )  # back-pressure ejected nothing
     # Right after: the same city's moderation requests are answered again.
-    geo, _ = CITIES["frankfurt"]
+    geo, _ = CITY_PROBES["frankfurt"]
     recovered = http.post(
         "/v1/moderations",
         json={"model": "moderation", "input": "hello"},

@@ -20,6 +20,8 @@ from deployments.config import (
     without_regions,
 )
 from edge_sim.config import EdgeConfig
+from edge_sim.network import EdgeNetwork
+from edgectl.loadtest.regions import CITY_PROBES
 
 SERVE_CONFIG = Path(__file__).resolve().parents[2] / "serve_config.yaml"
 
@@ -283,3 +285,18 @@ def test_without_regions_keeps_one_deployment_per_model_from_the_home_region(
     assert parse_app_config(app["args"]).model_deployments() == {
         name: (name, "default") for name in application["args"]["models"]
     }
+
+
+def test_the_city_probes_name_the_region_the_shipped_edge_really_serves_them_from(
+    args: dict[str, Any],
+):
+    """The region tests and benchmark expect e.g. Tokyo in `ap`: that must be what the shipped
+    topology and regions decide (entry colo, then its home region), not a table's say-so."""
+    edge = EdgeConfig.from_mapping(args["edge"], base_dir=SERVE_CONFIG.parent)
+    network, regions = EdgeNetwork(edge), edge.region_map()
+    served = {}
+    for city, (geo, _) in CITY_PROBES.items():
+        entry = network.route("embedding", {"x-client-geo": geo}).candidates[0]
+        served[city] = regions.home(entry.colo_id)
+    assert served == {city: region for city, (_, region) in CITY_PROBES.items()}
+    assert set(served.values()) == set(args["edge"]["regions"])  # every shipped region probed
