@@ -48,11 +48,13 @@ class EdgeTrace:
     region: str
     rtt_ms: float
     reason: str
-    tried: list[str] = field(default_factory=list)
+    tried: list[str] = field(default_factory=list)  # drilled colos passed, then regions tried
     cold_start_ms: float | None = None
     cache: str | None = None
     client: ClientLocation | None = None
     cold_start_phases: dict[str, float | None] | None = None  # of the replica it waited on
+    skipped_colos: tuple[str, ...] = ()  # entry colos whose drill failed the request
+    failed_regions: tuple[str, ...] = ()  # regions that failed it (5xx, time-out, lost)
 
     def headers(self) -> dict[str, str]:
         headers = {
@@ -277,6 +279,7 @@ class EdgeDispatcher(Generic[T]):
         arrived_at = time.time()
         deadline = time.monotonic() + deadline_s
         tried: list[str] = list(skipped)
+        failed_regions: list[str] = []
         failed, spilled = bool(skipped), False
         last_error: ServingError | None = None
         # Fewer regions than attempts (one, without `regions`): the rest retry them in order;
@@ -303,10 +306,12 @@ class EdgeDispatcher(Generic[T]):
                     raise  # the client's mistake, not the region's: no failover
                 self.pools.report(model, region, "failed")
                 failed, last_error = True, error
+                failed_regions.append(region)
                 continue
             except (TimeoutError, RegionLostError) as error:
                 self.pools.report(model, region, "failed")
                 failed = True
+                failed_regions.append(region)
                 last_error = OverloadedError(
                     str(error) or f"region {region} did not answer in time", retry_after_s=1
                 )
@@ -332,6 +337,8 @@ class EdgeDispatcher(Generic[T]):
                 cold_start_phases=(
                     reply.phases.as_dict() if cold_ms is not None and reply.phases else None
                 ),
+                skipped_colos=tuple(skipped),
+                failed_regions=tuple(failed_regions),
             )
             return result, trace
         if last_error is not None:

@@ -56,6 +56,7 @@ def access_log_record(
         "latency_ms": round(outcome.latency_s * 1000.0, 3),
         "stream": outcome.stream,
         "colo": outcome.colo,
+        "region": outcome.region,
         "route_reason": outcome.route_reason,
         "failover": outcome.failover,
         "tried_colos": list(outcome.tried),

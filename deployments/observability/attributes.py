@@ -41,10 +41,11 @@ OPERATION_BY_TASK: Mapping[str, str] = {
 # --- the simulated edge (router span) --------------------------------------------------------
 EDGE_REQUEST_ID = "edge.request_id"
 EDGE_COLO = "edge.colo"
+EDGE_REGION = "edge.region"  # the region that served it
 EDGE_RTT_MS = "edge.rtt_ms"
 EDGE_ROUTE_REASON = "edge.route_reason"
 EDGE_FAILOVER = "edge.failover"  # bool: another colo failed first
-EDGE_TRIED_COLOS = "edge.tried_colos"  # in order; the last one answered
+EDGE_TRIED_COLOS = "edge.tried_colos"  # drilled colos passed, then regions; the last answered
 EDGE_CACHE = "edge.cache"  # HIT / MISS; absent when the request was not cacheable
 EDGE_COLD_START = "edge.cold_start"  # bool
 EDGE_COLD_START_MS = "edge.cold_start_ms"
@@ -73,11 +74,14 @@ class RouteDecision(Protocol):
     """Where a request went (deployments.edge.EdgeTrace has this shape)."""
 
     colo: str
+    region: str
     rtt_ms: float
     reason: str
     tried: list[str]
     cold_start_ms: float | None
     cache: str | None
+    skipped_colos: tuple[str, ...]
+    failed_regions: tuple[str, ...]
 
     @property
     def cold_start_phases(self) -> Mapping[str, float | None] | None:
@@ -155,6 +159,7 @@ def route_attributes(
 ) -> dict[str, AttributeValue]:
     attributes: dict[str, Any] = {
         EDGE_COLO: route.colo,
+        EDGE_REGION: route.region,
         EDGE_RTT_MS: round(route.rtt_ms, 3),
         EDGE_ROUTE_REASON: route.reason,
         EDGE_FAILOVER: route.reason == "failover",

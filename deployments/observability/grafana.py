@@ -99,7 +99,12 @@ ROWS: tuple[Row, ...] = (
                 "reqps",
             ),
             Panel(
-                "Requests/s per colo",
+                "Requests/s per serving region",
+                (Query(_rate("ray_edge_requests_total", "region"), "{{region}}"),),
+                "reqps",
+            ),
+            Panel(
+                "Requests/s per entry colo",
                 (Query(_rate("ray_edge_requests_total", "colo"), "{{colo}}"),),
                 "reqps",
             ),
@@ -268,8 +273,12 @@ ROWS: tuple[Row, ...] = (
                 "reqps",
             ),
             Panel(
-                "Failovers per failed colo",
-                (Query(_rate("ray_edge_failovers_total", "colo"), "{{colo}}"),),
+                "Failovers per failed region (none: a drilled entry colo)",
+                (
+                    Query(
+                        _rate("ray_edge_failovers_total", "region, colo"), "{{region}} via {{colo}}"
+                    ),
+                ),
                 "reqps",
             ),
             Panel(

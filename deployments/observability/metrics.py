@@ -22,6 +22,7 @@ from deployments.observability.timings import InferenceTimings
 PREFIX = "edge_"
 GEN_AI_PREFIX = "gen_ai_"  # the OpenTelemetry GenAI metrics, named as OTel's Prometheus export does
 NO_COLO = "none"  # the request never reached a colo (rejected or failed before routing)
+NO_REGION = "none"  # no region served it (never routed, or a drilled colo's failover)
 NO_MODEL = "none"  # the request named no model
 UNKNOWN_MODEL = "unknown"  # it named one we do not serve: never a client string as a label
 OTHER = "_OTHER"  # the GenAI conventions' value for an error.type outside the known set
@@ -213,7 +214,7 @@ class MetricSpec:
         return backend.gauge(self.name, self.description, self.tag_keys)
 
 
-_BY_COLO = ("model", "colo")
+_BY_PLACE = ("model", "colo", "region")  # entry colo (simulated), serving region (real)
 _BY_KEY = ("key_id", "model")
 _GEN_AI = ("gen_ai_operation_name", "gen_ai_request_model")
 
@@ -226,34 +227,34 @@ ROUTER_METRICS: Mapping[str, MetricSpec] = {
     spec.name: spec
     for spec in (
         _spec("counter", PREFIX + "requests_total", "Requests by HTTP status",
-              (*_BY_COLO, "status")),
+              (*_BY_PLACE, "status")),
         _spec("histogram", PREFIX + "request_duration_seconds", "Arrival to last byte",
-              _BY_COLO, LATENCY_S_BUCKETS),
+              _BY_PLACE, LATENCY_S_BUCKETS),
         _spec("histogram", PREFIX + "time_to_first_token_seconds",
-              "Streamed chat: arrival to first token sent", _BY_COLO, GEN_AI_TTFT_S_BUCKETS),
-        _spec("counter", PREFIX + "output_tokens_total", "Generated tokens", _BY_COLO),
+              "Streamed chat: arrival to first token sent", _BY_PLACE, GEN_AI_TTFT_S_BUCKETS),
+        _spec("counter", PREFIX + "output_tokens_total", "Generated tokens", _BY_PLACE),
         _spec("histogram", PREFIX + "output_tokens_per_second",
-              "Generated tokens over the request's duration", _BY_COLO, TOKENS_PER_S_BUCKETS),
+              "Generated tokens over the request's duration", _BY_PLACE, TOKENS_PER_S_BUCKETS),
         _spec("counter", PREFIX + "route_decisions_total",
               "Answered requests by route reason (nearest, warm, spillover, failover)",
-              (*_BY_COLO, "reason")),
+              (*_BY_PLACE, "reason")),
         _spec("counter", PREFIX + "cold_starts_total", "Requests that waited on a cold start",
-              _BY_COLO),
+              _BY_PLACE),
         _spec("histogram", PREFIX + "cold_start_duration_seconds",
-              "Cold-start wait of a request", _BY_COLO, COLD_START_S_BUCKETS),
+              "Cold-start wait of a request", _BY_PLACE, COLD_START_S_BUCKETS),
         _spec("histogram", PREFIX + "cold_start_phase_seconds",
               "Where the replica's start went (process, model_load, warmup, init)",
               ("model", "phase"), COLD_START_S_BUCKETS),
         _spec("gauge", PREFIX + "last_cold_start_seconds", "The latest cold-start wait",
-              _BY_COLO),
+              _BY_PLACE),
         _spec("counter", PREFIX + "failovers_total",
-              "Colo attempts that failed and passed the request on; colo = the failed one",
-              _BY_COLO),
+              "Attempts that failed and passed the request on: a region that failed (colo = the "
+              "entry colo), or a drilled entry colo (region = none)", _BY_PLACE),
         _spec("counter", PREFIX + "cache_lookups_total",
-              "Response-cache lookups by result (hit, miss)", (*_BY_COLO, "result")),
-        _spec("counter", PREFIX + "rate_limited_total", "Requests rejected with 429", _BY_COLO),
+              "Response-cache lookups by result (hit, miss)", (*_BY_PLACE, "result")),
+        _spec("counter", PREFIX + "rate_limited_total", "Requests rejected with 429", _BY_PLACE),
         _spec("counter", PREFIX + "moderation_flags_total",
-              "Moderation inputs flagged, by category", (*_BY_COLO, "category")),
+              "Moderation inputs flagged, by category", (*_BY_PLACE, "category")),
         # Usage and cost per authenticated key: key ids are the configured keys', so bounded.
         _spec("counter", PREFIX + "key_requests_total", "Requests per key and model", _BY_KEY),
         _spec("counter", PREFIX + "key_input_tokens_total", "Input tokens per key and model",
@@ -323,9 +324,9 @@ def error_type_label(outcome: RequestOutcome, known_errors: Collection[str]) -> 
 
 
 class RouterMetrics:
-    """The router's metrics per model and colo, GenAI metrics per operation and model, and usage
-    per key. Make it inside the replica (Ray's metrics bind to the process that creates them);
-    `served_models` bounds the model label and `prices` turns tokens into cost units."""
+    """The router's metrics per model, colo and region, GenAI metrics per operation and model,
+    and usage per key. Make it inside the replica (Ray's metrics bind to the process that
+    creates them); `served_models` bounds the model label, `prices` turns tokens into cost."""
 
     def __init__(
         self,
@@ -358,7 +359,11 @@ class RouterMetrics:
 
     def record(self, outcome: RequestOutcome) -> None:
         model = self.model_label(outcome.model)
-        tags = {"model": model, "colo": outcome.colo or NO_COLO}
+        tags = {
+            "model": model,
+            "colo": outcome.colo or NO_COLO,
+            "region": outcome.region or NO_REGION,
+        }
         self._inc("edge_requests_total", 1, {**tags, "status": str(outcome.status)})
         self._histogram("edge_request_duration_seconds").observe(outcome.latency_s, tags)
         if outcome.status == 429:
@@ -374,8 +379,12 @@ class RouterMetrics:
             reason = outcome.route_reason if outcome.route_reason in ROUTE_REASONS else "other"
             self._inc("edge_route_decisions_total", 1, {**tags, "reason": reason})
         self._record_cold_start(outcome, model, tags)
-        for failed in outcome.failed_colos:
-            self._inc("edge_failovers_total", 1, {"model": model, "colo": failed})
+        for colo in outcome.skipped_colos:
+            self._inc(
+                "edge_failovers_total", 1, {"model": model, "colo": colo, "region": NO_REGION}
+            )
+        for region in outcome.failed_regions:
+            self._inc("edge_failovers_total", 1, {**tags, "region": region})
         if outcome.cache is not None:
             self._inc("edge_cache_lookups_total", 1, {**tags, "result": outcome.cache.lower()})
         for category in outcome.flagged_categories:

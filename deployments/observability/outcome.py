@@ -27,9 +27,12 @@ class RequestOutcome:
     status: int  # HTTP status sent
     latency_s: float  # arrival -> last byte sent
     stream: bool = False
-    colo: str | None = None  # the colo that answered (None: never routed)
+    colo: str | None = None  # the entry colo (None: never routed)
+    region: str | None = None  # the region that served it (None: never routed)
     route_reason: str | None = None
-    tried: tuple[str, ...] = ()  # colos in the order tried; the last one answered
+    tried: tuple[str, ...] = ()  # drilled colos passed, then regions tried; the last answered
+    skipped_colos: tuple[str, ...] = ()  # entry colos whose drill failed the request
+    failed_regions: tuple[str, ...] = ()  # regions that failed it before one answered
     cold_start_ms: float | None = None
     cache: str | None = None  # HIT / MISS; None when not cacheable
     ttft_s: float | None = None  # streams: arrival -> first token sent
@@ -45,8 +48,3 @@ class RequestOutcome:
     @property
     def failover(self) -> bool:
         return self.route_reason == "failover"
-
-    @property
-    def failed_colos(self) -> tuple[str, ...]:
-        """Colos that failed this request before the one that answered."""
-        return self.tried[:-1] if self.failover else ()

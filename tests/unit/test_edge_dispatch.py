@@ -135,6 +135,7 @@ def test_back_pressure_spills_to_the_next_region_and_is_not_a_failure() -> None:
     assert rig.pools.pools(MODEL)["ap"].saturated  # the next request skips it at once
     _, trace = asyncio.run(rig.send(TOKYO))
     assert trace.reason == "spillover" and rig.handles["ap"].calls == ["complete"]
+    assert trace.failed_regions == ()  # back-pressure is not a failure
 
 
 def test_every_region_full_is_a_503_with_retry_after_and_no_failure() -> None:
@@ -154,6 +155,7 @@ def test_a_replica_error_fails_over_and_counts_against_that_region() -> None:
     assert reply.value != "ap" and trace.reason == "failover"
     assert trace.headers()["x-edge-failover"].startswith("ap,")
     assert rig.reported[0] == Outcome(MODEL, "ap", "failed")
+    assert (trace.failed_regions, trace.skipped_colos) == (("ap",), ())  # what metrics count
 
 
 def test_a_dead_actor_is_mapped_and_failed_over() -> None:
@@ -251,6 +253,7 @@ def test_a_colo_drilled_to_fail_passes_the_request_to_the_next_colo() -> None:
     assert trace.colo != "NRT" and trace.reason == "failover"
     assert trace.headers()["x-edge-failover"].startswith("NRT,")
     assert rig.reported == [Outcome(MODEL, trace.region, "ok")]  # no region blamed
+    assert (trace.skipped_colos, trace.failed_regions) == (("NRT",), ())
 
 
 def test_with_one_region_a_failed_attempt_is_retried_there() -> None:

@@ -113,9 +113,12 @@ def test_route_reasons_are_counted_and_bounded():
 @dataclass
 class ColdRoute:
     colo: str = "SIN"
+    region: str = "ap"
     rtt_ms: float = 3.0
     reason: str = "nearest"
-    tried: list[str] = field(default_factory=lambda: ["SIN"])
+    tried: list[str] = field(default_factory=lambda: ["ap"])
+    skipped_colos: tuple[str, ...] = ()
+    failed_regions: tuple[str, ...] = ()
     cold_start_ms: float | None = 2500.0
     cache: str | None = None
     cold_start_phases: dict[str, float | None] | None = field(

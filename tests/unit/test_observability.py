@@ -88,9 +88,13 @@ class FakeRoute:
     """Shaped like deployments.edge.EdgeTrace."""
 
     colo: str = "LHR"
+    region: str = "eu"
     rtt_ms: float = 12.5
     reason: str = "failover"
-    tried: list[str] = field(default_factory=lambda: ["FRA", "AMS", "LHR"])
+    # FRA's drill failed the request, LHR became the entry; region us failed, eu answered.
+    tried: list[str] = field(default_factory=lambda: ["FRA", "us", "eu"])
+    skipped_colos: tuple[str, ...] = ("FRA",)
+    failed_regions: tuple[str, ...] = ("us",)
     cold_start_ms: float | None = 2400.0
     cache: str | None = None
     cold_start_phases: dict[str, float | None] | None = field(
@@ -220,7 +224,8 @@ def test_router_and_model_span_share_one_trace_with_genai_and_edge_attributes(tr
     assert routed[attrs.EDGE_RTT_MS] == 12.5
     assert routed[attrs.EDGE_ROUTE_REASON] == "failover"
     assert routed[attrs.EDGE_FAILOVER] is True
-    assert routed[attrs.EDGE_TRIED_COLOS] == ("FRA", "AMS", "LHR")
+    assert routed[attrs.EDGE_REGION] == "eu"
+    assert routed[attrs.EDGE_TRIED_COLOS] == ("FRA", "us", "eu")
     assert routed[attrs.EDGE_COLD_START] is True
     assert routed[attrs.EDGE_COLD_START_MS] == 2400.0
     assert attrs.EDGE_CACHE not in routed  # not cacheable: no cache attribute at all
@@ -516,8 +521,11 @@ def outcome(**overrides: Any) -> RequestOutcome:
         "latency_s": 0.5,
         "stream": True,
         "colo": "LHR",
+        "region": "eu",
         "route_reason": "failover",
-        "tried": ("FRA", "AMS", "LHR"),
+        "tried": ("FRA", "us", "eu"),
+        "skipped_colos": ("FRA",),
+        "failed_regions": ("us",),
         "cold_start_ms": 2400.0,
         "cache": None,
         "ttft_s": 0.2,
@@ -528,12 +536,12 @@ def outcome(**overrides: Any) -> RequestOutcome:
     return RequestOutcome(**{**fields, **overrides})
 
 
-def test_router_metrics_are_tagged_by_model_and_colo():
+def test_router_metrics_are_tagged_by_model_colo_and_region():
     backend = InMemoryMetricsBackend()
     metrics = RouterMetrics(backend, SERVED)
     metrics.record(outcome())
 
-    at_lhr = {"model": "glm", "colo": "LHR"}
+    at_lhr = {"model": "glm", "colo": "LHR", "region": "eu"}
     assert backend.values("edge_requests_total", **at_lhr, status="200") == [1]
     assert backend.values("edge_request_duration_seconds", **at_lhr) == [0.5]
     assert backend.values("edge_time_to_first_token_seconds", **at_lhr) == [pytest.approx(0.2)]
@@ -542,10 +550,11 @@ def test_router_metrics_are_tagged_by_model_and_colo():
     assert backend.values("edge_cold_starts_total", **at_lhr) == [1]
     assert backend.values("edge_cold_start_duration_seconds", **at_lhr) == [2.4]
     assert backend.values("edge_last_cold_start_seconds", **at_lhr) == [2.4]
-    # Each colo that failed before LHR answered counts one failover, under its own name.
-    assert backend.values("edge_failovers_total", model="glm", colo="FRA") == [1]
-    assert backend.values("edge_failovers_total", model="glm", colo="AMS") == [1]
-    assert backend.values("edge_failovers_total", colo="LHR") == []
+    # Each failed attempt counts one failover: FRA's drill (no region reached), then region us
+    # (entered by LHR); eu answered and counts none.
+    assert backend.values("edge_failovers_total", model="glm", colo="FRA", region="none") == [1]
+    assert backend.values("edge_failovers_total", model="glm", colo="LHR", region="us") == [1]
+    assert backend.values("edge_failovers_total", region="eu") == []
     assert backend.values("edge_cache_lookups_total") == []
     assert backend.values("edge_rate_limited_total") == []
 
@@ -560,6 +569,8 @@ def test_router_metrics_bound_every_label():
             colo=None,
             route_reason=None,
             tried=(),
+            skipped_colos=(),
+            failed_regions=(),
             cold_start_ms=None,
             ttft_s=None,
             output_tokens=None,
@@ -572,6 +583,8 @@ def test_router_metrics_bound_every_label():
             colo=None,
             route_reason=None,
             tried=(),
+            skipped_colos=(),
+            failed_regions=(),
             cold_start_ms=None,
             ttft_s=None,
             output_tokens=0,
@@ -583,6 +596,9 @@ def test_router_metrics_bound_every_label():
             cache="HIT",
             stream=False,
             route_reason="nearest",
+            tried=("eu",),
+            skipped_colos=(),
+            failed_regions=(),
             cold_start_ms=None,
             output_tokens=None,
         )
