@@ -67,7 +67,9 @@ def test_metrics_endpoint_exposes_the_named_metrics(traced_chat, serve_cluster):
         "ray_gen_ai_client_token_usage_bucket",
     } <= names
     assert not any("_ms" in name for name in names), names  # base units only
-    assert any('colo="' in line for line in lines if line.startswith("ray_edge_requests_total"))
+    requests = [line for line in lines if line.startswith("ray_edge_requests_total")]
+    # The shared cluster has no regions: one pool per model, region "default" (a real label).
+    assert any('colo="' in line and 'region="default"' in line for line in requests), requests
 
 
 def test_access_log_has_the_request_but_no_prompt_text(traced_chat):
