@@ -210,8 +210,8 @@ def _draw(
     rows, vocab = x.shape
     temperature = np.array([p.temperature for p in params])[:, None]
     scaled = x / temperature
+    # Unnormalised: the inverse CDF scales its target by each row's total instead.
     probs = np.exp(scaled - scaled.max(axis=1, keepdims=True))
-    probs /= probs.sum(axis=1, keepdims=True)
     uniform = np.array([s.rng.random() for s in states])
     top_k = np.array([p.top_k if 0 < p.top_k < vocab else vocab for p in params])
     top_p = np.array([p.top_p for p in params])
@@ -219,21 +219,38 @@ def _draw(
         order = np.argsort(-probs, axis=1, kind="stable")
         ranked = np.take_along_axis(probs, order, axis=1)
         mass_before = np.cumsum(ranked, axis=1) - ranked
+        total = mass_before[:, -1] + ranked[:, -1]
         # Keep the smallest prefix whose mass reaches top_p, and at most top_k (always one).
-        keep = (np.arange(vocab)[None, :] < top_k[:, None]) & (mass_before < top_p[:, None])
+        keep = (np.arange(vocab)[None, :] < top_k[:, None]) & (mass_before < (top_p * total)[:, None])
         keep[:, 0] = True
-        ranked = np.where(keep, ranked, 0.0)
-        cdf = np.cumsum(ranked, axis=1)
-        picked = _inverse_cdf(cdf, uniform)
+        picked = _inverse_cdf(np.where(keep, ranked, 0.0), uniform)
         return order[np.arange(rows), picked]
-    return _inverse_cdf(np.cumsum(probs, axis=1), uniform)
+    return _inverse_cdf(probs, uniform)
 
 
-def _inverse_cdf(cdf: np.ndarray, uniform: np.ndarray) -> np.ndarray:
-    # One uniform per row against its own cumulative weights; zero-weight tokens are never hit.
-    target = uniform * cdf[:, -1]
-    picked = (cdf <= target[:, None]).sum(axis=1)
-    return np.minimum(picked, cdf.shape[1] - 1)
+CDF_BLOCK = 64
+
+
+def _inverse_cdf(weights: np.ndarray, uniform: np.ndarray) -> np.ndarray:
+    """Per row, the token whose cumulative weight first passes `uniform` x the row's total.
+    Zero-weight tokens are never picked. In two levels, block sums then one block's running sum,
+    because a running sum over the whole vocabulary is sequential and was most of a step."""
+    rows, vocab = weights.shape
+    blocks = -(-vocab // CDF_BLOCK)
+    if blocks * CDF_BLOCK != vocab:
+        weights = np.pad(weights, ((0, 0), (0, blocks * CDF_BLOCK - vocab)))
+    blocked = weights.reshape(rows, blocks, CDF_BLOCK)
+    block_cdf = np.cumsum(blocked.sum(axis=2), axis=1)
+    # Strictly below the total, so the block found (and the token in it) has positive weight.
+    target = np.minimum(uniform * block_cdf[:, -1], np.nextafter(block_cdf[:, -1], 0))
+    block = np.minimum((block_cdf <= target[:, None]).sum(axis=1), blocks - 1)
+    row = np.arange(rows)
+    inner = np.cumsum(blocked[row, block], axis=1)
+    before = np.where(block > 0, block_cdf[row, np.maximum(block - 1, 0)], 0.0)
+    # Block sums and running sums round differently: keep the target inside the chosen block.
+    local = np.clip(target - before, 0.0, np.nextafter(inner[:, -1], 0))
+    within = np.minimum((inner <= local[:, None]).sum(axis=1), CDF_BLOCK - 1)
+    return block * CDF_BLOCK + within
 
 
 def sample_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
