@@ -221,7 +221,9 @@ def _draw(
         mass_before = np.cumsum(ranked, axis=1) - ranked
         total = mass_before[:, -1] + ranked[:, -1]
         # Keep the smallest prefix whose mass reaches top_p, and at most top_k (always one).
-        keep = (np.arange(vocab)[None, :] < top_k[:, None]) & (mass_before < (top_p * total)[:, None])
+        keep = (np.arange(vocab)[None, :] < top_k[:, None]) & (
+            mass_before < (top_p * total)[:, None]
+        )
         keep[:, 0] = True
         picked = _inverse_cdf(np.where(keep, ranked, 0.0), uniform)
         return order[np.arange(rows), picked]

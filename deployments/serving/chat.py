@@ -3,10 +3,11 @@ edge and the model's handle, and the settlement of the key's tokens however the 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from deployments.edge import EdgeTrace
 from deployments.observability import RequestTelemetry
@@ -35,6 +36,7 @@ from deployments.serving.models import ServedModel
 
 # An opened stream: its first reply (proof the colo answered) and the generator of the rest.
 OpenedStream = tuple[Reply[GenerationChunk], Any]
+T = TypeVar("T")
 
 
 def is_deterministic(chat: ChatCompletionRequest) -> bool:
@@ -129,14 +131,16 @@ class ChatService(ModelService):
         telemetry: RequestTelemetry,
     ) -> tuple[ChatCompletion, EdgeTrace]:
         gated = self.gate.applies_to(model.name)
-        if gated:
-            await self.gate.check_input(messages)
-        reply, trace = await self.edge.call(
-            model.name,
-            ctx,
-            telemetry,
-            lambda handle: handle.complete_choices.remote(
-                messages, params, ctx.traceparent, features
+        reply, trace = await self._while_input_checked(
+            messages,
+            gated,
+            self.edge.call(
+                model.name,
+                ctx,
+                telemetry,
+                lambda handle: handle.complete_choices.remote(
+                    messages, params, ctx.traceparent, features
+                ),
             ),
         )
         choices: list[Completion] = list(reply.value)
@@ -157,16 +161,19 @@ class ChatService(ModelService):
         features = chat_features(chat)
         gated = self.gate.applies_to(model.name)
         try:
-            if gated:
-                await self.gate.check_input(messages)
-            (first, stream), trace = await self.edge.call(
-                model.name,
-                ctx,
-                telemetry,
-                lambda handle: self._open_stream(
-                    handle, messages, params, features, ctx.traceparent
+            (first, stream), trace = await self._while_input_checked(
+                messages,
+                gated,
+                self.edge.call(
+                    model.name,
+                    ctx,
+                    telemetry,
+                    lambda handle: self._open_stream(
+                        handle, messages, params, features, ctx.traceparent
+                    ),
+                    reply_of=lambda opened: opened[0],
                 ),
-                reply_of=lambda opened: opened[0],
+                refused=lambda opened: opened[0][1].cancel(),
             )
         except BaseException:
             quota.settle(0)
@@ -175,6 +182,30 @@ class ChatService(ModelService):
         if gated:
             chunks = self.gate.guard_stream(chunks, features.n)
         return Answer.of(metered_stream(_observed(chunks, telemetry), quota), trace, quota)
+
+    async def _while_input_checked(
+        self,
+        messages: list[dict[str, Any]],
+        gated: bool,
+        generation: Awaitable[T],
+        refused: Callable[[T], None] = lambda _: None,
+    ) -> T:
+        """`generation` started while the gate checks the input (the check overlaps the hop to
+        the model and its prefill); its result is returned only once the input passed. A refused
+        input cancels the generation, or `refused` frees what it already opened, and the 400 is
+        raised whatever the generation did."""
+        if not gated:
+            return await generation
+        started = asyncio.ensure_future(generation)
+        try:
+            await self.gate.check_input(messages)
+        except BaseException:
+            if not started.done():
+                started.cancel()
+            elif not started.cancelled() and started.exception() is None:
+                refused(started.result())
+            raise
+        return await started
 
     @staticmethod
     async def _open_stream(
