@@ -181,7 +181,9 @@ def sample_batch(
 
     tokens = np.argmax(x, axis=1)  # greedy rows keep this
     drawn = [row for row, p in enumerate(params) if not p.greedy]
-    if drawn:
+    if len(drawn) == batch:  # the usual batch: no copy of the rows
+        tokens = _draw(x, params, states)
+    elif drawn:
         tokens[drawn] = _draw(x[drawn], [params[r] for r in drawn], [states[r] for r in drawn])
 
     wants = [row for row, p in enumerate(params) if p.logprobs]
@@ -208,10 +210,12 @@ def _draw(
 ) -> np.ndarray:
     """One draw per row from softmax(x / temperature), truncated by top_k and top_p."""
     rows, vocab = x.shape
-    temperature = np.array([p.temperature for p in params])[:, None]
-    scaled = x / temperature
+    inverse_temperature = 1.0 / np.array([p.temperature for p in params])[:, None]
+    # In place, one temporary: a batch's rows are large enough that each allocation counts.
     # Unnormalised: the inverse CDF scales its target by each row's total instead.
-    probs = np.exp(scaled - scaled.max(axis=1, keepdims=True))
+    probs = x - x.max(axis=1, keepdims=True)
+    probs *= inverse_temperature
+    np.exp(probs, out=probs)
     uniform = np.array([s.rng.random() for s in states])
     top_k = np.array([p.top_k if 0 < p.top_k < vocab else vocab for p in params])
     top_p = np.array([p.top_p for p in params])
