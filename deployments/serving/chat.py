@@ -39,6 +39,10 @@ OpenedStream = tuple[Reply[GenerationChunk], Any]
 T = TypeVar("T")
 
 
+def _is_reply(result: Any) -> Reply[Any]:
+    return result  # type: ignore[no-any-return]
+
+
 def is_deterministic(chat: ChatCompletionRequest) -> bool:
     """Only an answer the same request would get again may be cached."""
     return not chat.stream and (chat.temperature == 0 or chat.seed is not None)
@@ -130,21 +134,17 @@ class ChatService(ModelService):
         ctx: RequestContext,
         telemetry: RequestTelemetry,
     ) -> tuple[ChatCompletion, EdgeTrace]:
-        gated = self.gate.applies_to(model.name)
-        reply, trace = await self._while_input_checked(
+        reply, trace = await self._checked_call(
+            model,
             messages,
-            gated,
-            self.edge.call(
-                model.name,
-                ctx,
-                telemetry,
-                lambda handle: handle.complete_choices.remote(
-                    messages, params, ctx.traceparent, features
-                ),
+            ctx,
+            telemetry,
+            lambda handle: handle.complete_choices.remote(
+                messages, params, ctx.traceparent, features
             ),
         )
         choices: list[Completion] = list(reply.value)
-        if gated:
+        if self.gate.applies_to(model.name):
             for i, done in enumerate(choices):
                 text, finish = await self.gate.filter_output(done.text, done.finish_reason)
                 choices[i] = dataclasses.replace(done, text=text, finish_reason=finish)
@@ -159,42 +159,42 @@ class ChatService(ModelService):
         model = self._begin(chat, telemetry)
         messages, params, quota = self.admission.admit_chat(chat, ctx.principal)
         features = chat_features(chat)
-        gated = self.gate.applies_to(model.name)
         try:
-            (first, stream), trace = await self._while_input_checked(
+            (first, stream), trace = await self._checked_call(
+                model,
                 messages,
-                gated,
-                self.edge.call(
-                    model.name,
-                    ctx,
-                    telemetry,
-                    lambda handle: self._open_stream(
-                        handle, messages, params, features, ctx.traceparent
-                    ),
-                    reply_of=lambda opened: opened[0],
+                ctx,
+                telemetry,
+                lambda handle: self._open_stream(
+                    handle, messages, params, features, ctx.traceparent
                 ),
-                refused=lambda opened: opened[0][1].cancel(),
+                reply_of=lambda opened: opened[0],
+                refused=lambda opened: opened[1].cancel(),
             )
         except BaseException:
             quota.settle(0)
             raise
         chunks = _rest(first, stream, features.n)
-        if gated:
+        if self.gate.applies_to(model.name):
             chunks = self.gate.guard_stream(chunks, features.n)
         return Answer.of(metered_stream(_observed(chunks, telemetry), quota), trace, quota)
 
-    async def _while_input_checked(
+    async def _checked_call(
         self,
+        model: ServedModel,
         messages: list[dict[str, Any]],
-        gated: bool,
-        generation: Awaitable[T],
+        ctx: RequestContext,
+        telemetry: RequestTelemetry,
+        call: Callable[[Any], Awaitable[T]],
+        reply_of: Callable[[T], Reply[Any]] = _is_reply,
         refused: Callable[[T], None] = lambda _: None,
-    ) -> T:
-        """`generation` started while the gate checks the input (the check overlaps the hop to
-        the model and its prefill); its result is returned only once the input passed. A refused
-        input cancels the generation, or `refused` frees what it already opened, and the 400 is
-        raised whatever the generation did."""
-        if not gated:
+    ) -> tuple[T, EdgeTrace]:
+        """`call` on the model's handle through the edge, started while the gate checks the
+        input (the check overlaps the hop to the model and its prefill); its result comes back
+        only once the input passed. A refused input cancels the call, or `refused` frees what it
+        already opened, and the 400 is raised whatever the call did."""
+        generation = self.edge.call(model.name, ctx, telemetry, call, reply_of=reply_of)
+        if not self.gate.applies_to(model.name):
             return await generation
         started = asyncio.ensure_future(generation)
         try:
@@ -203,7 +203,7 @@ class ChatService(ModelService):
             if not started.done():
                 started.cancel()
             elif not started.cancelled() and started.exception() is None:
-                refused(started.result())
+                refused(started.result()[0])
             raise
         return await started
 
