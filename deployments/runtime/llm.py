@@ -99,7 +99,8 @@ class _Sequence:
     constraint: GrammarConstraint | None = None
     keep_special_tokens: bool = False
     streams: bool = True  # False: the consumer wants only the whole answer
-    held: list[GenerationChunk] = field(default_factory=list)  # not yet handed to the consumer
+    # Not yet handed to the consumer; touched only by the engine thread.
+    held: list[GenerationChunk] = field(default_factory=list)
     matcher: StopStringMatcher = field(init=False)
     detokenizer: IncrementalDetokenizer = field(init=False)
     generated: list[int] = field(default_factory=list)
@@ -460,15 +461,13 @@ class LLMRuntime:
         change instead of one per token: on a busy machine each round trip is a thread wake-up
         that waits for a core."""
         batch = running + admitted
-        chunks = self._profiled_step(admitted, running)
-        loop.call_soon_threadsafe(_deliver, batch, chunks)
+        _hand_over(loop, batch, self._profiled_step(admitted, running))
         while (
             not self._closing
             and not any(s.finished or s.cancelled for s in batch)
             and not (self._waiting and len(batch) < self.max_batch_size)
         ):
-            chunks = self._profiled_step([], batch)
-            loop.call_soon_threadsafe(_deliver, batch, chunks)
+            _hand_over(loop, batch, self._profiled_step([], batch))
 
     def _profiled_step(
         self, admitted: list[_Sequence], running: list[_Sequence]
@@ -557,14 +556,27 @@ def _coalesced(
     yield from (merge_chunks(chunks) for chunks in by_choice.values())
 
 
-def _deliver(batch: list[_Sequence], chunks: list[GenerationChunk]) -> None:
-    """On the event loop: each sequence's chunk of one step to its consumer (a whole-answer
-    consumer only at the end)."""
+def _hand_over(
+    loop: asyncio.AbstractEventLoop, batch: list[_Sequence], chunks: list[GenerationChunk]
+) -> None:
+    """In the engine thread: one step's chunks to the event loop, without waiting for it. A
+    whole-answer sequence's chunks are held here until its last one, so a step that only such
+    sequences share does not wake the event loop (the wake and the GIL it takes were most of a
+    batched step's overhead besides sampling)."""
+    ready = []
     for seq, chunk in zip(batch, chunks, strict=True):
         if seq.streams or chunk.finish_reason is not None:
             if seq.held:
                 chunk = merge_chunks([*seq.held, chunk])
                 seq.held.clear()
-            seq.queue.put_nowait(chunk)
+            ready.append((seq, chunk))
         else:
             seq.held.append(chunk)
+    if ready:
+        loop.call_soon_threadsafe(_deliver, ready)
+
+
+def _deliver(ready: list[tuple[_Sequence, GenerationChunk]]) -> None:
+    """On the event loop: each chunk to its sequence's consumer."""
+    for seq, chunk in ready:
+        seq.queue.put_nowait(chunk)
