@@ -8,9 +8,10 @@ concurrent streams share each step; sequences join and leave between steps.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from deployments.errors import (
     ServingError,
 )
 from deployments.observability.timings import InferenceTimings
+from deployments.runtime.allocator import keep_freed_memory
 from deployments.runtime.decoder import DecoderGraph, KVCache, PaddedBatch
 from deployments.runtime.grammar import GrammarCompiler, GrammarConstraint, GrammarSpec
 from deployments.runtime.manifest import ModelManifest
@@ -96,6 +98,9 @@ class _Sequence:
     index: int = 0
     constraint: GrammarConstraint | None = None
     keep_special_tokens: bool = False
+    streams: bool = True  # False: the consumer wants only the whole answer
+    # Not yet handed to the consumer; touched only by the engine thread.
+    held: list[GenerationChunk] = field(default_factory=list)
     matcher: StopStringMatcher = field(init=False)
     detokenizer: IncrementalDetokenizer = field(init=False)
     generated: list[int] = field(default_factory=list)
@@ -208,6 +213,7 @@ class LLMRuntime:
     ):
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
+        keep_freed_memory()  # a decode step's temporaries are reused, not re-mapped, each step
         self.model_dir = Path(model_dir)
         self.manifest = ModelManifest.load(self.model_dir)
         if self.manifest.task != "chat" or self.manifest.llm is None:
@@ -285,20 +291,33 @@ class LLMRuntime:
             )
         return prompt, params.max_tokens or min(room, self.default_max_tokens)
 
-    async def stream(
+    def stream(
+        self,
+        messages: Sequence[Mapping[str, Any]] | str,
+        params: SamplingParams,
+        timings: InferenceTimings | None = None,
+        **options: Any,
+    ) -> AsyncIterator[GenerationChunk]:
+        """Yield text as it is generated, for `n` choices decoded side by side in the batch
+        (chunks say which by `index`). `tools` reach the chat template; `grammar` constrains
+        every choice. Invalid requests raise before the first chunk. A consumer that fell
+        behind gets everything generated since its last chunk in one chunk per choice."""
+        return self._generate(messages, params, timings, streams=True, **options)
+
+    async def _generate(
         self,
         messages: Sequence[Mapping[str, Any]] | str,
         params: SamplingParams,
         timings: InferenceTimings | None = None,
         *,
+        streams: bool,
         n: int = 1,
         tools: Sequence[Mapping[str, Any]] | None = None,
         grammar: GrammarSpec | None = None,
         keep_special_tokens: bool = False,
     ) -> AsyncIterator[GenerationChunk]:
-        """Yield text as it is generated, for `n` choices decoded side by side in the batch
-        (chunks say which by `index`). `tools` reach the chat template; `grammar` constrains
-        every choice. Invalid requests raise before the first chunk."""
+        """`stream`'s chunks; with `streams` False, one chunk per choice when it finished (the
+        event loop is not woken for every token of an answer nobody reads before its end)."""
         if not 1 <= n <= self.max_choices:
             raise InvalidRequestError(
                 f"n must be between 1 and {self.max_choices}, got {n}", param="n"
@@ -317,6 +336,7 @@ class LLMRuntime:
                 index=index,
                 constraint=grammar.compile(self.grammar_compiler) if grammar else None,
                 keep_special_tokens=keep_special_tokens,
+                streams=streams,
             )
             for index in range(n)
         ]
@@ -327,12 +347,13 @@ class LLMRuntime:
         unfinished = n
         try:
             while unfinished:
-                item = await queue.get()
-                if isinstance(item, ServingError):
-                    raise item
-                yield item
-                if item.finish_reason is not None:
-                    unfinished -= 1
+                items = [await queue.get()]
+                while not queue.empty():
+                    items.append(queue.get_nowait())
+                for chunk in _coalesced(items):
+                    yield chunk
+                    if chunk.finish_reason is not None:
+                        unfinished -= 1
         finally:
             for seq in choices:
                 seq.cancelled = True  # a consumer that stops early frees its batch slots
@@ -357,7 +378,7 @@ class LLMRuntime:
         parts: dict[int, list[str]] = {}
         logprobs: dict[int, list[TokenLogprob]] = {}
         last: dict[int, GenerationChunk] = {}
-        async for chunk in self.stream(messages, params, timings, **options):
+        async for chunk in self._generate(messages, params, timings, streams=False, **options):
             parts.setdefault(chunk.index, []).append(chunk.text)
             logprobs.setdefault(chunk.index, []).extend(chunk.logprobs)
             last[chunk.index] = chunk
@@ -440,15 +461,13 @@ class LLMRuntime:
         change instead of one per token: on a busy machine each round trip is a thread wake-up
         that waits for a core."""
         batch = running + admitted
-        chunks = self._profiled_step(admitted, running)
-        loop.call_soon_threadsafe(_deliver, batch, chunks)
+        _hand_over(loop, batch, self._profiled_step(admitted, running))
         while (
             not self._closing
             and not any(s.finished or s.cancelled for s in batch)
             and not (self._waiting and len(batch) < self.max_batch_size)
         ):
-            chunks = self._profiled_step([], batch)
-            loop.call_soon_threadsafe(_deliver, batch, chunks)
+            _hand_over(loop, batch, self._profiled_step([], batch))
 
     def _profiled_step(
         self, admitted: list[_Sequence], running: list[_Sequence]
@@ -510,7 +529,54 @@ class LLMRuntime:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _deliver(batch: list[_Sequence], chunks: list[GenerationChunk]) -> None:
-    """On the event loop: each sequence's chunk of one step to its consumer."""
+def merge_chunks(chunks: Sequence[GenerationChunk]) -> GenerationChunk:
+    """Consecutive chunks of one choice as one: the text, tokens and tool calls of all, the
+    counts and finish reason of the last."""
+    if len(chunks) == 1:
+        return chunks[0]
+    return dataclasses.replace(
+        chunks[-1],
+        text="".join(chunk.text for chunk in chunks),
+        logprobs=tuple(lp for chunk in chunks for lp in chunk.logprobs),
+        tool_calls=tuple(call for chunk in chunks for call in chunk.tool_calls),
+    )
+
+
+def _coalesced(
+    items: Sequence[GenerationChunk | ServingError],
+) -> Iterator[GenerationChunk]:
+    """Queued chunks merged per choice (in the order choices first appear); an error is raised
+    after the chunks queued before it."""
+    by_choice: dict[int, list[GenerationChunk]] = {}
+    for item in items:
+        if isinstance(item, ServingError):
+            yield from (merge_chunks(chunks) for chunks in by_choice.values())
+            raise item
+        by_choice.setdefault(item.index, []).append(item)
+    yield from (merge_chunks(chunks) for chunks in by_choice.values())
+
+
+def _hand_over(
+    loop: asyncio.AbstractEventLoop, batch: list[_Sequence], chunks: list[GenerationChunk]
+) -> None:
+    """In the engine thread: one step's chunks to the event loop, without waiting for it. A
+    whole-answer sequence's chunks are held here until its last one, so a step that only such
+    sequences share does not wake the event loop (the wake and the GIL it takes were most of a
+    batched step's overhead besides sampling)."""
+    ready = []
     for seq, chunk in zip(batch, chunks, strict=True):
+        if seq.streams or chunk.finish_reason is not None:
+            if seq.held:
+                chunk = merge_chunks([*seq.held, chunk])
+                seq.held.clear()
+            ready.append((seq, chunk))
+        else:
+            seq.held.append(chunk)
+    if ready:
+        loop.call_soon_threadsafe(_deliver, ready)
+
+
+def _deliver(ready: list[tuple[_Sequence, GenerationChunk]]) -> None:
+    """On the event loop: each chunk to its sequence's consumer."""
+    for seq, chunk in ready:
         seq.queue.put_nowait(chunk)

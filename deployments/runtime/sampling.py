@@ -181,7 +181,9 @@ def sample_batch(
 
     tokens = np.argmax(x, axis=1)  # greedy rows keep this
     drawn = [row for row, p in enumerate(params) if not p.greedy]
-    if drawn:
+    if len(drawn) == batch:  # the usual batch: no copy of the rows
+        tokens = _draw(x, params, states)
+    elif drawn:
         tokens[drawn] = _draw(x[drawn], [params[r] for r in drawn], [states[r] for r in drawn])
 
     wants = [row for row, p in enumerate(params) if p.logprobs]
@@ -208,10 +210,12 @@ def _draw(
 ) -> np.ndarray:
     """One draw per row from softmax(x / temperature), truncated by top_k and top_p."""
     rows, vocab = x.shape
-    temperature = np.array([p.temperature for p in params])[:, None]
-    scaled = x / temperature
-    probs = np.exp(scaled - scaled.max(axis=1, keepdims=True))
-    probs /= probs.sum(axis=1, keepdims=True)
+    inverse_temperature = 1.0 / np.array([p.temperature for p in params])[:, None]
+    # In place, one temporary: a batch's rows are large enough that each allocation counts.
+    # Unnormalised: the inverse CDF scales its target by each row's total instead.
+    probs = x - x.max(axis=1, keepdims=True)
+    probs *= inverse_temperature
+    np.exp(probs, out=probs)
     uniform = np.array([s.rng.random() for s in states])
     top_k = np.array([p.top_k if 0 < p.top_k < vocab else vocab for p in params])
     top_p = np.array([p.top_p for p in params])
@@ -219,21 +223,40 @@ def _draw(
         order = np.argsort(-probs, axis=1, kind="stable")
         ranked = np.take_along_axis(probs, order, axis=1)
         mass_before = np.cumsum(ranked, axis=1) - ranked
+        total = mass_before[:, -1] + ranked[:, -1]
         # Keep the smallest prefix whose mass reaches top_p, and at most top_k (always one).
-        keep = (np.arange(vocab)[None, :] < top_k[:, None]) & (mass_before < top_p[:, None])
+        keep = (np.arange(vocab)[None, :] < top_k[:, None]) & (
+            mass_before < (top_p * total)[:, None]
+        )
         keep[:, 0] = True
-        ranked = np.where(keep, ranked, 0.0)
-        cdf = np.cumsum(ranked, axis=1)
-        picked = _inverse_cdf(cdf, uniform)
+        picked = _inverse_cdf(np.where(keep, ranked, 0.0), uniform)
         return order[np.arange(rows), picked]
-    return _inverse_cdf(np.cumsum(probs, axis=1), uniform)
+    return _inverse_cdf(probs, uniform)
 
 
-def _inverse_cdf(cdf: np.ndarray, uniform: np.ndarray) -> np.ndarray:
-    # One uniform per row against its own cumulative weights; zero-weight tokens are never hit.
-    target = uniform * cdf[:, -1]
-    picked = (cdf <= target[:, None]).sum(axis=1)
-    return np.minimum(picked, cdf.shape[1] - 1)
+CDF_BLOCK = 64
+
+
+def _inverse_cdf(weights: np.ndarray, uniform: np.ndarray) -> np.ndarray:
+    """Per row, the token whose cumulative weight first passes `uniform` x the row's total.
+    Zero-weight tokens are never picked. In two levels, block sums then one block's running sum,
+    because a running sum over the whole vocabulary is sequential and was most of a step."""
+    rows, vocab = weights.shape
+    blocks = -(-vocab // CDF_BLOCK)
+    if blocks * CDF_BLOCK != vocab:
+        weights = np.pad(weights, ((0, 0), (0, blocks * CDF_BLOCK - vocab)))
+    blocked = weights.reshape(rows, blocks, CDF_BLOCK)
+    block_cdf = np.cumsum(blocked.sum(axis=2), axis=1)
+    # Strictly below the total, so the block found (and the token in it) has positive weight.
+    target = np.minimum(uniform * block_cdf[:, -1], np.nextafter(block_cdf[:, -1], 0))
+    block = np.minimum((block_cdf <= target[:, None]).sum(axis=1), blocks - 1)
+    row = np.arange(rows)
+    inner = np.cumsum(blocked[row, block], axis=1)
+    before = np.where(block > 0, block_cdf[row, np.maximum(block - 1, 0)], 0.0)
+    # Block sums and running sums round differently: keep the target inside the chosen block.
+    local = np.clip(target - before, 0.0, np.nextafter(inner[:, -1], 0))
+    within = np.minimum((inner <= local[:, None]).sum(axis=1), CDF_BLOCK - 1)
+    return block * CDF_BLOCK + within
 
 
 def sample_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:

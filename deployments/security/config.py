@@ -3,7 +3,7 @@ gate, and whether it may run open on Kubernetes (serve_config.yaml `args.securit
 
 from __future__ import annotations
 
-from typing import Self
+from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -57,21 +57,36 @@ class RequestLimits(_Strict):
     top_p: ParamRange = ParamRange(min=0.0, max=1.0)
 
 
+# Where the gate's classifier runs: in each router replica (no hop; only when the moderation
+# model is an embedded classifier, a vectorizer + linear graph that takes microseconds on a CPU,
+# else the deployment), or always as a call of the moderation deployment (heavy guard models).
+GateClassifier = Literal["in_router_if_embedded", "deployment"]
+
+
 class ModerationGateConfig(_Strict):
     """Which chat models have their input and output checked by the moderation model."""
 
     models: list[str] = Field(default_factory=list, description="chat models behind the gate")
     moderation_model: str = Field(default="moderation", min_length=1)
+    classifier: GateClassifier = Field(
+        default="in_router_if_embedded",
+        description="in_router_if_embedded: the router loads the moderation model from "
+        "models_dir when it is an embedded classifier; deployment: a call per check",
+    )
     check_input: bool = True
     check_output: bool = True
     window_chars: int = Field(
-        default=200, ge=1, le=100_000, description="output is checked, and streamed, in windows"
+        default=200,
+        ge=1,
+        le=100_000,
+        description="streamed output is released up to its last word boundary once checked; a "
+        "trailing partial word is held until it ends or reaches this length",
     )
     overlap_chars: int = Field(
         default=32,
         ge=0,
-        description="tail of the previous window classified with each window, so a word cut by "
-        "a window boundary is still seen whole",
+        description="tail of the text released before, classified with each new piece, so a "
+        "phrase cut between pieces is still seen whole",
     )
     refusal_text: str = Field(
         default="I can't help with that.", description="replaces a flagged non-streamed answer"

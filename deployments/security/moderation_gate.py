@@ -1,6 +1,8 @@
-"""The moderation gate of chat models: the input is classified before generation, the output in
-fixed windows, each window checked before any of it is released, so text a client has seen is
-never taken back."""
+"""The moderation gate of chat models: the input is classified (while the generation starts; nothing
+is released before its verdict), a whole answer in fixed windows, and a stream piece by piece: up
+to its last word boundary, each piece classified with the tail before it and released only once
+checked, so text a client has seen is never taken back and a word cut between chunks is classified
+whole."""
 
 from __future__ import annotations
 
@@ -32,6 +34,16 @@ def with_context(context: str, window: str, overlap_chars: int) -> tuple[str, st
     return seen, seen[-overlap_chars:]
 
 
+def releasable_length(text: str, window_chars: int) -> int:
+    """How much of a stream's unreleased `text` may be checked and released now: up to the end of
+    its last whole word. The trailing run of word characters may go on in the next chunk, so it
+    is held, unless it has reached `window_chars` (a long run with no boundary still flows)."""
+    end = len(text)
+    while end and (text[end - 1].isalnum() or text[end - 1] == "_"):
+        end -= 1
+    return len(text) if len(text) - end >= window_chars else end
+
+
 def _filtered(last: GenerationChunk) -> GenerationChunk:
     # GenerationChunk's FinishReason names only the runtime's reasons; the gate adds its own.
     reason: Any = CONTENT_FILTER
@@ -39,8 +51,9 @@ def _filtered(last: GenerationChunk) -> GenerationChunk:
 
 
 class ModerationGate:
-    """Checks the chat models named in the config with `classify` (the router passes a call of
-    the moderation deployment). A moderation failure propagates: the gate fails closed."""
+    """Checks the chat models named in the config with `classify` (the router passes its own
+    copy of an embedded classifier, or a call of the moderation deployment). A moderation
+    failure propagates: the gate fails closed."""
 
     def __init__(self, config: ModerationGateConfig, classify: Classify):
         self.config = config
@@ -83,8 +96,9 @@ class ModerationGate:
             )
 
     async def filter_output(self, text: str, finish_reason: str) -> tuple[str, str]:
-        """A whole answer, checked in the same windows a stream of it would be: the refusal text
-        and "content_filter" if any window is flagged, else the answer unchanged."""
+        """A whole answer, checked in windows of `window_chars`, each with the tail before it
+        (nobody waits for a piece of it): the refusal text and "content_filter" if any window
+        is flagged, else the answer unchanged."""
         if not self.config.check_output or not text:
             return text, finish_reason
         if any(await self._flags(self._classified_windows(text))):
@@ -94,11 +108,12 @@ class ModerationGate:
     async def guard_stream(
         self, chunks: AsyncIterator[GenerationChunk], choices: int = 1
     ) -> AsyncIterator[GenerationChunk]:
-        """Re-chunk a generation into checked windows, each choice (`index`) on its own. Up to
-        one window per choice is held back; a flagged window is never released and that choice
-        ends with finish_reason "content_filter"; once every choice ended, the generation
-        upstream is closed (freeing the model's slot). Logprobs and tool calls ride along with
-        the window that releases their text."""
+        """Re-chunk a generation into checked pieces, each choice (`index`) on its own: each
+        chunk's text up to its last word boundary (`releasable_length`) is classified with the
+        tail released before it and then released; the rest is held. A flagged piece is never
+        released and that choice ends with finish_reason "content_filter"; once every choice
+        ended, the generation upstream is closed (freeing the model's slot). Logprobs and tool
+        calls ride along with the piece that releases their text."""
         if not self.config.check_output:
             async for chunk in chunks:
                 yield chunk
@@ -107,6 +122,7 @@ class ModerationGate:
         pending: dict[int, str] = {}
         context: dict[int, str] = {}
         held_logprobs: dict[int, tuple[Any, ...]] = {}
+        held_calls: dict[int, tuple[Any, ...]] = {}
         ended: set[int] = set()
         try:
             async for chunk in chunks:
@@ -115,36 +131,31 @@ class ModerationGate:
                     continue
                 text = pending.get(index, "") + chunk.text
                 held_logprobs[index] = held_logprobs.get(index, ()) + chunk.logprobs
-                flagged = False
-                while len(text) >= size and not flagged:
-                    window, text = text[:size], text[size:]
+                held_calls[index] = held_calls.get(index, ()) + chunk.tool_calls
+                done = chunk.finish_reason is not None
+                cut = len(text) if done else releasable_length(text, size)
+                piece, pending[index] = text[:cut], text[cut:]
+                if piece:
                     classified, context[index] = with_context(
-                        context.get(index, ""), window, overlap
+                        context.get(index, ""), piece, overlap
                     )
                     if (await self._flags([classified]))[0]:
-                        flagged = True
-                        break
+                        ended.add(index)
+                        yield _filtered(chunk)
+                        if len(ended) == choices:
+                            return
+                        continue
+                if piece or done:
                     yield dataclasses.replace(
                         chunk,
-                        text=window,
-                        finish_reason=None,
-                        tool_calls=(),
+                        text=piece,
                         logprobs=held_logprobs.pop(index, ()),
+                        tool_calls=held_calls.pop(index, ()),
                     )
-                pending[index] = text
-                if not flagged and chunk.finish_reason is not None and text:
-                    classified, _ = with_context(context.get(index, ""), text, overlap)
-                    flagged = (await self._flags([classified]))[0]
-                if flagged:
+                if done:
                     ended.add(index)
-                    yield _filtered(chunk)
-                elif chunk.finish_reason is not None:
-                    ended.add(index)
-                    yield dataclasses.replace(
-                        chunk, text=text, logprobs=held_logprobs.pop(index, ())
-                    )
-                if len(ended) == choices:
-                    return
+                    if len(ended) == choices:
+                        return
         finally:
             close = getattr(chunks, "aclose", None)
             if close is not None:

@@ -3,10 +3,11 @@ edge and the model's handle, and the settlement of the key's tokens however the 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from deployments.edge import EdgeTrace
 from deployments.observability import RequestTelemetry
@@ -35,6 +36,11 @@ from deployments.serving.models import ServedModel
 
 # An opened stream: its first reply (proof the colo answered) and the generator of the rest.
 OpenedStream = tuple[Reply[GenerationChunk], Any]
+T = TypeVar("T")
+
+
+def _is_reply(result: Any) -> Reply[Any]:
+    return result  # type: ignore[no-any-return]
 
 
 def is_deterministic(chat: ChatCompletionRequest) -> bool:
@@ -128,11 +134,9 @@ class ChatService(ModelService):
         ctx: RequestContext,
         telemetry: RequestTelemetry,
     ) -> tuple[ChatCompletion, EdgeTrace]:
-        gated = self.gate.applies_to(model.name)
-        if gated:
-            await self.gate.check_input(messages)
-        reply, trace = await self.edge.call(
-            model.name,
+        reply, trace = await self._checked_call(
+            model,
+            messages,
             ctx,
             telemetry,
             lambda handle: handle.complete_choices.remote(
@@ -140,7 +144,7 @@ class ChatService(ModelService):
             ),
         )
         choices: list[Completion] = list(reply.value)
-        if gated:
+        if self.gate.applies_to(model.name):
             for i, done in enumerate(choices):
                 text, finish = await self.gate.filter_output(done.text, done.finish_reason)
                 choices[i] = dataclasses.replace(done, text=text, finish_reason=finish)
@@ -155,26 +159,53 @@ class ChatService(ModelService):
         model = self._begin(chat, telemetry)
         messages, params, quota = self.admission.admit_chat(chat, ctx.principal)
         features = chat_features(chat)
-        gated = self.gate.applies_to(model.name)
         try:
-            if gated:
-                await self.gate.check_input(messages)
-            (first, stream), trace = await self.edge.call(
-                model.name,
+            (first, stream), trace = await self._checked_call(
+                model,
+                messages,
                 ctx,
                 telemetry,
                 lambda handle: self._open_stream(
                     handle, messages, params, features, ctx.traceparent
                 ),
                 reply_of=lambda opened: opened[0],
+                refused=lambda opened: opened[1].cancel(),
             )
         except BaseException:
             quota.settle(0)
             raise
         chunks = _rest(first, stream, features.n)
-        if gated:
+        if self.gate.applies_to(model.name):
             chunks = self.gate.guard_stream(chunks, features.n)
         return Answer.of(metered_stream(_observed(chunks, telemetry), quota), trace, quota)
+
+    async def _checked_call(
+        self,
+        model: ServedModel,
+        messages: list[dict[str, Any]],
+        ctx: RequestContext,
+        telemetry: RequestTelemetry,
+        call: Callable[[Any], Awaitable[T]],
+        reply_of: Callable[[T], Reply[Any]] = _is_reply,
+        refused: Callable[[T], None] = lambda _: None,
+    ) -> tuple[T, EdgeTrace]:
+        """`call` on the model's handle through the edge, started while the gate checks the
+        input (the check overlaps the hop to the model and its prefill); its result comes back
+        only once the input passed. A refused input cancels the call, or `refused` frees what it
+        already opened, and the 400 is raised whatever the call did."""
+        generation = self.edge.call(model.name, ctx, telemetry, call, reply_of=reply_of)
+        if not self.gate.applies_to(model.name):
+            return await generation
+        started = asyncio.ensure_future(generation)
+        try:
+            await self.gate.check_input(messages)
+        except BaseException:
+            if not started.done():
+                started.cancel()
+            elif not started.cancelled() and started.exception() is None:
+                refused(started.result()[0])
+            raise
+        return await started
 
     @staticmethod
     async def _open_stream(

@@ -13,6 +13,11 @@ from deployments.edge import EdgeDispatcher, RegionPools
 from deployments.observability import RouterObservability
 from deployments.observability.recent_traffic import RecentTraffic
 from deployments.security import KeyStore, ModerationGate, RateLimiter
+from deployments.security.gate_classifier import (
+    OpenClassifier,
+    in_router_classifier,
+    open_embedded_classifier,
+)
 from deployments.serving.admission import Admission
 from deployments.serving.caching import CachedAnswers
 from deployments.serving.calls import resolve
@@ -69,12 +74,15 @@ def build_services(
     rate_limit_share: float = 1.0,
     clock: Callable[[], float] = time.monotonic,
     regions: RegionsSource | None = None,
+    open_gate_classifier: OpenClassifier = open_embedded_classifier,
 ) -> RouterServices:
     """`handles`: model -> region -> the handle of that model's deployment in that region.
     `control`: the edge-control deployment, where routers share region state and drills.
     `rate_limit_share`: this replica's part of each key's budget (1/N with N router replicas).
     `clock`: the rate limiter's (tests). `regions`: real regions for the dashboard (default:
-    /admin/regions from edge-control when there is one; None: the cluster as one region)."""
+    /admin/regions from edge-control when there is one; None: the cluster as one region).
+    `open_gate_classifier`: opens the moderation gate's model in this process when it is small
+    enough to (tests pass a fake)."""
     router, edge_config = config.router, config.edge
     deployments: dict[str, dict[str, str]] = {}
     for deployment, (model, region) in config.model_deployments().items():
@@ -111,12 +119,20 @@ def build_services(
     admission = Admission(RateLimiter(clock=clock, share=rate_limit_share), security.request_limits)
     gate_config = security.moderation_gate
 
-    async def flags(texts: list[str]) -> list[bool]:
-        """The gate's classifier: the moderation deployment, called directly (not via a colo),
-        in a region where it is warm if there is one."""
+    async def deployment_flags(texts: list[str]) -> list[bool]:
+        """The moderation deployment, called directly (not via a colo), in a region where it is
+        warm if there is one."""
         handle = pools.serving_handle(gate_config.moderation_model)
         reply = await resolve(handle.classify.remote(texts))
         return [result.flagged for result in reply.value]
+
+    in_router = (  # the config names a served moderation model whenever the gate is on
+        in_router_classifier(
+            gate_config, config.model_path(gate_config.moderation_model), open_gate_classifier
+        )
+        if gate_config.models
+        else None
+    )
 
     drills = FaultDrills(network, control, edge_config.region_names)
     if regions is None and control is not None and edge_config.regions is not None:
@@ -134,7 +150,7 @@ def build_services(
     return RouterServices(
         keys=keys,
         catalogue=catalogue,
-        chat=ChatService(*path, gate=ModerationGate(gate_config, flags)),
+        chat=ChatService(*path, gate=ModerationGate(gate_config, in_router or deployment_flags)),
         embeddings=EmbeddingService(*path),
         moderations=ModerationService(*path),
         drills=drills,

@@ -139,6 +139,20 @@ class FakeEmbeddingHandle:
         return reply(EmbeddingResult(vectors, [len(text.split()) + 2 for text in texts]))
 
 
+def fake_verdicts(texts: list[str]) -> list[ModerationResult]:
+    results = []
+    for text in texts:
+        bad = BAD_WORD in text
+        results.append(
+            ModerationResult(
+                flagged=bad,
+                categories={"profanity": bad, "harassment": False},
+                category_scores={"profanity": 0.9 if bad else 0.1, "harassment": 0.0},
+            )
+        )
+    return results
+
+
 class FakeModerationHandle:
     def __init__(self) -> None:
         self.classify = Method(self._classify)
@@ -146,17 +160,24 @@ class FakeModerationHandle:
     async def _classify(
         self, texts: list[str], traceparent: Any = None
     ) -> Reply[list[ModerationResult]]:
-        results = []
-        for text in texts:
-            bad = BAD_WORD in text
-            results.append(
-                ModerationResult(
-                    flagged=bad,
-                    categories={"profanity": bad, "harassment": False},
-                    category_scores={"profanity": 0.9 if bad else 0.1, "harassment": 0.0},
-                )
-            )
-        return reply(results)
+        return reply(fake_verdicts(texts))
+
+
+class FakeInRouterModeration:
+    """The gate's classifier opened in the router (open_gate_classifier): flags BAD_WORD,
+    remembers the directory it was opened from and every call."""
+
+    def __init__(self) -> None:
+        self.opened: list[Path] = []
+        self.calls: list[list[str]] = []
+
+    def open(self, model_dir: Path) -> FakeInRouterModeration:
+        self.opened.append(model_dir)
+        return self
+
+    def classify(self, texts: list[str]) -> list[ModerationResult]:
+        self.calls.append(list(texts))
+        return fake_verdicts(texts)
 
 
 def app_config(**router: Any) -> AppConfig:
@@ -188,8 +209,16 @@ def services_for(
     config: AppConfig,
     handles: Mapping[str, Any],
     environ: Mapping[str, str] | None = None,
+    in_router: FakeInRouterModeration | None = None,
 ) -> RouterServices:
-    """`handles` by model (see in_every_region)."""
+    """`handles` by model (see in_every_region); `in_router`: the gate's classifier when the
+    router runs its own (a fresh fake by default)."""
     keys = KeyStore.from_env(environ or {}, config.security)
     # A clock that stands still: token buckets refill with time, and a loaded machine is slow.
-    return build_services(config, in_every_region(config, handles), keys=keys, clock=lambda: 0.0)
+    return build_services(
+        config,
+        in_every_region(config, handles),
+        keys=keys,
+        clock=lambda: 0.0,
+        open_gate_classifier=(in_router or FakeInRouterModeration()).open,
+    )

@@ -11,7 +11,14 @@ from deployments.errors import (
     EmptyInputError,
     InvalidRequestError,
 )
-from deployments.runtime.llm import LLMRuntime, StepProfile
+from deployments.runtime.llm import (
+    GenerationChunk,
+    LLMRuntime,
+    StepProfile,
+    TokenLogprob,
+    ToolCall,
+    merge_chunks,
+)
 from deployments.runtime.sampling import SamplingParams
 
 HELLO = [{"role": "user", "content": "Tell me about Beijing 北京 and Paris."}]
@@ -176,3 +183,54 @@ def test_a_request_arriving_mid_stream_joins_the_running_batch(runtime):
     assert long_alone.completion_tokens > 10  # long enough that the short one can overtake it
     assert order == ["short", "long"]
     assert runtime.max_batch_seen == 2
+
+
+async def _until(condition, timeout_s: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
+def test_a_consumer_that_fell_behind_gets_what_was_generated_in_one_chunk(runtime):
+    params = SamplingParams(max_tokens=24, temperature=0, logprobs=True)
+    whole = run(runtime.complete(HELLO, params))
+
+    async def behind():
+        stream = runtime.stream(HELLO, params)
+        first = await stream.__anext__()
+        await _until(lambda: runtime._engine.done())  # every token is generated and queued
+        rest = [chunk async for chunk in stream]
+        return [first, *rest]
+
+    chunks = run(behind())
+    assert len(chunks) == 2
+    assert "".join(c.text for c in chunks) == whole.text
+    assert chunks[1].finish_reason == whole.finish_reason
+    assert chunks[1].completion_tokens == whole.completion_tokens
+    assert sum(len(c.logprobs) for c in chunks) == len(whole.logprobs)
+    assert tuple(lp for c in chunks for lp in c.logprobs) == whole.logprobs
+
+
+def test_a_whole_answer_reaches_its_consumer_once_per_choice(runtime):
+    params = SamplingParams(max_tokens=16, temperature=0.8, seed=3)
+
+    async def collect():
+        return [c async for c in runtime._generate(HELLO, params, streams=False, n=2)]
+
+    chunks = run(collect())
+    assert sorted(c.index for c in chunks) == [0, 1]
+    assert all(c.finish_reason is not None for c in chunks)
+    streamed = run(runtime.complete_choices(HELLO, params, n=2))
+    assert [c.text for c in sorted(chunks, key=lambda c: c.index)] == [c.text for c in streamed]
+
+
+def test_merged_chunks_keep_every_token_and_the_last_counts():
+    calls = (ToolCall("c1", "f", "{}"),)
+    one = GenerationChunk("a", None, 5, 1, logprobs=(TokenLogprob("a", b"a", -0.1),))
+    two = GenerationChunk("b", None, 5, 2, tool_calls=calls)
+    three = GenerationChunk("c", "stop", 5, 3, logprobs=(TokenLogprob("c", b"c", -0.3),))
+    merged = merge_chunks([one, two, three])
+    assert (merged.text, merged.finish_reason, merged.completion_tokens) == ("abc", "stop", 3)
+    assert [lp.token for lp in merged.logprobs] == ["a", "c"] and merged.tool_calls == calls
+    assert merge_chunks([two]) is two

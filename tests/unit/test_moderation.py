@@ -3,6 +3,7 @@ and the runtime validates, batches and thresholds."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import hashlib
 import os
@@ -34,6 +35,8 @@ from deployments.export.moderation import (
 )
 from deployments.runtime.manifest import MANIFEST_NAME, ModelManifest
 from deployments.runtime.moderation import MAX_INPUT_CHARS, ModerationRuntime
+from deployments.security import ModerationGateConfig
+from deployments.security.gate_classifier import in_router_classifier, open_embedded_classifier
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -103,6 +106,26 @@ def test_offensive_text_is_flagged_and_benign_is_not(runtime: ModerationRuntime)
     assert offensive.categories == {"harassment": True, "profanity": True}
     assert not benign.flagged
     assert benign.categories == {"harassment": False, "profanity": False}
+
+
+def test_the_exported_classifier_is_embedded_in_the_router_and_a_guard_model_is_not(
+    moderation_dir: Path, tmp_path: Path
+) -> None:
+    gate = ModerationGateConfig(models=["glm"])
+    flags = in_router_classifier(gate, moderation_dir)
+    assert flags is not None
+    assert asyncio.run(flags([OFFENSIVE, BENIGN])) == [True, False]
+    off = gate.model_copy(update={"classifier": "deployment"})
+    assert in_router_classifier(off, moderation_dir) is None
+    # Any other architecture (a transformer guard model) stays a call of its deployment, and
+    # the router never opens its graph.
+    guard = tmp_path / "guard"
+    guard.mkdir()
+    manifest = ModelManifest.load(moderation_dir).model_copy(
+        update={"architecture": "DebertaV2ForSequenceClassification"}
+    )
+    manifest.write(guard)
+    assert open_embedded_classifier(guard) is None
 
 
 def test_batch_results_keep_input_order(runtime: ModerationRuntime) -> None:

@@ -12,6 +12,8 @@ from router_fakes import (
     DIMENSION,
     FakeChatHandle,
     FakeEmbeddingHandle,
+    FakeInRouterModeration,
+    FakeModerationHandle,
     app_config,
     fake_handles,
     services_for,
@@ -157,6 +159,75 @@ def test_the_gate_replaces_a_flagged_answer_and_is_off_for_ungated_models():
     open_ = services_for(no_gate(), fake_handles(glm=FakeChatHandle(text=f"well {BAD_WORD}")))
     answer = run(open_.chat.complete(chat(), context(), telemetry()))
     assert answer.value.choices[0].message.content == f"well {BAD_WORD}"
+
+
+def gate_in(where: str):
+    config = app_config()
+    gate = config.security.moderation_gate.model_copy(update={"classifier": where})
+    security = config.security.model_copy(update={"moderation_gate": gate})
+    return config.model_copy(update={"security": security})
+
+
+def test_the_router_runs_an_embedded_gate_classifier_itself_opened_from_models_dir():
+    handles, in_router = fake_handles(), FakeInRouterModeration()
+    config = app_config()
+    services = services_for(config, handles, in_router=in_router)
+    assert in_router.opened == [config.model_path("moderation")]
+    answer = run(services.chat.complete(chat(), context(), telemetry()))
+    assert answer.value.choices[0].finish_reason == "stop"
+    assert in_router.calls and handles["moderation"].classify.calls == []  # no hop
+
+
+def test_the_gate_can_call_the_moderation_deployment_instead():
+    handles, in_router = fake_handles(), FakeInRouterModeration()
+    services = services_for(gate_in("deployment"), handles, in_router=in_router)
+    assert in_router.opened == []
+    run(services.chat.complete(chat(), context(), telemetry()))
+    assert handles["moderation"].classify.calls
+
+
+class SlowVerdicts(FakeModerationHandle):
+    """The moderation deployment answering after the loop turned a few times; remembers how many
+    streams the chat model had opened by the time the verdict came."""
+
+    def __init__(self, chat_handle: FakeChatHandle) -> None:
+        super().__init__()
+        self.chat_handle = chat_handle
+        self.streams_at_verdict: list[int] = []
+        slow = self.classify.run
+
+        async def classify(*args: Any) -> Any:
+            for _ in range(5):
+                await asyncio.sleep(0)
+            self.streams_at_verdict.append(len(self.chat_handle.streams))
+            return await slow(*args)
+
+        self.classify.run = classify
+
+
+@pytest.mark.parametrize("flagged", [False, True])
+def test_a_remote_input_check_overlaps_the_stream_and_a_refusal_cancels_it(flagged):
+    glm = FakeChatHandle()
+    handles = fake_handles(glm=glm, moderation=SlowVerdicts(glm))
+    services = services_for(gate_in("deployment"), handles)
+    content = f"you {BAD_WORD} fool" if flagged else "hi there"
+    request = ChatCompletionRequest(
+        model="glm", stream=True, messages=[{"role": "user", "content": content}]
+    )
+
+    async def go() -> list[Any]:
+        answer = await services.chat.stream(request, context(), telemetry())
+        return await collect(answer.value)
+
+    if flagged:
+        with pytest.raises(ContentPolicyViolationError):
+            run(go())
+        assert glm.streams[0].cancelled and glm.streams[0]._sent == 1  # opened, never read on
+        assert tokens_left(services) >= TOKENS_PER_MINUTE - 1  # refunded
+    else:
+        assert "".join(c.text for c in run(go())) == "hello from the fake model"
+    # The generation was opened before the input's verdict came: the check overlapped it.
+    assert handles["moderation"].streams_at_verdict[0] == 1
 
 
 # ---- edge: failover -----------------------------------------------------------------------------

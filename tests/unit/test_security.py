@@ -44,6 +44,7 @@ from deployments.security import (
     on_kubernetes,
     open_start_refusal,
 )
+from deployments.security.moderation_gate import releasable_length
 
 ALICE = "sk-alice-0123456789abcdef"
 BOB = "sk-bob-fedcba9876543210"
@@ -673,37 +674,105 @@ def test_a_marker_cut_by_a_window_boundary_is_caught_by_the_overlap():
     assert asyncio.run(missed.filter_output(text, "stop"))[1] == "stop"
 
 
-def test_a_clean_stream_is_rechunked_into_windows_and_loses_nothing():
-    gate, _ = gate_for(window=10)
-    text = "".join(chr(ord("a") + i % 26) for i in range(57))
-    generation = Generation(text, seed=1)
-    chunks = run_stream(gate, generation)
+def words_text(length: int, seed: int) -> str:
+    """Filler of short lowercase words (at most 5 letters) and single spaces or punctuation."""
+    rng = random.Random(seed)
+    out = ""
+    while len(out) < length:
+        out += "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(1, 5)))
+        out += rng.choice("  ,.")
+    return out[:length]
+
+
+def released_while_checking(
+    gate: ModerationGate, classify: FakeModeration, generation: Generation
+) -> list[GenerationChunk]:
+    """The stream's chunks; each released text was the tail of the last classified text when
+    it came out (nothing is released before it is checked)."""
+
+    async def collect() -> list[GenerationChunk]:
+        chunks = []
+        async for chunk in gate.guard_stream(generation.chunks()):
+            if chunk.text:
+                assert classify.calls and classify.calls[-1][0].endswith(chunk.text)
+            chunks.append(chunk)
+        return chunks
+
+    return asyncio.run(collect())
+
+
+def test_a_stream_is_released_up_to_its_last_word_boundary_per_chunk():
+    gate, classify = gate_for(window=10, overlap=4)
+    generation = Generation("")
+    generation.pieces = ["Hel", "lo wo", "rld. ", "", "fin", "e"]
+    chunks = released_while_checking(gate, classify, generation)
+    # "Hel" and "wo" wait for the rest of their word; a boundary releases all before it.
+    assert [c.text for c in chunks] == ["Hello ", "world. ", "fine"]
+    assert [c.finish_reason for c in chunks] == [None, None, "stop"]
+    assert [c.completion_tokens for c in chunks] == [2, 3, 6]
+    assert generation.closed
+
+
+def test_a_run_without_a_boundary_is_released_once_it_reaches_the_window():
+    gate, classify = gate_for(window=10, overlap=4)
+    generation = Generation("")
+    generation.pieces = ["abcdef", "ghijkl", "mn", " x", "y"]
+    chunks = released_while_checking(gate, classify, generation)
+    assert [c.text for c in chunks] == ["abcdefghijkl", "mn ", "xy"]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_clean_stream_loses_nothing_and_cuts_no_word(seed):
+    window = 16
+    gate, classify = gate_for(window=window, overlap=4)
+    text = words_text(120, seed)
+    generation = Generation(text, seed=seed)
+    chunks = released_while_checking(gate, classify, generation)
     assert "".join(chunk.text for chunk in chunks) == text
-    assert [len(chunk.text) for chunk in chunks] == [10] * 5 + [7]
-    assert [chunk.finish_reason for chunk in chunks] == [None] * 5 + ["stop"]
+    for chunk in chunks[:-1]:  # words are at most 5 letters: no run reaches the window
+        assert chunk.text and not chunk.text[-1].isalnum()
+    assert [chunk.finish_reason for chunk in chunks] == [None] * (len(chunks) - 1) + ["stop"]
     assert chunks[-1].completion_tokens == len(generation.pieces)
     assert generation.closed
 
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("marker_at", [0, 3, 10, 17, 26, 48])
-def test_a_flagged_window_is_never_released_and_nothing_before_it_is_lost(seed, marker_at):
-    window = 10
-    gate, _ = gate_for(window=window, overlap=4)
-    filler = "".join(chr(ord("a") + (i * 7) % 26) for i in range(60))
+def test_a_flagged_word_is_never_released_and_nothing_before_it_is_lost(seed, marker_at):
+    window = 16
+    gate, classify = gate_for(window=window, overlap=4)
+    filler = words_text(60, seed)
     text = filler[:marker_at] + MARKER + filler[marker_at:]
     generation = Generation(text, seed=seed)
-    chunks = run_stream(gate, generation)
+    chunks = released_while_checking(gate, classify, generation)
     released = "".join(chunk.text for chunk in chunks)
-    # The windows before the one the marker ends in come out whole; that window and all after
-    # it never do.
-    flagged_window = (marker_at + len(MARKER) - 1) // window
-    assert released == text[: flagged_window * window]
-    assert MARKER not in released
+    assert text.startswith(released) and MARKER not in released
+    # Nothing of the marker's word comes out: the release stops at the boundary before it ...
+    word_start = marker_at
+    while word_start and text[word_start - 1].isalnum():
+        word_start -= 1
+    assert len(released) <= word_start
+    # ... and all whole words before the chunk that completed the marker did come out.
+    completed_by, end = 0, 0
+    while end < marker_at + len(MARKER):
+        end += len(generation.pieces[completed_by])
+        completed_by += 1
+    before = text[: end - len(generation.pieces[completed_by - 1])]
+    assert len(released) >= releasable_length(before, window)
     assert chunks[-1].finish_reason == "content_filter" and chunks[-1].text == ""
     assert all(chunk.finish_reason is None for chunk in chunks[:-1])
     assert generation.closed
     assert generation.produced <= len(generation.pieces)
+
+
+def test_a_flagged_word_cut_between_chunks_is_classified_whole_without_overlap():
+    gate, classify = gate_for(window=10, overlap=0)
+    generation = Generation("")
+    generation.pieces = ["fine. you B", "A", "D fool", "s"]
+    chunks = released_while_checking(gate, classify, generation)
+    assert [c.text for c in chunks] == ["fine. you ", ""]
+    assert chunks[-1].finish_reason == "content_filter"
+    assert [call[0] for call in classify.calls] == ["fine. you ", "BAD "]
 
 
 def test_the_stream_stops_consuming_the_model_at_the_flagged_window():
@@ -715,11 +784,12 @@ def test_the_stream_stops_consuming_the_model_at_the_flagged_window():
     assert generation.produced < len(generation.pieces) and generation.closed
 
 
-def test_a_flagged_tail_shorter_than_a_window_is_filtered_at_the_end():
-    gate, _ = gate_for(window=10)
-    text = "q" * 20 + "ok " + MARKER
-    chunks = run_stream(gate, Generation(text, seed=2))
-    assert "".join(c.text for c in chunks) == "q" * 20
+def test_a_flagged_last_word_is_filtered_at_the_end():
+    gate, classify = gate_for(window=10)
+    generation = Generation("")
+    generation.pieces = ["q" * 12, "q" * 8 + " o", "k ", MARKER]
+    chunks = released_while_checking(gate, classify, generation)
+    assert [c.text for c in chunks] == ["q" * 12, "q" * 8 + " ", "ok ", ""]
     assert chunks[-1].finish_reason == "content_filter"
 
 
