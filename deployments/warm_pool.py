@@ -22,6 +22,7 @@ otherwise (Ray prestarts one per CPU when a node starts) are not counted.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import logging
 import threading
@@ -58,6 +59,11 @@ def preload(modules: Sequence[str] = PRELOAD_MODULES) -> None:
             importlib.import_module(module)
         except Exception:  # any import error: the replica will meet it again and report it
             logger.exception("warm pool: preloading %s failed", module)
+    # Ray Serve runs a full gc.collect() (then gc.freeze()) once a replica is constructed: over
+    # everything imported above that is 70-110 ms of the cold start. Frozen now, while the
+    # worker idles, those objects are left out of that collection.
+    gc.collect()
+    gc.freeze()
 
 
 def warm_runtime_env(runtime_env: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from benchmarks.coldstart.cluster import (
     edge_application,
     empty_application,
 )
+from benchmarks.coldstart.controller_cpu import idle_cpu_share
 from benchmarks.coldstart.controller_log import ControllerLog
 from benchmarks.coldstart.imports import replica_import_costs
 from benchmarks.coldstart.keep_warm import run_keep_warm
@@ -97,6 +98,9 @@ class ColdStartBenchConfig(BaseModel):
     warm_pool_fill_timeout_s: float = Field(
         default=60, gt=0, description="a cycle with the pool waits this long for a full pool"
     )
+    controller_idle_cpu_s: float = Field(
+        default=10.0, ge=0, description="time the controller's CPU at zero this long; 0 skips"
+    )
     keep_warm: bool = Field(default=True, description="time a keep-warm window's wake-up")
     keep_warm_lead_s: float = Field(
         default=45, gt=0, description="the window opens this long after its deploy is sent"
@@ -111,6 +115,7 @@ class ColdStartBenchConfig(BaseModel):
             metrics_interval=args.coldstart_metrics_interval,
             runtime_env=args.coldstart_runtime_env,
             ray_env=dict(item.split("=", 1) for item in args.coldstart_ray_env or ()),
+            control_loop_s=args.coldstart_control_loop_s,
         )
         fields: dict[str, Any] = {
             "models_dir": models_dir,
@@ -127,6 +132,8 @@ class ColdStartBenchConfig(BaseModel):
             fields["compare_without_warm_pool"] = False
         if args.coldstart_import_repetitions is not None:
             fields["import_repetitions"] = args.coldstart_import_repetitions
+        if args.coldstart_without_keep_warm:
+            fields["keep_warm"] = False
         if args.coldstart_upscale_repetitions is not None:
             fields["upscale_repetitions"] = args.coldstart_upscale_repetitions
         return cls(**fields)
@@ -152,6 +159,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "variables (app), or deploy without one (none)",
     )
     group.add_argument(
+        "--coldstart-control-loop-s",
+        type=float,
+        help="Serve's control loop interval for this run instead of serve_config.yaml's "
+        "controller_options (Ray Serve's default: 0.1)",
+    )
+    group.add_argument(
         "--coldstart-ray-env",
         action="append",
         metavar="RAY_X=VALUE",
@@ -159,6 +172,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--coldstart-upscale-repetitions", type=int, help="0 skips it")
     group.add_argument("--coldstart-import-repetitions", type=int, help="0 skips it")
+    group.add_argument(
+        "--coldstart-without-keep-warm", action="store_true", help="skip the keep-warm window"
+    )
     group.add_argument(
         "--coldstart-without-pool-comparison",
         action="store_true",
@@ -190,11 +206,17 @@ def run_coldstart_suite(config: ColdStartBenchConfig) -> dict[str, Any]:
         for name, task in tasks.items():
             targets[name + NO_POOL] = model_target(name, task, NO_POOL_APP, NO_POOL_ROUTE)
     started = time.monotonic()
-    with serve_cluster(config.ray_num_cpus, config.http_port, config.variant.ray_env) as cluster:
+    with serve_cluster(
+        config.ray_num_cpus,
+        config.http_port,
+        config.variant.ray_env,
+        config.variant.controller_options(shipped),
+    ) as cluster:
         ray_up_s = time.monotonic() - started
         controller = ControllerLog(cluster.session_dir)
         apply_applications(applications, config.http_port, config.deploy_timeout_s)
         cycles = run_cycles(config, targets, controller)
+        controller_cpu = controller_idle_cpu(config, list(targets.values()), controller)
         upscale = None
         upscale_model = config.upscale_model or ""
         if tasks.get(upscale_model) == "chat" and config.upscale_repetitions:
@@ -228,6 +250,7 @@ def run_coldstart_suite(config: ColdStartBenchConfig) -> dict[str, Any]:
         "in_process_load": in_process,
         "vs_empty_plus_load": ratios,
         "warm_pool_vs_none": warm_pool_ratios(cold_starts),
+        "controller_at_zero": controller_cpu,
         "upscale": summarize_upscale(upscale),
         "keep_warm": summarize_keep_warm(keep_warm, cold_starts),
         "replica_imports": imports,
@@ -285,6 +308,21 @@ def run_cycles(
                 log.info("cold start %s #%d: %s", name, cycle, phases)
                 cycles[name].append(phases)
     return cycles
+
+
+def controller_idle_cpu(
+    config: ColdStartBenchConfig, targets: Sequence[ColdTarget], controller: ControllerLog
+) -> dict[str, Any] | None:
+    """The controller's CPU while every target is at zero, with the loop interval it ran."""
+    pid = controller.controller_pid()
+    if not config.controller_idle_cpu_s or pid is None:
+        return None
+    wait_for_zero(list(targets), config.cycle_timeout_s)
+    shipped = yaml.safe_load(config.serve_config.read_text())
+    return {
+        "control_loop_interval_s": config.variant.control_loop_interval_s(shipped),
+        "cpu_share_of_one_core": round(idle_cpu_share(pid, config.controller_idle_cpu_s), 3),
+    }
 
 
 def _wait_for_full_pool(client: httpx.Client, config: ColdStartBenchConfig) -> int | None:
