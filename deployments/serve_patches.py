@@ -7,7 +7,9 @@ handle's sampled time series, sampled every `look_back_period_s * 0.2` (at most 
 `metrics_interval_s`); the request that just queued is in no sample yet, so the controller reads
 zero queued requests and decides only after the next sample *and* the next periodic push:
 0.3-0.7 s measured at load 5 on 2 cores (README, "Operating it"). Sampling the queue just before
-that push makes the report carry the request: the controller decides in its next loop.
+that push makes the report carry the request: the controller decides in its next loop. And the
+push is sent even while a periodic one is still unanswered (Serve skips it then, to spare a busy
+controller; one report per cold start costs it nothing and the controller keeps the freshest).
 """
 
 from __future__ import annotations
@@ -41,12 +43,14 @@ def sample_queue_before_push_at_zero() -> bool:
 
 def _sampling_first(should_push: Callable[[Any, int], bool]) -> Callable[[Any, int], bool]:
     """`should_send_scaled_to_zero_optimized_push` that, when it says push, first samples the
-    queue into the store the push reads (both its callers push right after it says yes)."""
+    queue into the store the push reads and forgets any push in flight (both its callers push
+    right after it says yes)."""
 
     def should_push_sampled(self: Any, curr_num_replicas: int) -> bool:
         if not should_push(self, curr_num_replicas):
             return False
         self._add_autoscaling_metrics_point()
+        self._pending_metrics_push_ref = None
         return True
 
     setattr(should_push_sampled, _PATCHED, True)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from ray.serve._private import autoscaling_metrics_codec
+from ray.serve._private import router as router_module
 from ray.serve._private.common import DeploymentHandleSource, DeploymentID
 from ray.serve._private.config import DeploymentConfig
 from ray.serve._private.metrics_utils import QUEUED_REQUESTS_KEY
@@ -85,6 +86,22 @@ def test_unpatched_serve_reports_a_request_at_zero_replicas_as_no_request(handle
 
 def test_the_push_at_zero_replicas_carries_the_queued_request(handle_metrics):
     manager, controller = handle_metrics
+    assert sample_queue_before_push_at_zero()
+    with manager.wrap_queued_request(is_retry=False, num_curr_replicas=0):
+        pass
+    (payload,) = controller.pushed
+    assert queued_values(payload)[-1] == 1.0
+
+
+def test_a_periodic_push_still_in_flight_does_not_hold_back_the_push_at_zero(
+    handle_metrics, monkeypatch: pytest.MonkeyPatch
+):
+    manager, controller = handle_metrics
+    monkeypatch.setattr(router_module, "check_obj_ref_ready_nowait", lambda ref: False)
+    manager._pending_metrics_push_ref = object()  # the controller has not answered it yet
+    with manager.wrap_queued_request(is_retry=False, num_curr_replicas=0):
+        pass
+    assert controller.pushed == []  # Serve as shipped skips it: the next push is 0.5 s away
     assert sample_queue_before_push_at_zero()
     with manager.wrap_queued_request(is_retry=False, num_curr_replicas=0):
         pass
