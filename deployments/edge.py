@@ -85,8 +85,9 @@ class RegionPools:
         clock: Callable[[], float] = time.monotonic,
         after_cold_start: Callable[[], None] | None = None,
     ):
-        """after_cold_start: called once a cold start has been served (its replica took a
-        warm pool worker, so the pool is asked to replace it now, not at its next check)."""
+        """after_cold_start: called once a cold start has been served or a woken pool has its
+        replica (which took a warm pool worker: the pool is asked to replace it now, not at its
+        next check)."""
         self.handles = {model: dict(by_region) for model, by_region in handles.items()}
         self.policy = policy
         self._default_cold_start_ms = default_cold_start_ms
@@ -154,8 +155,14 @@ class RegionPools:
         task = asyncio.get_running_loop().create_task(
             asyncio.wait_for(_await(handle.wake.remote()), self.policy.wake_timeout_s)
         )
-        task.add_done_callback(_quietly)
+        task.add_done_callback(self._woken)
         self._wakes[key] = task
+
+    def _woken(self, task: asyncio.Task[Any]) -> None:
+        """A wake answered: its replica has started (on a warm pool worker, which to replace)."""
+        _quietly(task)
+        if not task.cancelled() and task.exception() is None and self._after_cold_start:
+            self._after_cold_start()
 
     # ---- sharing with edge-control ------------------------------------------------------------
 

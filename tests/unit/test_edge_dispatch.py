@@ -125,11 +125,14 @@ def test_cold_nearest_is_detoured_to_a_warm_region_and_really_woken() -> None:
     async def go():
         result = await rig.send(TOKYO)
         await asyncio.sleep(0)  # let the wake task send its call
+        assert rig.pool_top_ups == 0
+        await asyncio.sleep(0.01)  # and have it answered: ap's replica took a warm worker
         return result
 
     reply, trace = asyncio.run(go())
     assert reply.value == "eu" and trace.reason == "warm"
     assert rig.handles["ap"].calls == ["wake"]  # a real call that queues until a replica runs
+    assert rig.pool_top_ups == 1
     assert trace.rtt_ms > 100  # the detour's extra RTT is acted out and reported
 
 
