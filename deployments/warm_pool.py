@@ -11,7 +11,10 @@ How it works (Ray 2.60, measured: README "Operating it"):
   such worker runs before it takes work: Ray Serve's replica machinery, ONNX Runtime, tokenizers
   and our model servers are imported while the worker idles, not while a request waits.
 - `WarmPool`, a tiny Serve deployment, tops each node up to `workers_per_node` such workers every
-  `check_interval_s`, and at once when `top_up()` is called.
+  `check_interval_s`, and at once when `top_up()` is called (the router does after each cold
+  start, whose replica took a worker).
+- After importing, the hook freezes those objects out of the garbage collector (`gc.freeze`):
+  the full `gc.collect()` Ray Serve runs once a replica is constructed then skips them.
 
 The model replicas and the pool get the same runtime_env (`warm_runtime_env`, merged by Serve with
 the app's own), and the pool prestarts workers with exactly the runtime_env it runs in itself.
