@@ -28,11 +28,15 @@ DRIVER_ENV = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")
 
 @contextlib.contextmanager
 def serve_cluster(
-    num_cpus: float, http_port: int, env: Mapping[str, str] | None = None
+    num_cpus: float,
+    http_port: int,
+    env: Mapping[str, str] | None = None,
+    controller_options: Mapping[str, Any] | None = None,
 ) -> Iterator[LocalCluster]:
     """Start a cluster (`env` reaches the raylet and every replica, e.g. RAY_* worker pool
-    settings or EDGE_ADMIN_KEY), attach to it, start Serve on 127.0.0.1:`http_port`; stop it
-    all whatever happens inside."""
+    settings or EDGE_ADMIN_KEY), attach to it, start Serve on 127.0.0.1:`http_port` (with a
+    config file's `controller_options`, as `serve run`/`serve deploy` do); stop it all whatever
+    happens inside."""
     log.info("starting a private Ray (%g CPUs) and Serve on :%d", num_cpus, http_port)
     # A SIGTERM (`timeout`, a CI cancel) must still run the shutdown below: the cluster lives in
     # process groups of its own and would outlive us.
@@ -44,7 +48,10 @@ def serve_cluster(
             _reload_ray_auth()
             ray.init(address=cluster.gcs_address, log_to_driver=False)
             try:
-                serve.start(http_options={"host": "127.0.0.1", "port": http_port})
+                serve.start(
+                    http_options={"host": "127.0.0.1", "port": http_port},
+                    controller_options=dict(controller_options) if controller_options else None,
+                )
                 yield cluster
             finally:
                 ray.shutdown()  # detach; stopping the cluster ends Serve with it

@@ -85,7 +85,11 @@ class RegionPools:
         default_cold_start_ms: float,
         control: Any = None,
         clock: Callable[[], float] = time.monotonic,
+        after_cold_start: Callable[[], None] | None = None,
     ):
+        """after_cold_start: called once a cold start has been served or a woken pool has its
+        replica (which took a warm pool worker: the pool is asked to replace it now, not at its
+        next check)."""
         self.handles = {model: dict(by_region) for model, by_region in handles.items()}
         self.policy = policy
         self._default_cold_start_ms = default_cold_start_ms
@@ -98,6 +102,7 @@ class RegionPools:
         self._wakes: dict[tuple[str, str], asyncio.Task[Any]] = {}
         self._syncer: asyncio.Task[None] | None = None
         self.last_cold_start: dict[str, dict[str, Any]] = {}
+        self._after_cold_start = after_cold_start
 
     def handle(self, model: str, region: str) -> Handle:
         return self.handles[model][region]
@@ -136,6 +141,12 @@ class RegionPools:
         if self._control is not None:
             self._outcomes.append(Outcome(model, region, kind, cold_ms))
 
+    def note_cold_start(self, model: str, record: dict[str, Any]) -> None:
+        """A request of `model` waited for a replica to start: `record` is /readyz's account."""
+        self.last_cold_start[model] = record
+        if self._after_cold_start is not None:
+            self._after_cold_start()
+
     def wake(self, model: str, region: str) -> None:
         """Send the cold pool one request that queues until Serve has started a replica for it
         (Serve scales a deployment up from zero for queued requests); one at a time per pool."""
@@ -146,8 +157,14 @@ class RegionPools:
         task = asyncio.get_running_loop().create_task(
             asyncio.wait_for(_await(handle.wake.remote()), self.policy.wake_timeout_s)
         )
-        task.add_done_callback(_quietly)
+        task.add_done_callback(self._woken)
         self._wakes[key] = task
+
+    def _woken(self, task: asyncio.Task[Any]) -> None:
+        """A wake answered: its replica has started (on a warm pool worker, which to replace)."""
+        _quietly(task)
+        if not task.cancelled() and task.exception() is None and self._after_cold_start:
+            self._after_cold_start()
 
     # ---- sharing with edge-control ------------------------------------------------------------
 
@@ -389,12 +406,15 @@ class EdgeDispatcher(Generic[T]):
             raise as_serving_error(exc) from None
 
     def _note_cold_start(self, model: str, reply: Reply[Any], waited_ms: float) -> None:
-        self.pools.last_cold_start[model] = {
-            "at_unix": time.time(),
-            "wait_ms": waited_ms,
-            "replica_load_s": reply.replica_load_s,
-            "phases": reply.phases.as_dict() if reply.phases else None,
-        }
+        self.pools.note_cold_start(
+            model,
+            {
+                "at_unix": time.time(),
+                "wait_ms": waited_ms,
+                "replica_load_s": reply.replica_load_s,
+                "phases": reply.phases.as_dict() if reply.phases else None,
+            },
+        )
 
 
 def _cold_start_ms(reply: Reply[Any], arrived_at: float) -> float | None:

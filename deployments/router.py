@@ -20,6 +20,7 @@ from deployments.api.app import make_app
 from deployments.config import AppConfig
 from deployments.observability import RouterObservability
 from deployments.security import KeyStore
+from deployments.serve_patches import sample_queue_before_push_at_zero
 from deployments.serving.models import DeploymentState
 from deployments.serving.services import build_services
 
@@ -61,6 +62,8 @@ class RouterIngress:
         warm_pool: DeploymentHandle | None = None,
     ):
         self.config = AppConfig.model_validate(config)
+        # Our model handles live here: a request at zero replicas must reach the controller now.
+        sample_queue_before_push_at_zero()
         self.services = build_services(
             self.config,
             servers,

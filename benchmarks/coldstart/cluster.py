@@ -20,6 +20,8 @@ EDGE_APP = "edge"
 EMPTY_APP = "coldstart-empty"
 EMPTY_ROUTE = "/coldstart-empty"
 ROUTER = "router"
+CONTROL_LOOP_ENV_VAR = "RAY_SERVE_CONTROL_LOOP_INTERVAL_S"  # read by Serve's controller
+SERVE_CONTROL_LOOP_S = 0.1  # Ray Serve 2.60's default
 
 
 class ServeVariant(BaseModel):
@@ -39,6 +41,23 @@ class ServeVariant(BaseModel):
     ray_env: dict[str, str] = Field(
         default_factory=dict, description="RAY_* variables for the raylet (worker pool settings)"
     )
+    control_loop_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="None: serve_config.yaml's controller_options as shipped; a value: the "
+        "controller's control loop interval instead (Ray Serve's default: 0.1 s)",
+    )
+
+    def controller_options(self, shipped: Mapping[str, Any]) -> dict[str, Any] | None:
+        """What Serve's controller starts with: `shipped`'s top-level controller_options, or
+        only the control loop interval of this variant."""
+        if self.control_loop_s is None:
+            return copy.deepcopy(shipped.get("controller_options"))
+        return {"runtime_env": {"env_vars": {CONTROL_LOOP_ENV_VAR: str(self.control_loop_s)}}}
+
+    def control_loop_interval_s(self, shipped: Mapping[str, Any]) -> float:
+        env = ((self.controller_options(shipped) or {}).get("runtime_env") or {}).get("env_vars")
+        return float((env or {}).get(CONTROL_LOOP_ENV_VAR, SERVE_CONTROL_LOOP_S))
 
 
 class BenchScaling(BaseModel):

@@ -43,6 +43,14 @@ class ControllerLog:
                 if match:
                     yield _timestamp(match.group(1)), match.group(2)
 
+    def controller_pid(self) -> int | None:
+        """The live controller's pid, from its log's name (the newest log: a restarted
+        controller writes a new one)."""
+        logs = sorted(
+            self._serve_logs.glob("controller_[0-9]*.log"), key=lambda p: p.stat().st_mtime
+        )
+        return int(logs[-1].stem.rsplit("_", 1)[1]) if logs else None
+
     def scale_up(self, app: str, deployment: str, after: float) -> ScaleUp | None:
         """The first scale-up of `deployment` decided at or after `after` (unix time)."""
         name = f"Deployment(name='{deployment}', app='{app}')"

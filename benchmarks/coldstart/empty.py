@@ -12,7 +12,8 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.handle import DeploymentHandle
 
-# Only this light module of ours: the model servers' imports are the cost this replica must not pay.
+# Only light modules of ours: the model servers' imports are the cost this replica must not pay.
+from deployments.serve_patches import sample_queue_before_push_at_zero
 from deployments.servers.process import process_age_s
 
 EMPTY_DEPLOYMENT = "empty"
@@ -35,6 +36,7 @@ class EmptyIngress:
     handle, so a request at zero replicas is queued (and reported) by a handle in a replica."""
 
     def __init__(self, replica: DeploymentHandle) -> None:
+        sample_queue_before_push_at_zero()  # as the router does: the same controller decision
         self.replica = replica
 
     async def __call__(self, request: Any) -> dict[str, Any]:

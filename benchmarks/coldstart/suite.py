@@ -3,7 +3,9 @@ into phases), next to a model-less replica and the in-process load + warm-up mea
 run; then the reaction to a load step (1 -> 2 replicas), and a keep-warm window waking a model
 ahead of its first request. Each model is cycled with the warm pool (deployments.warm_pool, as
 shipped) and, alternating with it, in a copy of the application without one, so the pool's gain is
-a ratio measured under the same load. The --coldstart-* variants compare other settings."""
+a ratio measured under the same load; after each cold start with the pool, the time until the
+pool has replaced the worker it took. With every model at zero, the controller's CPU (the cost of
+serve_config.yaml's shorter control loop). The --coldstart-* variants compare other settings."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from benchmarks.coldstart.cluster import (
     edge_application,
     empty_application,
 )
+from benchmarks.coldstart.controller_cpu import idle_cpu_share
 from benchmarks.coldstart.controller_log import ControllerLog
 from benchmarks.coldstart.imports import replica_import_costs
 from benchmarks.coldstart.keep_warm import run_keep_warm
@@ -55,6 +58,18 @@ MODELS = ("glm", "kimi", "embedding", "moderation")
 COLD_START_TARGET_S = 0.75  # p50 zero -> first response, per default model (issue 18)
 OVERHEAD_RATIO_TARGET = 1.2  # cold start / (empty replica start + in-process load), at most
 EMPTY = "empty_replica"
+# A cold start from request to response, in order (probe.split_phases says what each covers).
+GOAL_PHASES = (
+    "controller_decision_s",
+    "replica_requested_s",
+    "worker_scheduling_s",
+    "process_start_s",
+    "model_load_s",
+    "warmup_s",
+    "init_other_s",
+    "ready_to_running_s",
+    "running_to_response_s",
+)
 NO_POOL = "/no_warm_pool"  # suffix of a model's name for its cycles without the pool
 
 QUICK_SIZES: Mapping[str, Any] = {
@@ -97,6 +112,9 @@ class ColdStartBenchConfig(BaseModel):
     warm_pool_fill_timeout_s: float = Field(
         default=60, gt=0, description="a cycle with the pool waits this long for a full pool"
     )
+    controller_idle_cpu_s: float = Field(
+        default=10.0, ge=0, description="time the controller's CPU at zero this long; 0 skips"
+    )
     keep_warm: bool = Field(default=True, description="time a keep-warm window's wake-up")
     keep_warm_lead_s: float = Field(
         default=45, gt=0, description="the window opens this long after its deploy is sent"
@@ -111,6 +129,7 @@ class ColdStartBenchConfig(BaseModel):
             metrics_interval=args.coldstart_metrics_interval,
             runtime_env=args.coldstart_runtime_env,
             ray_env=dict(item.split("=", 1) for item in args.coldstart_ray_env or ()),
+            control_loop_s=args.coldstart_control_loop_s,
         )
         fields: dict[str, Any] = {
             "models_dir": models_dir,
@@ -127,6 +146,8 @@ class ColdStartBenchConfig(BaseModel):
             fields["compare_without_warm_pool"] = False
         if args.coldstart_import_repetitions is not None:
             fields["import_repetitions"] = args.coldstart_import_repetitions
+        if args.coldstart_without_keep_warm:
+            fields["keep_warm"] = False
         if args.coldstart_upscale_repetitions is not None:
             fields["upscale_repetitions"] = args.coldstart_upscale_repetitions
         return cls(**fields)
@@ -152,6 +173,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "variables (app), or deploy without one (none)",
     )
     group.add_argument(
+        "--coldstart-control-loop-s",
+        type=float,
+        help="Serve's control loop interval for this run instead of serve_config.yaml's "
+        "controller_options (Ray Serve's default: 0.1)",
+    )
+    group.add_argument(
         "--coldstart-ray-env",
         action="append",
         metavar="RAY_X=VALUE",
@@ -159,6 +186,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--coldstart-upscale-repetitions", type=int, help="0 skips it")
     group.add_argument("--coldstart-import-repetitions", type=int, help="0 skips it")
+    group.add_argument(
+        "--coldstart-without-keep-warm", action="store_true", help="skip the keep-warm window"
+    )
     group.add_argument(
         "--coldstart-without-pool-comparison",
         action="store_true",
@@ -190,11 +220,17 @@ def run_coldstart_suite(config: ColdStartBenchConfig) -> dict[str, Any]:
         for name, task in tasks.items():
             targets[name + NO_POOL] = model_target(name, task, NO_POOL_APP, NO_POOL_ROUTE)
     started = time.monotonic()
-    with serve_cluster(config.ray_num_cpus, config.http_port, config.variant.ray_env) as cluster:
+    with serve_cluster(
+        config.ray_num_cpus,
+        config.http_port,
+        config.variant.ray_env,
+        config.variant.controller_options(shipped),
+    ) as cluster:
         ray_up_s = time.monotonic() - started
         controller = ControllerLog(cluster.session_dir)
         apply_applications(applications, config.http_port, config.deploy_timeout_s)
         cycles = run_cycles(config, targets, controller)
+        controller_cpu = controller_idle_cpu(config, list(targets.values()), controller)
         upscale = None
         upscale_model = config.upscale_model or ""
         if tasks.get(upscale_model) == "chat" and config.upscale_repetitions:
@@ -228,6 +264,7 @@ def run_coldstart_suite(config: ColdStartBenchConfig) -> dict[str, Any]:
         "in_process_load": in_process,
         "vs_empty_plus_load": ratios,
         "warm_pool_vs_none": warm_pool_ratios(cold_starts),
+        "controller_at_zero": controller_cpu,
         "upscale": summarize_upscale(upscale),
         "keep_warm": summarize_keep_warm(keep_warm, cold_starts),
         "replica_imports": imports,
@@ -279,12 +316,30 @@ def run_cycles(
                     log.warning("cycle %d %s skipped: %s", cycle, name, error)
                     continue
                 answered = time.monotonic()
+                phases["pool_refilled_s"] = (
+                    _pool_refill_s(client, config, answered) if idle is not None else None
+                )
                 wait_for_zero([target], config.cycle_timeout_s, every_s=0.1)
                 phases["back_to_zero_s"] = round(time.monotonic() - answered, 2)
                 phases["idle_warm_workers"] = idle
                 log.info("cold start %s #%d: %s", name, cycle, phases)
                 cycles[name].append(phases)
     return cycles
+
+
+def controller_idle_cpu(
+    config: ColdStartBenchConfig, targets: Sequence[ColdTarget], controller: ControllerLog
+) -> dict[str, Any] | None:
+    """The controller's CPU while every target is at zero, with the loop interval it ran."""
+    pid = controller.controller_pid()
+    if not config.controller_idle_cpu_s or pid is None:
+        return None
+    wait_for_zero(list(targets), config.cycle_timeout_s)
+    shipped = yaml.safe_load(config.serve_config.read_text())
+    return {
+        "control_loop_interval_s": config.variant.control_loop_interval_s(shipped),
+        "cpu_share_of_one_core": round(idle_cpu_share(pid, config.controller_idle_cpu_s), 3),
+    }
 
 
 def _wait_for_full_pool(client: httpx.Client, config: ColdStartBenchConfig) -> int | None:
@@ -296,6 +351,24 @@ def _wait_for_full_pool(client: httpx.Client, config: ColdStartBenchConfig) -> i
         time.sleep(0.2)
         idle = idle_warm_workers(client)
     return idle
+
+
+def _pool_refill_s(
+    client: httpx.Client, config: ColdStartBenchConfig, answered: float
+) -> float | None:
+    """Seconds from a cold start's response until the pool is full again (the worker it took
+    replaced: the router asks the pool to top up then); None if not within the fill timeout.
+    The pool may not have noticed the taken worker yet: full counts only after a shortfall."""
+    full = pool_target(client)
+    short = False
+    while time.monotonic() - answered < config.warm_pool_fill_timeout_s:
+        idle = idle_warm_workers(client)
+        if idle is not None and idle < full:
+            short = True
+        elif short:
+            return round(time.monotonic() - answered, 2)
+        time.sleep(0.25)
+    return None
 
 
 def _median(values: Sequence[float | None]) -> float | None:
@@ -386,8 +459,13 @@ def goals(
     for name, summary in cold_starts.items():
         if name == EMPTY or name.endswith(NO_POOL):
             continue
-        p50 = summary.get("p50", {}).get("total_s")
-        result[f"{name}_cold_start_p50"] = _goal(p50, COLD_START_TARGET_S, "s")
+        p50s = summary.get("p50", {})
+        result[f"{name}_cold_start_p50"] = {
+            **_goal(p50s.get("total_s"), COLD_START_TARGET_S, "s"),
+            # Where the median went (each phase's own median: they need not add up to it).
+            "phases_p50_s": {phase: p50s.get(phase) for phase in GOAL_PHASES},
+            "cycles": summary.get("cycles", 0),
+        }
         ratio = ratios.get(name, {}).get("ratio")
         result[f"{name}_cold_start_vs_empty_plus_load"] = _goal(ratio, OVERHEAD_RATIO_TARGET, "x")
     return result

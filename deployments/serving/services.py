@@ -104,7 +104,11 @@ def build_services(
     )
     network = EdgeNetwork(edge_config)
     pools = RegionPools(
-        handles, edge_config.region_policy, router.default_cold_start_ms, control=control
+        handles,
+        edge_config.region_policy,
+        router.default_cold_start_ms,
+        control=control,
+        after_cold_start=(lambda: warm_pool.top_up.remote()) if warm_pool is not None else None,
     )
     dispatcher: EdgeDispatcher[Any] = EdgeDispatcher(
         network,

@@ -67,8 +67,12 @@ class Rig:
     def __init__(self, running: dict[str, int], max_attempts: int = 3):
         config = EdgeConfig.from_mapping({"regions": REGIONS, "latency": {"real_delay_scale": 0}})
         self.handles = {region: FakeRegion(region) for region in REGIONS}
+        self.pool_top_ups = 0  # the warm pool asked to replace a worker a cold start took
         self.pools = RegionPools(
-            {MODEL: self.handles}, config.region_policy, default_cold_start_ms=3000.0
+            {MODEL: self.handles},
+            config.region_policy,
+            default_cold_start_ms=3000.0,
+            after_cold_start=self._top_up_pool,
         )
         self.pools.snapshot = BoardSnapshot(
             {MODEL: {r: PoolView(running=n) for r, n in running.items()}}, {}
@@ -85,6 +89,9 @@ class Rig:
             original(model, region, kind, cold_ms)
 
         self.pools.report = report  # type: ignore[method-assign]
+
+    def _top_up_pool(self) -> None:
+        self.pool_top_ups += 1
 
     async def send(self, headers: dict[str, str], deadline_s: float = 5.0):
         return await self.dispatcher.dispatch(
@@ -118,11 +125,14 @@ def test_cold_nearest_is_detoured_to_a_warm_region_and_really_woken() -> None:
     async def go():
         result = await rig.send(TOKYO)
         await asyncio.sleep(0)  # let the wake task send its call
+        assert rig.pool_top_ups == 0
+        await asyncio.sleep(0.01)  # and have it answered: ap's replica took a warm worker
         return result
 
     reply, trace = asyncio.run(go())
     assert reply.value == "eu" and trace.reason == "warm"
     assert rig.handles["ap"].calls == ["wake"]  # a real call that queues until a replica runs
+    assert rig.pool_top_ups == 1
     assert trace.rtt_ms > 100  # the detour's extra RTT is acted out and reported
 
 
@@ -204,6 +214,10 @@ def test_a_cold_start_is_measured_and_reported() -> None:
     assert trace.headers()["x-edge-cold-start"] == "1"
     assert rig.reported[0].cold_start_ms == trace.cold_start_ms
     assert rig.pools.last_cold_start[MODEL]["wait_ms"] == trace.cold_start_ms
+    assert rig.pool_top_ups == 1
+    rig.handles["ap"].behaviour = lambda method: _ok("ap", ready_at=time.time() - 1.0)
+    asyncio.run(rig.send(TOKYO))  # its replica was ready before the request: warm, no top-up
+    assert rig.pool_top_ups == 1
 
 
 def test_a_cache_hit_is_answered_by_the_entry_colo_for_its_home_region() -> None:
