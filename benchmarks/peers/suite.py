@@ -32,7 +32,7 @@ from benchmarks.peers.embeddings import bench_embeddings
 from benchmarks.peers.router_cpu import bench_router_cpu
 from benchmarks.peers.verdicts import goals
 from benchmarks.router import EDGE_APP, RouterBenchConfig, edge_application
-from deployments.config import parse_app_config
+from deployments.config import parse_app_config, without_regions
 
 __all__ = ["add_arguments", "run", "run_peers_suite"]
 
@@ -43,7 +43,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_peers_suite(config: PeersBenchConfig, clock: Clock = time.perf_counter) -> dict[str, Any]:
-    shipped = yaml.safe_load(config.serve_config.read_text())
+    # One pool per model (the home region's): the router's and the model's cost, not the regions'.
+    shipped = without_regions(yaml.safe_load(config.serve_config.read_text()), home="eu")
     base_url = f"http://127.0.0.1:{config.http_port}"
     edge = edge_application(shipped, RouterBenchConfig(models_dir=config.models_dir), 32)
     # The shipped embedding batch size, not the router suite's override.
