@@ -126,10 +126,8 @@ def build_app(args: dict[str, Any]) -> Application:
             )
             .bind(config.warm_pool.model_dump(mode="json"))
         )
-    router_options: dict[str, Any] = {"num_cpus": config.router.num_cpus, **ingress_options}
-    if config.router.serve_env:
-        router_options["runtime_env"] = {"env_vars": dict(config.router.serve_env)}
     router = serve.deployment(RouterIngress).options(
-        name="router", ray_actor_options=router_options
+        name="router",
+        ray_actor_options={"num_cpus": config.router.num_cpus, **ingress_options},
     )
     return router.bind(config.model_dump(mode="json"), servers, control, warm_pool)

@@ -37,13 +37,12 @@ APP_DEPLOYMENTS = ("router", "edge-control", "warm-pool")
 
 
 # Ray Serve switches measured by `--suite peers` (README, "Performance against what users would
-# run instead"). The router replicas' own: their handle calls to the model replicas go over gRPC,
-# not Ray actor calls (a runtime_env, so `serve run` and `serve deploy` users get it too).
-ROUTER_SERVE_ENV = {"RAY_SERVE_USE_GRPC_BY_DEFAULT": "1"}
-# The proxy's, read when it starts, so it must be in the head node's environment, not a
-# runtime_env: it forwards requests to the router over gRPC too. `make serve`, the k8s head
-# container and the test and benchmark clusters set it.
-CLUSTER_SERVE_ENV = {"RAY_SERVE_PROXY_USE_GRPC": "1"}
+# run instead"): requests go from the proxy to the router and from every handle to its replicas
+# over gRPC, not Ray actor calls. Serve reads it where each process starts, and a handle keeps the
+# transport of the process that built the application (Serve's build task), so it belongs in the
+# cluster's environment, not a replica's runtime_env: `make serve`, the k8s containers and the
+# test and benchmark clusters set it.
+CLUSTER_SERVE_ENV = {"RAY_SERVE_USE_GRPC_BY_DEFAULT": "1"}
 
 
 class _Strict(BaseModel):
@@ -96,20 +95,6 @@ class RouterConfig(_Strict):
     )
     cache: CacheConfig = CacheConfig()
     num_cpus: float = Field(default=0.1, gt=0, le=64)
-    serve_env: dict[str, str] = Field(
-        default_factory=lambda: dict(ROUTER_SERVE_ENV),
-        description="Ray Serve switches for the router replicas' processes (runtime_env)",
-    )
-
-    @field_validator("serve_env")
-    @classmethod
-    def _only_ray_serve_switches(cls, env: dict[str, str]) -> dict[str, str]:
-        # Ray Serve reads its RAY_SERVE_* constants when a process imports it: a runtime_env
-        # variable reaches the replica's own process, and nothing else belongs here.
-        for name in env:
-            if not name.startswith("RAY_SERVE_"):
-                raise ValueError(f"{name!r} is not a Ray Serve switch (RAY_SERVE_*)")
-        return env
 
 
 class AppConfig(_Strict):

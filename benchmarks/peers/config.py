@@ -20,8 +20,8 @@ INGRESS_ENV: Mapping[Ingress, Mapping[str, str]] = {
     "haproxy": {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"},
 }
 
-# Ray Serve's transport switches as shipped (deployments.config: the router's runtime_env and
-# CLUSTER_SERVE_ENV), or Serve's own defaults for comparison: the cluster's part of each.
+# Ray Serve's transport switches as shipped (deployments.config.CLUSTER_SERVE_ENV), or Serve's
+# own defaults for comparison.
 ServeSwitches = Literal["shipped", "serve-defaults"]
 SERVE_SWITCHES_ENV: Mapping[ServeSwitches, Mapping[str, str]] = {
     "shipped": {},  # benchmarks.cluster starts every cluster with CLUSTER_SERVE_ENV

@@ -83,8 +83,6 @@ def edge_app(config: PeersBenchConfig, serve_config: dict[str, Any]) -> dict[str
     if config.router_replicas is not None:
         (router,) = [d for d in edge["deployments"] if d["name"] == "router"]
         router["num_replicas"] = config.router_replicas
-    if config.serve_switches == "serve-defaults":
-        edge["args"]["router"]["serve_env"] = {}
     return edge
 
 

@@ -105,7 +105,6 @@ def _set(*path_and_value: Any) -> Callable[[dict[str, Any]], None]:
         (_set("models", "glm", "gpus", 1), ["args.models.glm.gpus", "not permitted"]),
         (_set("edge", "latency", "jitter_ms", -1), ["args.edge.latency.jitter_ms", "0"]),
         (_set("edge", "faults", {"XXX": [{"down": True}]}), ["args.edge", "XXX"]),
-        (_set("router", "serve_env", {"OMP_NUM_THREADS": "1"}), ["args.router.serve_env", "OMP"]),
     ],
 )
 def test_a_bad_value_names_its_field_and_the_allowed_values(
@@ -255,21 +254,6 @@ def test_no_deployment_section_sets_ray_actor_options(application: dict[str, Any
     # It would replace the resource shares build_app derives from args (and the accelerator).
     for deployment in application["deployments"]:
         assert "ray_actor_options" not in deployment, deployment["name"]
-
-
-def test_the_router_replicas_get_the_configured_serve_switches(args: dict[str, Any]):
-    # Ray Serve reads them in the replica's own process: they travel as its runtime_env.
-    from deployments.app import build_app
-
-    args["accelerator"] = "cpu"
-    args["router"]["serve_env"] = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
-    router = build_app(args)._bound_deployment
-    assert router.name == "router"
-    assert router.ray_actor_options["runtime_env"] == {
-        "env_vars": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
-    }
-    args["router"]["serve_env"] = {}
-    assert "runtime_env" not in build_app(args)._bound_deployment.ray_actor_options
 
 
 def test_make_serve_starts_ray_with_the_clusters_serve_switches():

@@ -82,7 +82,3 @@ def test_the_edge_app_is_one_pool_per_model_and_peers_get_our_embedding_options(
         embedding_peer["deployments"][0]["max_ongoing_requests"]
         == (embedding_eu["max_ongoing_requests"])
     )
-    # The router's Serve switches as shipped, or none for the comparison with Serve's defaults.
-    assert edge["args"]["router"]["serve_env"] == shipped_app["args"]["router"]["serve_env"]
-    defaults = edge_app(config.model_copy(update={"serve_switches": "serve-defaults"}), shipped)
-    assert defaults["args"]["router"]["serve_env"] == {}
