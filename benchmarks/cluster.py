@@ -18,6 +18,7 @@ from ray._raylet import AuthenticationTokenLoader, Config
 from ray.serve.context import _get_global_client
 from ray.serve.schema import ApplicationStatus, DeploymentStatus, ServeDeploySchema
 
+from deployments.config import CLUSTER_SERVE_ENV
 from edgectl.local_cluster import LocalCluster, running, wait_until
 
 log = logging.getLogger(__name__)
@@ -34,10 +35,11 @@ def serve_cluster(
     controller_options: Mapping[str, Any] | None = None,
 ) -> Iterator[LocalCluster]:
     """Start a cluster (`env` reaches the raylet and every replica, e.g. RAY_* worker pool
-    settings or EDGE_ADMIN_KEY), attach to it, start Serve on 127.0.0.1:`http_port` (with a
-    config file's `controller_options`, as `serve run`/`serve deploy` do); stop it all whatever
-    happens inside."""
+    settings or EDGE_ADMIN_KEY, on top of the shipped CLUSTER_SERVE_ENV), attach to it, start
+    Serve on 127.0.0.1:`http_port` (with a config file's `controller_options`, as `serve run`/
+    `serve deploy` do); stop it all whatever happens inside."""
     log.info("starting a private Ray (%g CPUs) and Serve on :%d", num_cpus, http_port)
+    env = {**CLUSTER_SERVE_ENV, **(env or {})}
     # A SIGTERM (`timeout`, a CI cancel) must still run the shutdown below: the cluster lives in
     # process groups of its own and would outlive us.
     previous_handler = signal.signal(signal.SIGTERM, _exit_on_sigterm)

@@ -110,6 +110,12 @@ class EdgeControl:
         """The colo fault drills and their version."""
         return self._colo_faults.version, self._colo_faults.entries
 
+    async def colo_faults(self, known_version: int) -> tuple[int, FaultEntries]:
+        """Long poll for routers: returns when the colo drills changed since `known_version`,
+        or after a while."""
+        await self._colo_faults.changed_since(known_version, FAULT_POLL_TIMEOUT_S)
+        return self._colo_faults.version, self._colo_faults.entries
+
     async def set_fault(self, colo_id: str, fault: dict[str, Any]) -> int:
         return self._colo_faults.set(colo_id, fault)
 

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from deployments.config import PROJECT_ROOT
+from deployments.config import CLUSTER_SERVE_ENV, PROJECT_ROOT
 
 Ingress = Literal["proxy", "direct", "haproxy"]
 
@@ -18,6 +18,14 @@ INGRESS_ENV: Mapping[Ingress, Mapping[str, str]] = {
     "proxy": {},
     "direct": {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"},
     "haproxy": {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"},
+}
+
+# Ray Serve's transport switches as shipped (deployments.config.CLUSTER_SERVE_ENV), or Serve's
+# own defaults for comparison.
+ServeSwitches = Literal["shipped", "serve-defaults"]
+SERVE_SWITCHES_ENV: Mapping[ServeSwitches, Mapping[str, str]] = {
+    "shipped": {},  # benchmarks.cluster starts every cluster with CLUSTER_SERVE_ENV
+    "serve-defaults": {name: "0" for name in CLUSTER_SERVE_ENV},
 }
 
 QUICK_SIZES: Mapping[str, Any] = {
@@ -41,6 +49,7 @@ class PeersBenchConfig(BaseModel):
     deploy_timeout_s: float = Field(default=600, gt=0)
     ingress: Ingress = "proxy"
     router_replicas: int | None = Field(default=None, ge=1, description="None: as shipped")
+    serve_switches: ServeSwitches = "shipped"
     rounds: int = Field(default=4, ge=1, description="interleaved rounds per comparison")
     embedding_clients: tuple[int, ...] = (1, 32)
     warmup_s: float = Field(default=1.0, ge=0)
@@ -60,6 +69,7 @@ class PeersBenchConfig(BaseModel):
             http_port=args.peers_http_port,
             ingress=args.peers_ingress,
             router_replicas=args.peers_router_replicas,
+            serve_switches=args.peers_serve_switches,
         )
         return config.model_copy(update=dict(QUICK_SIZES)) if args.quick else config
 
@@ -77,4 +87,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="peers suite: router replicas (default: serve_config.yaml's)",
+    )
+    parser.add_argument(
+        "--peers-serve-switches",
+        choices=sorted(SERVE_SWITCHES_ENV),
+        default="shipped",
+        help="peers suite: the shipped gRPC transport switches, or Ray Serve's defaults",
     )

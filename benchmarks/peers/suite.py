@@ -26,15 +26,21 @@ from benchmarks.cluster import apply_applications, serve_cluster
 from benchmarks.peers import cpu
 from benchmarks.peers.chat import bench_chat
 from benchmarks.peers.common import PEER_CHAT, PEER_EMBEDDING, Clock
-from benchmarks.peers.config import INGRESS_ENV, Ingress, PeersBenchConfig, add_arguments
+from benchmarks.peers.config import (
+    INGRESS_ENV,
+    SERVE_SWITCHES_ENV,
+    Ingress,
+    PeersBenchConfig,
+    add_arguments,
+)
 from benchmarks.peers.decode_profile import decode_profile
 from benchmarks.peers.embeddings import bench_embeddings
 from benchmarks.peers.router_cpu import bench_router_cpu
 from benchmarks.peers.verdicts import goals
 from benchmarks.router import EDGE_APP, RouterBenchConfig, edge_application
-from deployments.config import parse_app_config
+from deployments.config import parse_app_config, without_regions
 
-__all__ = ["add_arguments", "run", "run_peers_suite"]
+__all__ = ["add_arguments", "edge_app", "run", "run_peers_suite"]
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -43,18 +49,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_peers_suite(config: PeersBenchConfig, clock: Clock = time.perf_counter) -> dict[str, Any]:
-    shipped = yaml.safe_load(config.serve_config.read_text())
     base_url = f"http://127.0.0.1:{config.http_port}"
-    edge = edge_application(shipped, RouterBenchConfig(models_dir=config.models_dir), 32)
-    # The shipped embedding batch size, not the router suite's override.
-    edge = _shipped_batching(edge, shipped)
-    if config.router_replicas is not None:
-        (router,) = [d for d in edge["deployments"] if d["name"] == "router"]
-        router["num_replicas"] = config.router_replicas
+    edge = edge_app(config, yaml.safe_load(config.serve_config.read_text()))
     results: dict[str, Any] = {"config": config.model_dump(mode="json")}
     with (
         _ingress_env(config.ingress, config.http_port),
-        serve_cluster(config.ray_num_cpus, config.http_port),
+        serve_cluster(
+            config.ray_num_cpus, config.http_port, SERVE_SWITCHES_ENV[config.serve_switches]
+        ),
     ):
         apply_applications(
             [edge, *peer_applications(edge, config)], config.http_port, config.deploy_timeout_s
@@ -69,6 +71,19 @@ def run_peers_suite(config: PeersBenchConfig, clock: Clock = time.perf_counter) 
     )
     results["goals"] = goals(results)
     return results
+
+
+def edge_app(config: PeersBenchConfig, serve_config: dict[str, Any]) -> dict[str, Any]:
+    """Our application as shipped, one pool per model (the home region's: the router's and the
+    model's cost, not the regions'), with the shipped embedding batching."""
+    shipped = without_regions(serve_config, home="eu")
+    edge = edge_application(shipped, RouterBenchConfig(models_dir=config.models_dir), 32)
+    # The shipped embedding batch size, not the router suite's override.
+    edge = _shipped_batching(edge, shipped)
+    if config.router_replicas is not None:
+        (router,) = [d for d in edge["deployments"] if d["name"] == "router"]
+        router["num_replicas"] = config.router_replicas
+    return edge
 
 
 @contextmanager

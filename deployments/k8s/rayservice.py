@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deployments.config import parse_app_config
+from deployments.config import CLUSTER_SERVE_ENV, parse_app_config
 from deployments.k8s import pod_security, region_groups, secrets
 from deployments.k8s.manifest_yaml import dump_yaml
 
@@ -163,7 +163,8 @@ def _finish_group(
     group: dict[str, Any], where: str, *, labels: dict[str, str], kubernetes_api: bool, pins: Pins
 ) -> None:
     """One group's pods: labelled for the NetworkPolicy, hardened, given the API keys where the
-    router may run, on the pinned serving image."""
+    router may run, on the pinned serving image, with the cluster's Ray Serve switches (a proxy
+    reads them when it starts, on whichever node it runs)."""
     _label_pods(group, labels)
     pod = group["template"]["spec"]
     pod_security.require_resources(pod, where)
@@ -173,6 +174,9 @@ def _finish_group(
     for container in pod["containers"]:
         repository = container["image"].rsplit(":", 1)[0]
         container["image"] = f"{repository}:{pins.image_tag('gpu')}"
+        container.setdefault("env", []).extend(
+            {"name": name, "value": value} for name, value in CLUSTER_SERVE_ENV.items()
+        )
 
 
 def build_rayservice(

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import yaml
 
-from deployments.config import without_regions
+from deployments.config import CLUSTER_SERVE_ENV, without_regions
 from edgectl.local_cluster import LocalCluster, free_port, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,6 +31,7 @@ LIMITED_RPM = 3
 # Every process appends its finished spans here (read where build_app runs: the cluster).
 TRACES_FILE = Path(os.environ.get("TMPDIR", "/tmp")) / f"edge-traces-{os.getpid()}.jsonl"
 CLUSTER_ENV = {
+    **CLUSTER_SERVE_ENV,  # the shipped Serve switches (`make serve`, the k8s containers)
     "EDGE_ADMIN_KEY": ADMIN_KEY,
     "EDGE_API_KEYS": f"user:{USER_KEY},other:{OTHER_KEY},limited:{LIMITED_KEY},load:{LOAD_KEY}",
     "EDGE_TRACES_FILE": str(TRACES_FILE),

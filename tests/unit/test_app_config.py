@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from deployments.config import (
+    CLUSTER_SERVE_ENV,
     PROJECT_ROOT,
     AppConfig,
     BatchingConfig,
@@ -258,6 +259,13 @@ def test_no_deployment_section_sets_ray_actor_options(application: dict[str, Any
     # It would replace the resource shares build_app derives from args (and the accelerator).
     for deployment in application["deployments"]:
         assert "ray_actor_options" not in deployment, deployment["name"]
+
+
+def test_make_serve_starts_ray_with_the_clusters_serve_switches():
+    makefile = (PROJECT_ROOT / "Makefile").read_text(encoding="utf-8")
+    (serve_run,) = [line for line in makefile.splitlines() if "bin/serve run" in line]
+    for name, value in CLUSTER_SERVE_ENV.items():
+        assert f"{name}={value} " in serve_run
 
 
 def test_batching_config_refuses_out_of_range_and_unknown_fields():

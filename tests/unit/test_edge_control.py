@@ -63,3 +63,39 @@ def test_config_declared_faults_on_other_colos_are_left_alone():
     replica = network(clock, faults={"BBB": [ColoFault(down=True).model_dump()]})
     apply_snapshot(replica, {"AAA": []})
     assert down(replica, "BBB") and not down(replica, "AAA")
+
+
+class CountingControl:
+    """The edge-control handle as a router replica sees it (`.colo_faults.remote(...)`), on a
+    real EdgeControl in this event loop, counting the calls made."""
+
+    def __init__(self, control: EdgeControl):
+        self.control = control
+        self.colo_faults = self
+        self.calls = 0
+
+    def remote(self, known_version: int):
+        self.calls += 1
+        return self.control.colo_faults(known_version)
+
+
+def test_a_router_follows_drills_by_long_poll_at_once_and_without_polling_when_idle():
+    from deployments.serving.drills import FaultDrills
+
+    async def go() -> None:
+        store = EdgeControl()
+        handle = CountingControl(store)
+        drills = FaultDrills(network(ManualClock()), handle)
+        follower = asyncio.get_running_loop().create_task(drills.sync_forever())
+        await asyncio.sleep(0.05)
+        assert handle.calls == 1  # one poll waiting, not a call every 0.5 s
+        await store.set_fault("AAA", {"down": True})
+        await asyncio.sleep(0.05)  # the poll returns at once on a change
+        assert down(drills.network, "AAA") and not down(drills.network, "BBB")
+        assert handle.calls == 2
+        await store.clear_faults("AAA")
+        await asyncio.sleep(0.05)
+        assert not down(drills.network, "AAA")
+        follower.cancel()
+
+    asyncio.run(go())

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from deployments import k8s
-from deployments.config import ConfigError
+from deployments.config import CLUSTER_SERVE_ENV, ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"
@@ -326,6 +326,14 @@ def test_models_volume_is_mounted_read_only_in_every_ray_pod(
             (mount,) = [m for m in container["volumeMounts"] if m["name"] == k8s.MODELS_VOLUME]
             assert mount["readOnly"] is True
             assert mount["mountPath"] == serve_config["applications"][0]["args"]["models_dir"]
+
+
+def test_every_ray_container_has_the_clusters_serve_switches(rayservice: dict[str, Any]) -> None:
+    # A proxy reads them when it starts, on whichever node it runs: not a runtime_env's job.
+    for group in _groups(rayservice):
+        for container in group["template"]["spec"]["containers"]:
+            env = {e["name"]: e.get("value") for e in container["env"]}
+            assert CLUSTER_SERVE_ENV.items() <= env.items(), container["name"]
 
 
 def test_images_and_ray_version_follow_the_pinned_ray(rayservice: dict[str, Any]) -> None:

@@ -1,13 +1,19 @@
 """The peers benchmark's bookkeeping (no Ray): a goal that could not be measured is a miss that
-says so, and replica CPU is read only from this process's own descendants."""
+says so, replica CPU is read only from this process's own descendants, and the applications it
+deploys are the shipped config's, one pool per model, the peers given our deployments' options."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+import yaml
 
 from benchmarks.peers import cpu
+from benchmarks.peers.config import PeersBenchConfig
+from benchmarks.peers.suite import edge_app, peer_applications
 from benchmarks.peers.verdicts import goals
 
 
@@ -59,3 +65,20 @@ def test_worker_pids_see_only_our_descendants() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_edge_app_is_one_pool_per_model_and_peers_get_our_embedding_options() -> None:
+    config = PeersBenchConfig(models_dir=Path("/models"))
+    shipped = yaml.safe_load(config.serve_config.read_text())
+    (shipped_app,) = shipped["applications"]
+    edge = edge_app(config, shipped)
+    names = {d["name"] for d in edge["deployments"]}
+    assert {"embedding", "router"} <= names and "embedding-eu" not in names
+    (embedding_eu,) = [d for d in shipped_app["deployments"] if d["name"] == "embedding-eu"]
+    (embedding_peer,) = [
+        a for a in peer_applications(edge, config) if a["name"] == "peer-embedding"
+    ]
+    assert (
+        embedding_peer["deployments"][0]["max_ongoing_requests"]
+        == (embedding_eu["max_ongoing_requests"])
+    )
