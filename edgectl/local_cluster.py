@@ -211,6 +211,19 @@ class LocalCluster:
             )
         return done.stdout
 
+    def serve_deploy(self, config_path: Path, attempts: int = 1) -> None:
+        """`serve deploy config_path`, tried up to `attempts` times. The first deploy also starts
+        Serve; on a starved machine its controller may kill a proxy that is slow to pass its
+        health check, failing that deploy: a second one works."""
+        for attempt in range(1, attempts + 1):
+            try:
+                self.cli("serve", "deploy", str(config_path))
+                return
+            except RuntimeError:
+                if attempt == attempts:
+                    raise
+                time.sleep(5)
+
     def serve_applications(self) -> dict[str, Any]:
         """Serve's state from the dashboard's REST API: what `serve status` prints."""
         return dict(self.dashboard_get("/api/serve/applications/"))

@@ -5,7 +5,6 @@ The fixture owns only the cluster it started: another Ray on the machine is left
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,9 +71,9 @@ class ServeCluster:
         deployments = self.serve_status()["applications"][app]["deployments"]
         return deployments[deployment]["replica_states"].get("RUNNING", 0)
 
-    def deploy(self, config: dict[str, Any]) -> None:
+    def deploy(self, config: dict[str, Any], attempts: int = 1) -> None:
         self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-        self.cli("serve", "deploy", str(self.config_path))
+        self.ray.serve_deploy(self.config_path, attempts)
         self.config = config
 
 
@@ -127,16 +126,7 @@ def serve_cluster(
             tmp_path_factory.mktemp("serve") / "serve_config.yaml",
             config,
         )
-        # The first deploy also starts Serve; on a starved machine its controller may kill a
-        # proxy that is slow to pass its health check, failing that deploy: a second one works.
-        for attempt in range(3):
-            try:
-                cluster.deploy(config)
-                break
-            except RuntimeError:
-                if attempt == 2:
-                    raise
-                time.sleep(5)
+        cluster.deploy(config, attempts=3)  # the first deploy also starts Serve
         wait_until(
             lambda: cluster.serve_status()["applications"]["edge"]["status"] == "RUNNING",
             timeout_s=240,

@@ -5,7 +5,6 @@ cluster of the test's own (edgectl.local_cluster): deployed with `serve deploy`,
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,14 +79,7 @@ class RegionApp:
 
     def deploy(self, config: dict[str, Any]) -> None:
         self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-        for attempt in range(3):  # a starved machine may fail Serve's first proxy start
-            try:
-                self.ray.cli("serve", "deploy", str(self.config_path))
-                break
-            except RuntimeError:
-                if attempt == 2:
-                    raise
-                time.sleep(5)
+        self.ray.serve_deploy(self.config_path, attempts=3)  # the first deploy starts Serve
         wait_until(
             lambda: self.status()["status"] == "RUNNING", 300, "the edge app RUNNING", every_s=2
         )
