@@ -53,7 +53,6 @@ def decision_cost_us(n_colos: int = 300, repeat: int = 20_000) -> dict[str, floa
             "country": "US",
             "lat": rng.uniform(-60, 70),
             "lon": rng.uniform(-180, 180),
-            "capacity": 64,
         }
         for i in range(n_colos)
     ]
@@ -62,7 +61,6 @@ def decision_cost_us(n_colos: int = 300, repeat: int = 20_000) -> dict[str, floa
         clock=ManualClock(),
         centroids=CountryCentroids.from_countryinfo(),
     )
-    warm = {c["id"] for c in colos[::3]}
     by_header = {"x-client-geo": "48.85,2.35"}
     by_country = {"cf-ipcountry": "FR"}
 
@@ -72,11 +70,7 @@ def decision_cost_us(n_colos: int = 300, repeat: int = 20_000) -> dict[str, floa
     return {
         "colos": n_colos,
         "route_geo_header_us": per_call(lambda: network.route("m", by_header)),
-        "route_country_warm_aware_us": per_call(
-            lambda: network.route(
-                "m", by_country, is_warm=lambda c, m: c in warm, cold_start_ms=lambda m: 2000.0
-            )
-        ),
+        "route_country_us": per_call(lambda: network.route("m", by_country)),
     }
 
 
