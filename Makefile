@@ -50,7 +50,7 @@ models: install
 lint: install-dev
 	$(VENV)/bin/ruff check deployments edge_sim edgectl tests benchmarks
 	$(VENV)/bin/ruff format --check deployments edge_sim edgectl tests benchmarks
-	$(VENV)/bin/mypy edge_sim edgectl deployments/runtime
+	$(VENV)/bin/mypy edge_sim edgectl deployments benchmarks
 	$(VENV)/bin/edge k8s render --check
 	$(PY) -m deployments.observability.grafana render --check
 

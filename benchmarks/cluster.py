@@ -14,7 +14,7 @@ from typing import Any
 
 import ray
 from ray import serve
-from ray._raylet import AuthenticationTokenLoader, Config
+from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]
 from ray.serve.context import _get_global_client
 from ray.serve.schema import ApplicationStatus, DeploymentStatus, ServeDeploySchema
 
@@ -97,7 +97,10 @@ def apply_applications(
     started = time.monotonic()
     # serve.run would give every deployment a new random code version (a restart); the config
     # path is the one ops use, and the private client is how `serve run config.yaml` reaches it.
-    _get_global_client().deploy_apps(schema)
+    client = _get_global_client()
+    if client is None:
+        raise RuntimeError("Serve is not running on this cluster")
+    client.deploy_apps(schema)
     wait_until(lambda: _all_running(names), timeout_s, f"applications {names} to be RUNNING")
     log.info("running after %.1fs", time.monotonic() - started)
 

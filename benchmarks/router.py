@@ -18,7 +18,7 @@ import httpx
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
-from ray.serve.handle import DeploymentHandle
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from benchmarks.cluster import apply_applications, serve_cluster
 from benchmarks.http_load import (
@@ -143,7 +143,7 @@ def run_router_suite(config: RouterBenchConfig, clock: Clock = time.perf_counter
         deploy([edge])
         deploy([edge, *baseline_applications(edge)])
         overhead = asyncio.run(bench_router_overhead(config, base_url, clock))
-        embedding = {"batched": bench_embedding(config, base_url, batched, clock)}
+        embedding: dict[str, Any] = {"batched": bench_embedding(config, base_url, batched, clock)}
         # Only user_config changes: Serve reconfigures the running replica, no restart.
         edge = edge_application(shipped, config, embedding_batch_size=unbatched)
         deploy([edge, *baseline_applications(edge)])
@@ -513,7 +513,9 @@ async def _timed_handle_stream(
     started = clock()
     first_text_at: float | None = None
     completion_tokens = 0
-    async for reply in handle.options(stream=True).stream.remote(messages, params):
+    stream = handle.options(stream=True).stream.remote(messages, params)
+    assert isinstance(stream, DeploymentResponseGenerator)  # stream=True: Ray types a union
+    async for reply in stream:
         chunk = reply.value
         if first_text_at is None and chunk.text:
             first_text_at = clock()

@@ -13,6 +13,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from deployments.app import as_deployment
 from deployments.runtime.moderation import ModerationResult
 from deployments.runtime.session import SessionConfig
 from deployments.servers.base import Reply
@@ -72,14 +73,14 @@ class ModerationIngress(ModerationServer):
 
 
 def build_fastapi_passthrough(args: dict[str, Any]) -> Application:
-    deployment = serve.deployment(FastAPIPassThrough).options(
+    deployment = as_deployment(FastAPIPassThrough).options(
         ray_actor_options={"num_cpus": INGRESS_NUM_CPUS}
     )
     return deployment.bind(args["app_name"], args["deployment"])
 
 
 def build_plain_passthrough(args: dict[str, Any]) -> Application:
-    deployment = serve.deployment(PlainPassThrough).options(
+    deployment = as_deployment(PlainPassThrough).options(
         ray_actor_options={"num_cpus": INGRESS_NUM_CPUS}
     )
     return deployment.bind(args["app_name"], args["deployment"])
@@ -87,7 +88,7 @@ def build_plain_passthrough(args: dict[str, Any]) -> Application:
 
 def build_moderation_ingress(args: dict[str, Any]) -> Application:
     session = SessionConfig(provider="cpu", intra_op_threads=args["intra_op_threads"])
-    deployment = serve.deployment(ModerationIngress).options(
+    deployment = as_deployment(ModerationIngress).options(
         name=args["name"], ray_actor_options={"num_cpus": args["num_cpus"]}
     )
     return deployment.bind(args["model_dir"], session)

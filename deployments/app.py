@@ -12,6 +12,7 @@ from typing import Any
 import ray
 from ray import serve
 from ray.serve import Application
+from ray.serve.deployment import Deployment
 
 from deployments.config import AppConfig, ConfigError, parse_app_config
 from deployments.edge_control import EdgeControl
@@ -72,7 +73,7 @@ def build_app(args: dict[str, Any]) -> Application:
     if policy.ingress_resource is not None:
         ingress_options["resources"] = {policy.ingress_resource: REGION_SHARE}
     control = (
-        serve.deployment(EdgeControl)
+        as_deployment(EdgeControl)
         .options(
             name="edge-control",
             num_replicas=1,
@@ -101,7 +102,7 @@ def build_app(args: dict[str, Any]) -> Application:
                 actor_options["num_gpus"] = model.num_gpus
             if pinned:
                 actor_options["resources"] = {region_resource(region): REGION_SHARE}
-            deployment = serve.deployment(SERVER_BY_TASK[model.task]).options(
+            deployment = as_deployment(SERVER_BY_TASK[model.task]).options(
                 name=deployment_name(name, region), ray_actor_options=actor_options
             )
             servers[name][region] = deployment.bind(
@@ -118,7 +119,7 @@ def build_app(args: dict[str, Any]) -> Application:
     warm_pool = None
     if config.warm_pool.enabled:
         warm_pool = (
-            serve.deployment(WarmPool)
+            as_deployment(WarmPool)
             .options(
                 name="warm-pool",
                 num_replicas=1,
@@ -126,8 +127,14 @@ def build_app(args: dict[str, Any]) -> Application:
             )
             .bind(config.warm_pool.model_dump(mode="json"))
         )
-    router = serve.deployment(RouterIngress).options(
+    router = as_deployment(RouterIngress).options(
         name="router",
         ray_actor_options={"num_cpus": config.router.num_cpus, **ingress_options},
     )
     return router.bind(config.model_dump(mode="json"), servers, control, warm_pool)
+
+
+def as_deployment(cls: type) -> Deployment:
+    """`serve.deployment(cls)`, typed: Ray 2.60 annotates `serve.deployment` as returning the
+    decorator factory even when it is given the class."""
+    return serve.deployment(cls)  # type: ignore[return-value]

@@ -184,6 +184,7 @@ def read_replicas(
     """RUNNING (and, when asked, target) replicas per (model, region), from Serve's controller."""
     from ray import serve
     from ray.serve.context import _get_global_client
+    from ray.serve.schema import ReplicaState
 
     app = serve.get_replica_context().app_name
     deployments = serve.status().applications[app].deployments
@@ -191,11 +192,16 @@ def read_replicas(
     for model, by_region in pools.items():
         for region, name in by_region.items():
             status = deployments.get(name)
-            running[(model, region)] = status.replica_states.get("RUNNING", 0) if status else 0
+            running[(model, region)] = (
+                status.replica_states.get(ReplicaState.RUNNING, 0) if status else 0
+            )
     if with_targets:
         import ray
 
-        controller = _get_global_client()._controller
+        client = _get_global_client()
+        if client is None:  # only inside a Serve replica, which always has one
+            raise RuntimeError("no Serve client in this process")
+        controller = client._controller
         details = ray.get(controller.get_serve_instance_details.remote())
         listed = details["applications"][app]["deployments"]
         for model, by_region in pools.items():

@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import FastAPI
 from ray import serve
 from ray.serve.handle import DeploymentHandle
+from ray.serve.schema import ReplicaState
 
 from deployments.api.app import make_app
 from deployments.config import AppConfig
@@ -42,7 +43,7 @@ async def _deployment_states() -> dict[str, DeploymentState]:
     return {
         name: DeploymentState(
             str(deployment.status.value),
-            deployment.replica_states.get("RUNNING", 0),
+            deployment.replica_states.get(ReplicaState.RUNNING, 0),
             {
                 getattr(state, "value", str(state)): n
                 for state, n in deployment.replica_states.items()

@@ -8,11 +8,11 @@ import os
 import time
 from typing import Any
 
-from ray import serve
 from ray.serve import Application
 from ray.serve.handle import DeploymentHandle
 
 # Only light modules of ours: the model servers' imports are the cost this replica must not pay.
+from deployments.app import as_deployment
 from deployments.serve_patches import sample_queue_before_push_at_zero
 from deployments.servers.process import process_age_s
 
@@ -46,5 +46,5 @@ class EmptyIngress:
 def build_empty_app(args: dict[str, Any]) -> Application:
     """`import_path: benchmarks.coldstart.empty:build_empty_app`; the Serve options come from the
     config's `deployments:` section, like the models'."""
-    replica = serve.deployment(EmptyReplica).options(name=EMPTY_DEPLOYMENT).bind()
-    return serve.deployment(EmptyIngress).options(name=EMPTY_INGRESS).bind(replica)
+    replica = as_deployment(EmptyReplica).options(name=EMPTY_DEPLOYMENT).bind()
+    return as_deployment(EmptyIngress).options(name=EMPTY_INGRESS).bind(replica)

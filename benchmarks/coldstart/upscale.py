@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ray import serve
-from ray.serve.handle import DeploymentHandle
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from benchmarks.coldstart.cluster import replica_states
 from benchmarks.coldstart.controller_log import ControllerLog, ScaleUp
@@ -67,6 +67,7 @@ async def _streams_until(
         params = SamplingParams(max_tokens=max_tokens, temperature=0.7, seed=seed)
         seed += 1
         stream = handle.options(stream=True).stream.remote(list(MESSAGES), params)
+        assert isinstance(stream, DeploymentResponseGenerator)  # stream=True: Ray types a union
         try:
             async for reply in stream:
                 sightings.saw(reply)

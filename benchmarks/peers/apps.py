@@ -12,12 +12,13 @@ from ray import serve
 from ray.serve import Application
 from starlette.requests import Request
 
+from deployments.app import as_deployment
+
 # The docs' batching parameters for an embedding model.
 DOCS_MAX_BATCH_SIZE = 32
 DOCS_BATCH_WAIT_TIMEOUT_S = 0.005
 
 
-@serve.deployment
 class DocsPatternEmbedder:
     """PyTorch all-MiniLM-L6-v2 (the same packaged weights as our ONNX export, transformers'
     default SDPA attention), one `@serve.batch`ed forward pass per batch, JSON out."""
@@ -45,7 +46,6 @@ class DocsPatternEmbedder:
         }
 
 
-@serve.deployment
 class DocsPatternChat:
     """`transformers` `generate()` per request on the same tiny GLM our export builds (the
     exporter's own seeded constructor), prompt encoded with the served model's chat template."""
@@ -59,7 +59,8 @@ class DocsPatternChat:
 
         torch.set_num_threads(torch_threads)
         with tempfile.TemporaryDirectory() as scratch:
-            self._model, _ = default_model("glm", Path(scratch))
+            model, _ = default_model("glm", Path(scratch))
+        self._model: Any = model  # a transformers causal LM (its generate() is untyped here)
         self._model.eval()
         # The served model's tokenizer and chat template: the prompt ids are ours, token for token.
         manifest = ModelManifest.load(Path(model_dir))
@@ -105,8 +106,8 @@ class DocsPatternChat:
 
 
 def build_docs_embedding(args: dict[str, Any]) -> Application:
-    return DocsPatternEmbedder.bind(args["model_dir"], int(args["torch_threads"]))
+    return as_deployment(DocsPatternEmbedder).bind(args["model_dir"], int(args["torch_threads"]))
 
 
 def build_docs_chat(args: dict[str, Any]) -> Application:
-    return DocsPatternChat.bind(args["model_dir"], int(args["torch_threads"]))
+    return as_deployment(DocsPatternChat).bind(args["model_dir"], int(args["torch_threads"]))

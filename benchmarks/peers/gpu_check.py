@@ -20,7 +20,7 @@ from deployments.runtime.decoder import DecoderGraph
 from deployments.runtime.llm import LLMRuntime
 from deployments.runtime.manifest import ModelManifest
 from deployments.runtime.sampling import SamplingParams
-from deployments.runtime.session import SessionConfig, cuda_available, open_session
+from deployments.runtime.session import Provider, SessionConfig, cuda_available, open_session
 
 STREAMS = (1, 8, 32)
 NEW_TOKENS = 64
@@ -38,7 +38,7 @@ def _graph(model_dir: Path, config: SessionConfig) -> DecoderGraph:
     return DecoderGraph(open_session(model_dir / manifest.graph, config), manifest.llm.kv_cache)
 
 
-def parity(fp32_dir: Path, fp16_dir: Path, provider: str) -> dict[str, Any]:
+def parity(fp32_dir: Path, fp16_dir: Path, provider: Provider) -> dict[str, Any]:
     reference = LLMRuntime(fp32_dir, SessionConfig(provider="cpu"))
     device = _graph(fp16_dir, SessionConfig(provider=provider, io_binding=True))
     cosines, same_greedy = [], []
@@ -85,7 +85,7 @@ async def _throughput(runtime: LLMRuntime, streams: int) -> dict[str, Any]:
     }
 
 
-def throughput(model_dir: Path, provider: str, io_binding: bool) -> dict[str, Any]:
+def throughput(model_dir: Path, provider: Provider, io_binding: bool) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for streams in STREAMS:
         runtime = LLMRuntime(

@@ -155,10 +155,12 @@ def _expand_kv_by_concat(
     """DeepSeek-V3's `expand_kv`, same maths, with one concat instead of two slice writes into
     an empty tensor: exported, those writes became transpose-scatter-transpose over the whole
     cache at every decode step (68% of Kimi's kernel time at batch 8)."""
+    attention: Any = self  # DeepSeek-V3's attention module: its fields are not typed on Module
+    nope_dim, value_dim = attention.qk_nope_head_dim, attention.v_head_dim
     batch_size, _, seq_length, _ = kv_nope.shape
-    key_shape = (batch_size, seq_length, -1, self.qk_nope_head_dim + self.v_head_dim)
-    kv = self.kv_b_proj(kv_nope).view(key_shape).transpose(1, 2)
-    k_nope, value_states = torch.split(kv, [self.qk_nope_head_dim, self.v_head_dim], dim=-1)
+    key_shape = (batch_size, seq_length, -1, nope_dim + value_dim)
+    kv = attention.kv_b_proj(kv_nope).view(key_shape).transpose(1, 2)
+    k_nope, value_states = torch.split(kv, [nope_dim, value_dim], dim=-1)
     k_rot = k_rot.expand(-1, k_nope.shape[1], -1, -1)
     return torch.cat((k_nope, k_rot), dim=-1), value_states
 
@@ -170,7 +172,8 @@ def _prepare_for_export(model: PreTrainedModel) -> PreTrainedModel:
     model.config._experts_implementation = "batched_mm"
     for module in model.modules():
         if hasattr(module, "expand_kv") and hasattr(module, "kv_b_proj"):
-            module.expand_kv = types.MethodType(_expand_kv_by_concat, module)
+            attention: Any = module  # typed as a Module, whose attributes are tensors or modules
+            attention.expand_kv = types.MethodType(_expand_kv_by_concat, module)
     return model.eval()
 
 
@@ -274,6 +277,7 @@ def default_model(family: Family, out: Path) -> tuple[PreTrainedModel, dict[str,
 
 def _checkpoint_model(family: Family, source: str, out: Path) -> tuple[PreTrainedModel, dict]:
     model = FAMILIES[family].model_class.from_pretrained(source, dtype=torch.float32)
+    tokenizer: Any  # a fast tokenizer either way; transformers types the two apart
     if family == "kimi" and has_tiktoken_tokenizer(source):
         tokenizer = kimi_tokenizer(source)  # Kimi-K2 ships tiktoken.model, not tokenizer.json
     else:

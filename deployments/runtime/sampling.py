@@ -79,7 +79,7 @@ class SamplingParams:
 
     @classmethod
     def bias_from(
-        cls, logit_bias: Mapping[str | int, float] | None
+        cls, logit_bias: Mapping[str, float] | Mapping[int, float] | None
     ) -> tuple[tuple[int, float], ...]:
         """OpenAI's `{"token id": bias}` map as the params' sorted pairs."""
         return tuple(sorted((int(k), float(v)) for k, v in (logit_bias or {}).items()))

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from deployments.errors import ContentPolicyViolationError
-from deployments.runtime.llm import GenerationChunk
+from deployments.runtime.llm import FinishReason, GenerationChunk
 from deployments.security.config import ModerationGateConfig
 
 # One verdict per text, in order: True when the moderation model flags it.
 Classify = Callable[[list[str]], Awaitable[list[bool]]]
 
-CONTENT_FILTER = "content_filter"
+CONTENT_FILTER: Final = "content_filter"
 
 
 def split_windows(text: str, window_chars: int) -> list[str]:
@@ -95,7 +95,9 @@ class ModerationGate:
                 param=f"messages.{flagged[0]}.content",
             )
 
-    async def filter_output(self, text: str, finish_reason: str) -> tuple[str, str]:
+    async def filter_output(
+        self, text: str, finish_reason: FinishReason
+    ) -> tuple[str, FinishReason]:
         """A whole answer, checked in windows of `window_chars`, each with the tail before it
         (nobody waits for a piece of it): the refusal text and "content_filter" if any window
         is flagged, else the answer unchanged."""

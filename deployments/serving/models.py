@@ -110,7 +110,7 @@ class ModelCatalogue:
     ) -> dict[str, Any]:
         """/readyz: each model's replicas per region and last cold start; `ready` lists the
         models with a running replica in some region."""
-        models = {}
+        models: dict[str, dict[str, Any]] = {}
         for name, by_region in self.deployments.items():
             regions = {
                 region: {
