@@ -27,6 +27,7 @@ import httpx
 import numpy as np
 import yaml
 
+from deployments.config import serve_only
 from edge_sim.config import EdgeConfig
 from edge_sim.regions import PoolView, plan_regions
 from edgectl.loadtest.regions import CITY_PROBES
@@ -69,9 +70,7 @@ def _config(models_root: Path, http_port: int) -> dict[str, Any]:
         "embedding_cold": {**embedding, "aliases": []},
         "moderation": args["models"]["moderation"],
     }
-    args["security"]["moderation_gate"]["models"] = []
-    prices = args["observability"].get("prices", {})
-    args["observability"]["prices"] = {m: p for m, p in prices.items() if m in args["models"]}
+    serve_only(args, args["models"])  # their prices; the gate is off without a chat model
     args["security"]["per_key"] = {
         "bench": {"requests_per_minute": None, "tokens_per_minute": None}
     }

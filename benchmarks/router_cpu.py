@@ -102,15 +102,25 @@ class _ModerationHandle:
 
 
 class _ChatHandle:
+    """`ChatServer.complete_choices`: all n choices of one request at once."""
+
     def __init__(self) -> None:
-        self.complete = _Method(self._complete)
+        self.complete_choices = _Method(self._complete_choices)
 
     def options(self, **_: Any) -> _ChatHandle:
         return self
 
-    async def _complete(self, *_: Any) -> Reply[Completion]:
+    async def _complete_choices(
+        self, messages: Any, params: Any, traceparent: Any = None, features: Any = None
+    ) -> Reply[list[Completion]]:
         text = "Paris is the capital of France."
-        return _reply(Completion(text, "stop", prompt_tokens=12, completion_tokens=8))
+        choices = features.n if features is not None else 1
+        return _reply(
+            [
+                Completion(text, "stop", prompt_tokens=12, completion_tokens=8, index=index)
+                for index in range(choices)
+            ]
+        )
 
 
 # ---- the app under test -------------------------------------------------------------------------
@@ -128,11 +138,12 @@ def bench_config(serve_config: Path) -> AppConfig:
 def bench_app(config: AppConfig) -> Any:
     handles: dict[str, Any] = {}
     for name, model in config.models.items():
-        handles[name] = {
+        handle = {
             "chat": _ChatHandle,
             "embedding": _EmbeddingHandle,
             "moderation": _ModerationHandle,
         }[model.task]()
+        handles[name] = dict.fromkeys(config.edge.region_names, handle)  # one fake everywhere
     keys = KeyStore.from_env({"EDGE_API_KEYS": f"bench:{USER_KEY}"}, config.security)
     # The access log is formatted and written, as in the replica, but to /dev/null.
     devnull = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - lives as long as the app

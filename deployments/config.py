@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -224,6 +224,21 @@ def check_serve_config(path: str | Path) -> list[str]:
             if problem:
                 problems.append(f"application {app.name!r}: {problem}")
     return problems
+
+
+def serve_only(args: dict[str, Any], models: Iterable[str]) -> None:
+    """Narrow an application's raw `args` (in place) to `models`: their entries, their prices,
+    and the moderation gate on only those of them it still can be (its moderation model kept).
+    For tools that deploy part of serve_config.yaml (benchmarks, the region tests)."""
+    kept = list(models)
+    args["models"] = {name: args["models"][name] for name in kept}
+    observability = args.get("observability", {})
+    if "prices" in observability:
+        observability["prices"] = {m: p for m, p in observability["prices"].items() if m in kept}
+    gate = args.get("security", {}).get("moderation_gate")
+    if gate is not None:
+        moderation = gate.get("moderation_model", "moderation")
+        gate["models"] = [m for m in gate.get("models", []) if m in kept and moderation in kept]
 
 
 def without_regions(serve_config: dict[str, Any], home: str) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 
 from benchmarks.coldstart.empty import EMPTY_DEPLOYMENT, EMPTY_INGRESS
-from deployments.config import parse_app_config
+from deployments.config import parse_app_config, serve_only
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ def edge_application(
     args = app["args"]
     args["accelerator"] = "cpu"
     args["models_dir"] = models_dir
-    args["models"] = {name: args["models"][name] for name in models}
+    serve_only(args, models)
     args.setdefault("edge", {}).setdefault("latency", {})["real_delay_scale"] = 0
     args.setdefault("router", {})["cache"] = {"enabled": False}
     gate = args.get("security", {}).get("moderation_gate")

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import yaml
 
-from deployments.config import CLUSTER_SERVE_ENV
+from deployments.config import CLUSTER_SERVE_ENV, serve_only
 from edgectl.loadtest.regions import CITY_PROBES
 from edgectl.local_cluster import LocalCluster, free_port, wait_until
 
@@ -47,9 +47,7 @@ def region_config(
     app = config["applications"][0]
     args = app["args"]
     args["models_dir"] = str(models_root)
-    args["models"] = {name: args["models"][name] for name in models}
-    prices = args["observability"].get("prices", {})
-    args["observability"]["prices"] = {m: p for m, p in prices.items() if m in models}
+    serve_only(args, models)
     args["security"]["moderation_gate"]["models"] = []
     args["security"]["per_key"] = {"load": {"requests_per_minute": None, "tokens_per_minute": None}}
     args["edge"]["latency"]["real_delay_scale"] = 0

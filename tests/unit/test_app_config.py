@@ -18,6 +18,7 @@ from deployments.config import (
     ConfigError,
     check_serve_config,
     parse_app_config,
+    serve_only,
     without_regions,
 )
 from edge_sim.config import EdgeConfig
@@ -46,6 +47,23 @@ def config_error(args: dict[str, Any]) -> str:
 
 
 # ---- the shipped file --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("models", "gated"),
+    [(["glm", "moderation"], ["glm"]), (["glm", "embedding"], []), (["embedding"], [])],
+)
+def test_serving_only_some_models_keeps_a_valid_config(
+    args: dict[str, Any], models: list[str], gated: list[str]
+):
+    """What tools deploying part of the file get: their models' prices, and the gate only on
+    served chat models, and only while its moderation model is served."""
+    assert config_error({**args, "models": {m: args["models"][m] for m in models}})
+    serve_only(args, models)
+    config = parse_app_config(args)
+    assert sorted(config.models) == sorted(models)
+    assert set(config.observability.prices) <= set(models)
+    assert config.security.moderation_gate.models == gated
 
 
 def test_the_shipped_args_validate(args: dict[str, Any]):
