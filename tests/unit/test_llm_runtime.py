@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -192,13 +193,25 @@ async def _until(condition, timeout_s: float = 30.0) -> None:
         await asyncio.sleep(0.005)
 
 
-def test_a_consumer_that_fell_behind_gets_what_was_generated_in_one_chunk(runtime):
+def test_a_consumer_that_fell_behind_gets_what_was_generated_in_one_chunk(runtime, monkeypatch):
     params = SamplingParams(max_tokens=24, temperature=0, logprobs=True)
     whole = run(runtime.complete(HELLO, params))
+    # Decode steps wait until the consumer holds the prefill's chunk: otherwise, on a busy
+    # machine, the engine may finish before the event loop wakes the consumer at all.
+    first_taken = threading.Event()
+    step = runtime._step
+
+    def step_once_the_first_chunk_is_taken(admitted, running):
+        if not admitted:
+            assert first_taken.wait(timeout=30)
+        return step(admitted, running)
+
+    monkeypatch.setattr(runtime, "_step", step_once_the_first_chunk_is_taken)
 
     async def behind():
         stream = runtime.stream(HELLO, params)
         first = await stream.__anext__()
+        first_taken.set()
         await _until(lambda: runtime._engine.done())  # every token is generated and queued
         rest = [chunk async for chunk in stream]
         return [first, *rest]
