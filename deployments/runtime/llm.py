@@ -108,7 +108,7 @@ class _Sequence:
     matcher: StopStringMatcher = field(init=False)
     detokenizer: IncrementalDetokenizer = field(init=False)
     generated: list[int] = field(default_factory=list)
-    text: str = ""
+    text: str = ""  # kept only while stop strings need to see it
     emitted_chars: int = 0
     cache: KVCache | None = None
     timings: InferenceTimings = field(default_factory=InferenceTimings)
@@ -131,12 +131,13 @@ class _Sequence:
         """Take the sampled token and turn it into the text that is now safe to emit."""
         token = sampled.token
         finish: FinishReason | None = None
+        piece = ""
         if token in self.eos:
             finish = "stop"
         else:
             self.generated.append(token)
             # Holds back an unfinished multi-byte character until its last byte arrives.
-            self.text += self.detokenizer.push(token)
+            piece = self.detokenizer.push(token)
             if self.constraint is not None:
                 self.constraint.accept(token)
                 if self.constraint.done:  # the document is complete: nothing may follow
@@ -144,7 +145,25 @@ class _Sequence:
         if finish is None and len(self.generated) >= self.max_tokens:
             finish = "length"
         if finish is not None:
-            self.text += self.detokenizer.flush()
+            piece += self.detokenizer.flush()
+        if self.matcher.stops:  # without stop strings every piece is safe to emit at once
+            piece, finish = self._until_stop(piece, finish)
+        self.finished = finish is not None
+        return GenerationChunk(
+            piece,
+            finish,
+            len(self.prompt),
+            len(self.generated),
+            index=self.index,
+            logprobs=() if sampled.logprob is None else self._logprobs(sampled),
+        )
+
+    def _until_stop(
+        self, piece: str, finish: FinishReason | None
+    ) -> tuple[str, FinishReason | None]:
+        """The part of the text so far that is safe to emit now, and whether a stop string
+        ended it: a tail that could still become a stop string is held back."""
+        self.text += piece
         text = self.text
         stop_at = self.matcher.find(text, self.emitted_chars)
         if stop_at is not None:
@@ -155,19 +174,10 @@ class _Sequence:
             end = self.matcher.safe_length(text)
         delta = text[self.emitted_chars : max(end, self.emitted_chars)]
         self.emitted_chars += len(delta)
-        self.finished = finish is not None
-        return GenerationChunk(
-            delta,
-            finish,
-            len(self.prompt),
-            len(self.generated),
-            index=self.index,
-            logprobs=self._logprobs(sampled),
-        )
+        return delta, finish
 
     def _logprobs(self, sampled: SampledToken) -> tuple[TokenLogprob, ...]:
-        if sampled.logprob is None:
-            return ()
+        assert sampled.logprob is not None
         top = tuple(self._describe(t, lp) for t, lp in sampled.top_logprobs)
         chosen = self._describe(sampled.token, sampled.logprob)
         return (TokenLogprob(chosen.token, chosen.token_bytes, chosen.logprob, top),)
@@ -506,11 +516,10 @@ class LLMRuntime:
             blocks.append(self._prefill(admitted, size, batch_is_new=not running))
         batch_seqs = running + admitted
         logits = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
-        masks = [seq.allowed() for seq in batch_seqs]
         allowed = None
-        if any(m is not None for m in masks):
+        if any(seq.constraint is not None for seq in batch_seqs):
             allowed = np.ones(logits.shape, bool)
-            for i, mask in enumerate(masks):
+            for i, mask in enumerate(seq.allowed() for seq in batch_seqs):
                 if mask is not None:
                     allowed[i, : len(mask)] = mask
                     allowed[i, len(mask) :] = False
