@@ -190,7 +190,8 @@ class DecoderGraph:
         ids = list(prompt)
         out: list[int] = []
         for _ in range(new_tokens):
-            out.append(int(np.argmax(self.full_logits(ids)[-1])))
+            # The whole sequence from an empty cache each time; any graph gives its last row.
+            out.append(int(np.argmax(self.prefill(ids)[0])))
             ids.append(out[-1])
         return out
 

@@ -54,6 +54,9 @@ def test_next_token_graph_is_the_exported_graphs_last_row(graphs) -> None:
     np.testing.assert_allclose(logits, exported.prefill(prompt)[0], rtol=TOLERANCE, atol=TOLERANCE)
     with pytest.raises(ValueError, match="next-token logits only"):
         next_token.full_logits(prompt)
+    # Full recomputation (the models suite's reference) needs only each last row.
+    assert next_token.greedy_full_recompute(prompt, 6) == exported.greedy_full_recompute(prompt, 6)
+    assert next_token.greedy_full_recompute(prompt, 6) == next_token.greedy_cached(prompt, 6)
 
 
 def test_batched_prefill_matches_one_prompt_at_a_time(graphs) -> None:
