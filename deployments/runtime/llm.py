@@ -45,8 +45,8 @@ FinishReason = Literal["stop", "length", "content_filter", "tool_calls"]
 DEFAULT_MAX_NEW_TOKENS = 256
 DEFAULT_MAX_CHOICES = 8
 # Batched prefill (see `prefill_groups`).
-PREFILL_MAX_PADDED_TOKENS = 1024
-PREFILL_MIN_FILL = 0.5
+PREFILL_MAX_PADDED_TOKENS = 512
+PREFILL_MIN_FILL = 0.75
 
 
 @dataclass(frozen=True)
@@ -569,9 +569,11 @@ class LLMRuntime:
 def prefill_groups(lengths: Sequence[int]) -> list[list[int]]:
     """Which prompts (by index, each group in index order) share a prefill run. Shortest first,
     a prompt joins the group before it while the padded run stays within
-    PREFILL_MAX_PADDED_TOKENS and at least PREFILL_MIN_FILL of it is real tokens: one run
-    costs less than several at these sizes, but padding costs like tokens, and attention
-    grows with the square of the longest prompt."""
+    PREFILL_MAX_PADDED_TOKENS and at least PREFILL_MIN_FILL of it is real tokens. One run saves
+    each further prompt a run's fixed cost, but padding costs like tokens and attention grows
+    with the square of the longest prompt. Measured on the default tiny GLM, one run vs one per
+    prompt: 8 x 18 tokens 1.0 vs 2.0 ms, 8 x 64 3.4 vs 4.2 ms, 8 x 100 6.2 vs 6.1 ms,
+    4 x 256 10.0 vs 8.1 ms, 20 + 200 tokens 3.4 vs 2.0 ms."""
     groups: list[list[int]] = []
     real = 0
     for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
