@@ -19,6 +19,7 @@ from deployments.runtime.llm import (
     TokenLogprob,
     ToolCall,
     merge_chunks,
+    prefill_groups,
 )
 from deployments.runtime.sampling import SamplingParams
 
@@ -91,6 +92,26 @@ def test_concurrent_requests_share_steps_and_match_sequential_results(runtime):
     assert [c.text for c in batched] == alone
     assert runtime.max_batch_seen >= 2  # several sequences advanced in one forward pass
     assert runtime.steps < sum(c.completion_tokens for c in batched)
+
+
+def test_prompts_prefilled_in_separate_runs_still_decode_as_one_batch(runtime):
+    # A long prompt is not padded into the short ones' prefill run; all three then share steps.
+    prompts = [
+        HELLO,
+        [{"role": "user", "content": "a long question " * 60}],
+        [{"role": "user", "content": "hi"}],
+    ]
+    lengths = [len(runtime.tokenizer.encode_chat(p)) for p in prompts]
+    assert len(prefill_groups(lengths)) > 1
+    params = SamplingParams(max_tokens=12, temperature=0)
+    alone = [run(runtime.complete(p, params)).text for p in prompts]
+
+    async def together():
+        runtime.max_batch_seen = 0
+        return await asyncio.gather(*(runtime.complete(p, params) for p in prompts))
+
+    assert [c.text for c in run(together())] == alone
+    assert runtime.max_batch_seen == len(prompts)
 
 
 def test_abandoned_stream_frees_its_slot(runtime):
