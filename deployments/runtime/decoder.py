@@ -43,8 +43,10 @@ class DecoderGraph:
     def __init__(self, session: OnnxSession, layout: KVCacheLayout):
         self.session = session
         self.layout = layout
-        key_name, _ = layout.past_names(0)
-        self.cache_dtype = _ORT_FLOAT[session.input_type(key_name)]
+        # Named once: formatting them was a few microseconds of every step.
+        self.past_names = [layout.past_names(i) for i in range(layout.num_layers)]
+        self.present_names = [layout.present_names(i) for i in range(layout.num_layers)]
+        self.cache_dtype = _ORT_FLOAT[session.input_type(self.past_names[0][0])]
         self.run_s = 0.0  # seconds inside the graph, summed: the step profile's "graph" share
 
     def _empty_layer(self, batch: int, length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -67,8 +69,7 @@ class DecoderGraph:
             "attention_mask": attention_mask,
             "position_ids": position_ids,
         }
-        for layer, (key, value) in enumerate(past):
-            key_name, value_name = self.layout.past_names(layer)
+        for (key_name, value_name), (key, value) in zip(self.past_names, past, strict=True):
             feeds[key_name], feeds[value_name] = key, value
         started = time.perf_counter()
         out = self.session.run(feeds)
@@ -91,8 +92,8 @@ class DecoderGraph:
             "position_ids": position_ids,
         }
         device: dict[str, ort.OrtValue] = {}
-        for layer, pair in enumerate(past):
-            for name, tensor in zip(self.layout.past_names(layer), pair, strict=True):
+        for names, pair in zip(self.past_names, past, strict=True):
+            for name, tensor in zip(names, pair, strict=True):
                 if isinstance(tensor, ort.OrtValue):
                     device[name] = tensor
                 else:
@@ -103,28 +104,42 @@ class DecoderGraph:
         return logits["logits"], self._present(out)
 
     def _present(self, out: Mapping[str, Any]) -> list[tuple[Any, Any]]:
-        return [
-            (out[k], out[v])
-            for k, v in (self.layout.present_names(i) for i in range(self.layout.num_layers))
-        ]
+        return [(out[k], out[v]) for k, v in self.present_names]
+
+    @property
+    def all_positions(self) -> bool:
+        """Whether `logits` has a row per input position (as exported), not only the last."""
+        logits = next(o for o in self.session.session.get_outputs() if o.name == "logits")
+        return logits.shape[1] != 1
 
     def prefill(self, token_ids: Sequence[int]) -> tuple[np.ndarray, KVCache]:
         """Process a whole prompt; returns the last position's logits [vocab] and its cache."""
-        n = len(token_ids)
-        input_ids = np.asarray([token_ids], dtype=np.int64)
-        mask = np.ones((1, n + 1), dtype=np.int64)
-        mask[0, 0] = 0  # the placeholder slot of the empty cache
-        positions = np.arange(n, dtype=np.int64)[None, :]
-        past = [self._empty_layer(1, 1) for _ in range(self.layout.num_layers)]
+        logits, batch = self.prefill_batch([token_ids])
+        return logits[0], batch.split()[0]
+
+    def prefill_batch(self, prompts: Sequence[Sequence[int]]) -> tuple[np.ndarray, PaddedBatch]:
+        """Prompts of any lengths in one run, left-padded: returns each one's last-position
+        logits [rows, vocab] and their caches as a batch ready to decode (the present comes
+        back padded as the batch keeps it). Padding is masked like the empty cache's slot;
+        its positions repeat 0 (any value: a masked key is never attended to)."""
+        rows, longest = len(prompts), max(len(p) for p in prompts)
+        input_ids = np.zeros((rows, longest), dtype=np.int64)
+        positions = np.zeros((rows, longest), dtype=np.int64)
+        mask = np.zeros((rows, longest + 1), dtype=np.int64)  # + the empty cache's slot
+        for row, prompt in enumerate(prompts):
+            n = len(prompt)
+            input_ids[row, longest - n :] = prompt
+            positions[row, longest - n :] = np.arange(n)
+            mask[row, longest + 1 - n :] = 1
+        past = [self._empty_layer(rows, 1) for _ in range(self.layout.num_layers)]
         logits, present = self._run(input_ids, mask, positions, past)
-        cache = KVCache([(k[:, :, 1:], v[:, :, 1:]) for k, v in present])
-        return logits[0, -1], cache
+        return logits[:, -1], PaddedBatch(self, present, mask, [len(p) for p in prompts])
 
     def decode(
         self, last_tokens: Sequence[int], caches: Sequence[KVCache]
     ) -> tuple[np.ndarray, list[KVCache]]:
         """One step for a batch of sequences: returns logits [batch, vocab] and the new caches."""
-        batch = PaddedBatch(self, caches)
+        batch = PaddedBatch.of(self, caches)
         logits = batch.step(last_tokens)
         return logits, batch.split()
 
@@ -140,6 +155,8 @@ class DecoderGraph:
 
     def full_logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """Logits for every position with no cache reuse (the reference for parity checks)."""
+        if not self.all_positions:
+            raise ValueError("this graph computes next-token logits only: open it as exported")
         n = len(token_ids)
         mask = np.ones((1, n + 1), dtype=np.int64)
         mask[0, 0] = 0
@@ -173,7 +190,8 @@ class DecoderGraph:
         ids = list(prompt)
         out: list[int] = []
         for _ in range(new_tokens):
-            out.append(int(np.argmax(self.full_logits(ids)[-1])))
+            # The whole sequence from an empty cache each time; any graph gives its last row.
+            out.append(int(np.argmax(self.prefill(ids)[0])))
             ids.append(out[-1])
         return out
 
@@ -184,23 +202,38 @@ class PaddedBatch:
     The graph returns the cache already padded and one longer, so it is fed straight back: a
     batch is padded once when its membership changes, not at every step."""
 
-    def __init__(self, graph: DecoderGraph, caches: Sequence[KVCache]):
+    def __init__(
+        self,
+        graph: DecoderGraph,
+        past: list[tuple[CacheTensor, CacheTensor]],
+        mask: np.ndarray,
+        lengths: list[int],
+    ):
+        """`past` per layer [rows, kv_heads, width, head_dim], `mask` [rows, width] (1: a cached
+        position of that row), `lengths` each row's cached positions (right-aligned)."""
         self.graph = graph
-        self.lengths = [c.length for c in caches]
-        longest = max(self.lengths)
-        self.mask = np.zeros((len(caches), longest), dtype=np.int64)
-        for row, length in enumerate(self.lengths):
-            self.mask[row, longest - length :] = 1
+        self.past = past
+        self.mask = mask
+        self.lengths = lengths
+
+    @classmethod
+    def of(cls, graph: DecoderGraph, caches: Sequence[KVCache]) -> PaddedBatch:
+        """Separate caches left-padded into one batch."""
+        lengths = [c.length for c in caches]
+        longest = max(lengths)
+        mask = np.zeros((len(caches), longest), dtype=np.int64)
+        for row, length in enumerate(lengths):
+            mask[row, longest - length :] = 1
         if len(caches) == 1:
-            self.past = list(caches[0].layers)
-        else:
-            self.past = [
-                (
-                    _left_pad([c.layers[layer][0] for c in caches], longest),
-                    _left_pad([c.layers[layer][1] for c in caches], longest),
-                )
-                for layer in range(graph.layout.num_layers)
-            ]
+            return cls(graph, list(caches[0].layers), mask, lengths)
+        past: list[tuple[CacheTensor, CacheTensor]] = [
+            (
+                _left_pad([c.layers[layer][0] for c in caches], longest),
+                _left_pad([c.layers[layer][1] for c in caches], longest),
+            )
+            for layer in range(graph.layout.num_layers)
+        ]
+        return cls(graph, past, mask, lengths)
 
     def step(self, last_tokens: Sequence[int]) -> np.ndarray:
         """Advance every sequence by one token; returns logits [batch, vocab]."""

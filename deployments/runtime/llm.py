@@ -30,6 +30,7 @@ from deployments.runtime.allocator import keep_freed_memory
 from deployments.runtime.decoder import DecoderGraph, KVCache, PaddedBatch
 from deployments.runtime.grammar import GrammarCompiler, GrammarConstraint, GrammarSpec
 from deployments.runtime.manifest import ModelManifest
+from deployments.runtime.next_token_graph import next_token_only
 from deployments.runtime.sampling import (
     SampledToken,
     SamplingParams,
@@ -43,6 +44,9 @@ from deployments.runtime.tokenizer import ChatTokenizer, IncrementalDetokenizer
 FinishReason = Literal["stop", "length", "content_filter", "tool_calls"]
 DEFAULT_MAX_NEW_TOKENS = 256
 DEFAULT_MAX_CHOICES = 8
+# Batched prefill (see `prefill_groups`).
+PREFILL_MAX_PADDED_TOKENS = 512
+PREFILL_MIN_FILL = 0.75
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,7 @@ class _Sequence:
     matcher: StopStringMatcher = field(init=False)
     detokenizer: IncrementalDetokenizer = field(init=False)
     generated: list[int] = field(default_factory=list)
-    text: str = ""
+    text: str = ""  # kept only while stop strings need to see it
     emitted_chars: int = 0
     cache: KVCache | None = None
     timings: InferenceTimings = field(default_factory=InferenceTimings)
@@ -127,12 +131,13 @@ class _Sequence:
         """Take the sampled token and turn it into the text that is now safe to emit."""
         token = sampled.token
         finish: FinishReason | None = None
+        piece = ""
         if token in self.eos:
             finish = "stop"
         else:
             self.generated.append(token)
             # Holds back an unfinished multi-byte character until its last byte arrives.
-            self.text += self.detokenizer.push(token)
+            piece = self.detokenizer.push(token)
             if self.constraint is not None:
                 self.constraint.accept(token)
                 if self.constraint.done:  # the document is complete: nothing may follow
@@ -140,7 +145,25 @@ class _Sequence:
         if finish is None and len(self.generated) >= self.max_tokens:
             finish = "length"
         if finish is not None:
-            self.text += self.detokenizer.flush()
+            piece += self.detokenizer.flush()
+        if self.matcher.stops:  # without stop strings every piece is safe to emit at once
+            piece, finish = self._until_stop(piece, finish)
+        self.finished = finish is not None
+        return GenerationChunk(
+            piece,
+            finish,
+            len(self.prompt),
+            len(self.generated),
+            index=self.index,
+            logprobs=() if sampled.logprob is None else self._logprobs(sampled),
+        )
+
+    def _until_stop(
+        self, piece: str, finish: FinishReason | None
+    ) -> tuple[str, FinishReason | None]:
+        """The part of the text so far that is safe to emit now, and whether a stop string
+        ended it: a tail that could still become a stop string is held back."""
+        self.text += piece
         text = self.text
         stop_at = self.matcher.find(text, self.emitted_chars)
         if stop_at is not None:
@@ -151,19 +174,10 @@ class _Sequence:
             end = self.matcher.safe_length(text)
         delta = text[self.emitted_chars : max(end, self.emitted_chars)]
         self.emitted_chars += len(delta)
-        self.finished = finish is not None
-        return GenerationChunk(
-            delta,
-            finish,
-            len(self.prompt),
-            len(self.generated),
-            index=self.index,
-            logprobs=self._logprobs(sampled),
-        )
+        return delta, finish
 
     def _logprobs(self, sampled: SampledToken) -> tuple[TokenLogprob, ...]:
-        if sampled.logprob is None:
-            return ()
+        assert sampled.logprob is not None
         top = tuple(self._describe(t, lp) for t, lp in sampled.top_logprobs)
         chosen = self._describe(sampled.token, sampled.logprob)
         return (TokenLogprob(chosen.token, chosen.token_bytes, chosen.logprob, top),)
@@ -233,7 +247,13 @@ class LLMRuntime:
         # Built on first use: a model that never sees a grammar never pays for one.
         self._grammar_compiler: GrammarCompiler | None = None
         self.vocab_size = self.manifest.vocab_size or self.tokenizer.vocab_size
-        self.session = open_session(self.model_dir / self.manifest.graph, session_config)
+        started = time.perf_counter()
+        graph_path = self.model_dir / self.manifest.graph
+        next_token_graph = next_token_only(graph_path)
+        self.session = open_session(
+            next_token_graph or graph_path, session_config, external_data_dir=graph_path.parent
+        )
+        self.session.load_s = time.perf_counter() - started  # the rewrite is part of loading
         self.graph = DecoderGraph(self.session, spec.kv_cache)
         start = time.perf_counter()
         _, cache = self.graph.prefill([spec.pad_token_id] * 4)
@@ -483,35 +503,52 @@ class LLMRuntime:
     def _step(self, admitted: list[_Sequence], running: list[_Sequence]) -> list[GenerationChunk]:
         """Runs in the executor thread: one batched decode step, prefill newcomers, then sample
         the next token of every sequence in one pass."""
-        rows: list[np.ndarray] = []
+        blocks: list[np.ndarray] = []
         size = len(running) + len(admitted)
         if running:
             batch = self._batch_for(running)
             started = time.perf_counter()
-            logits = batch.step([s.generated[-1] for s in running])
+            blocks.append(batch.step([s.generated[-1] for s in running]))
             seconds = time.perf_counter() - started
-            for seq, row in zip(running, logits, strict=True):
+            for seq in running:
                 seq.timings.decoded(seconds, size)
-                rows.append(row)
-        for seq in admitted:
-            started = time.perf_counter()
-            logits, seq.cache = self.graph.prefill(seq.prompt)
-            seq.timings.prefilled(time.perf_counter() - started, size)
-            rows.append(logits)
+        if admitted:
+            blocks.append(self._prefill(admitted, size, batch_is_new=not running))
         batch_seqs = running + admitted
-        masks = [seq.allowed() for seq in batch_seqs]
+        logits = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
         allowed = None
-        if any(m is not None for m in masks):
-            allowed = np.ones((len(rows), rows[0].shape[-1]), bool)
-            for i, mask in enumerate(masks):
+        if any(seq.constraint is not None for seq in batch_seqs):
+            allowed = np.ones(logits.shape, bool)
+            for i, mask in enumerate(seq.allowed() for seq in batch_seqs):
                 if mask is not None:
                     allowed[i, : len(mask)] = mask
                     allowed[i, len(mask) :] = False
-        sampled = sample_batch(np.stack(rows), [s.sampling for s in batch_seqs], allowed)
+        sampled = sample_batch(logits, [s.sampling for s in batch_seqs], allowed)
         chunks = [seq.accept(token) for seq, token in zip(batch_seqs, sampled, strict=True)]
         self.steps += 1
         self.max_batch_seen = max(self.max_batch_seen, len(running))
         return chunks
+
+    def _prefill(
+        self, admitted: list[_Sequence], batch_size: int, *, batch_is_new: bool
+    ) -> np.ndarray:
+        """The newcomers' prompts, several to a graph run (`prefill_groups`); returns their
+        last-position logits in admission order. When they alone form the next step's batch
+        and share one run, that run's padded cache is the batch: no split and re-pad."""
+        rows: list[np.ndarray] = [np.empty(0)] * len(admitted)
+        for group in prefill_groups([len(seq.prompt) for seq in admitted]):
+            started = time.perf_counter()
+            logits, prefilled = self.graph.prefill_batch([admitted[i].prompt for i in group])
+            seconds = time.perf_counter() - started
+            if batch_is_new and len(group) == len(admitted):
+                self._batch, self._batch_members = prefilled, list(admitted)
+            else:
+                for i, cache in zip(group, prefilled.split(), strict=True):
+                    admitted[i].cache = cache
+            for i, row in zip(group, logits, strict=True):
+                admitted[i].timings.prefilled(seconds, batch_size)
+                rows[i] = row
+        return np.stack(rows)
 
     def _batch_for(self, running: list[_Sequence]) -> PaddedBatch:
         """The padded batch of exactly these sequences; rebuilt only when membership changed."""
@@ -520,13 +557,38 @@ class LLMRuntime:
         if self._batch is not None:
             for seq, cache in zip(self._batch_members, self._batch.split(), strict=True):
                 seq.cache = cache
-        self._batch = PaddedBatch(self.graph, [s.cache for s in running])  # type: ignore[misc]
+        self._batch = PaddedBatch.of(self.graph, [s.cache for s in running])  # type: ignore[misc]
         self._batch_members = list(running)
         return self._batch
 
     def close(self) -> None:
         self._closing = True
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def prefill_groups(lengths: Sequence[int]) -> list[list[int]]:
+    """Which prompts (by index, each group in index order) share a prefill run. Shortest first,
+    a prompt joins the group before it while the padded run stays within
+    PREFILL_MAX_PADDED_TOKENS and at least PREFILL_MIN_FILL of it is real tokens. One run saves
+    each further prompt a run's fixed cost, but padding costs like tokens and attention grows
+    with the square of the longest prompt. Measured on the default tiny GLM, one run vs one per
+    prompt: 8 x 18 tokens 1.0 vs 2.0 ms, 8 x 64 3.4 vs 4.2 ms, 8 x 100 6.2 vs 6.1 ms,
+    4 x 256 10.0 vs 8.1 ms, 20 + 200 tokens 3.4 vs 2.0 ms."""
+    groups: list[list[int]] = []
+    real = 0
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        padded = (len(groups[-1]) + 1) * lengths[i] if groups else 0
+        if (
+            groups
+            and padded <= PREFILL_MAX_PADDED_TOKENS
+            and real + lengths[i] >= PREFILL_MIN_FILL * padded
+        ):
+            groups[-1].append(i)
+            real += lengths[i]
+        else:
+            groups.append([i])
+            real = lengths[i]
+    return [sorted(group) for group in groups]
 
 
 def merge_chunks(chunks: Sequence[GenerationChunk]) -> GenerationChunk:

@@ -143,16 +143,28 @@ class OnnxSession:
         return next(i.type for i in self.session.get_inputs() if i.name == name)
 
 
-def open_session(graph: str | Path, config: SessionConfig | None = None) -> OnnxSession:
+def open_session(
+    graph: str | Path | bytes,
+    config: SessionConfig | None = None,
+    *,
+    external_data_dir: Path | None = None,
+) -> OnnxSession:
+    """`graph`: a file, or a serialised graph whose external weights (if any) lie in
+    `external_data_dir` (a file's own folder otherwise)."""
     config = config or SessionConfig()
     options = ort.SessionOptions()
+    if external_data_dir is not None:
+        options.add_session_config_entry(
+            "session.model_external_initializers_file_folder_path", str(external_data_dir)
+        )
     options.graph_optimization_level = _OPT_LEVELS[config.graph_optimization]
     options.intra_op_num_threads = config.intra_op_threads
     options.inter_op_num_threads = config.inter_op_threads
     options.log_severity_level = 3  # errors only: ORT's warnings about fallbacks are ours to report
 
     start = time.perf_counter()
-    session = ort.InferenceSession(str(graph), options, providers=_providers(config))
+    source = graph if isinstance(graph, bytes) else str(graph)
+    session = ort.InferenceSession(source, options, providers=_providers(config))
     load_s = time.perf_counter() - start
 
     provider: Literal["cuda", "cpu"] = (

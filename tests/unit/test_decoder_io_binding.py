@@ -37,7 +37,7 @@ def graphs(request, models_root) -> tuple[DecoderGraph, DecoderGraph]:
 def _greedy_batch(graph: DecoderGraph) -> tuple[list[np.ndarray], PaddedBatch]:
     """Prefill each prompt, then STEPS greedy steps of the three as one left-padded batch."""
     firsts, caches = zip(*(graph.prefill(p) for p in PROMPTS), strict=True)
-    batch = PaddedBatch(graph, list(caches))
+    batch = PaddedBatch.of(graph, list(caches))
     tokens = [int(np.argmax(logits)) for logits in firsts]
     rows = []
     for _ in range(STEPS):

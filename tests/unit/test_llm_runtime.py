@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -18,6 +19,7 @@ from deployments.runtime.llm import (
     TokenLogprob,
     ToolCall,
     merge_chunks,
+    prefill_groups,
 )
 from deployments.runtime.sampling import SamplingParams
 
@@ -90,6 +92,26 @@ def test_concurrent_requests_share_steps_and_match_sequential_results(runtime):
     assert [c.text for c in batched] == alone
     assert runtime.max_batch_seen >= 2  # several sequences advanced in one forward pass
     assert runtime.steps < sum(c.completion_tokens for c in batched)
+
+
+def test_prompts_prefilled_in_separate_runs_still_decode_as_one_batch(runtime):
+    # A long prompt is not padded into the short ones' prefill run; all three then share steps.
+    prompts = [
+        HELLO,
+        [{"role": "user", "content": "a long question " * 60}],
+        [{"role": "user", "content": "hi"}],
+    ]
+    lengths = [len(runtime.tokenizer.encode_chat(p)) for p in prompts]
+    assert len(prefill_groups(lengths)) > 1
+    params = SamplingParams(max_tokens=12, temperature=0)
+    alone = [run(runtime.complete(p, params)).text for p in prompts]
+
+    async def together():
+        runtime.max_batch_seen = 0
+        return await asyncio.gather(*(runtime.complete(p, params) for p in prompts))
+
+    assert [c.text for c in run(together())] == alone
+    assert runtime.max_batch_seen == len(prompts)
 
 
 def test_abandoned_stream_frees_its_slot(runtime):
@@ -192,13 +214,25 @@ async def _until(condition, timeout_s: float = 30.0) -> None:
         await asyncio.sleep(0.005)
 
 
-def test_a_consumer_that_fell_behind_gets_what_was_generated_in_one_chunk(runtime):
+def test_a_consumer_that_fell_behind_gets_what_was_generated_in_one_chunk(runtime, monkeypatch):
     params = SamplingParams(max_tokens=24, temperature=0, logprobs=True)
     whole = run(runtime.complete(HELLO, params))
+    # Decode steps wait until the consumer holds the prefill's chunk: otherwise, on a busy
+    # machine, the engine may finish before the event loop wakes the consumer at all.
+    first_taken = threading.Event()
+    step = runtime._step
+
+    def step_once_the_first_chunk_is_taken(admitted, running):
+        if not admitted:
+            assert first_taken.wait(timeout=30)
+        return step(admitted, running)
+
+    monkeypatch.setattr(runtime, "_step", step_once_the_first_chunk_is_taken)
 
     async def behind():
         stream = runtime.stream(HELLO, params)
         first = await stream.__anext__()
+        first_taken.set()
         await _until(lambda: runtime._engine.done())  # every token is generated and queued
         rest = [chunk async for chunk in stream]
         return [first, *rest]
