@@ -48,6 +48,7 @@ SETUP_HOOK = "deployments.warm_pool.preload"
 PRELOAD_MODULES: tuple[str, ...] = (
     "ray.serve._private.replica",
     "onnxruntime",
+    "onnx",  # a chat runtime rewrites its graph's head at load (runtime/next_token_graph.py)
     "tokenizers",
     "deployments.servers.batched",
     "deployments.servers.chat",

@@ -187,5 +187,6 @@ def test_what_the_pool_preloads_pulls_in_no_export_only_packages():
     packages = set(ast.literal_eval(modules))
     # What it imported is frozen, out of the full collection Ray Serve runs after __init__.
     assert int(frozen) > 50_000
-    assert {"onnxruntime", "tokenizers", "deployments"} <= packages
-    assert not packages & {"torch", "transformers", "onnx"}
+    # onnx serves too: a chat runtime rewrites its graph's head when it loads (~5 MB imported).
+    assert {"onnxruntime", "onnx", "tokenizers", "deployments"} <= packages
+    assert not packages & {"torch", "transformers"}
