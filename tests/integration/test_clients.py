@@ -224,7 +224,9 @@ def test_cloudflare_errors_are_the_sdks_errors(cf: cloudflare.Cloudflare) -> Non
 
 def test_langchain_structured_output_tools_and_embeddings(serve_cluster) -> None:
     base = f"{serve_cluster.base_url}/v1"
-    llm = ChatOpenAI(model="glm", base_url=base, api_key=USER_KEY, max_retries=0)
+    # Seeded: the stand-in model's random-weight text is sometimes flagged by the moderation
+    # gate (finish_reason content_filter), which no parser can read; one seed is one answer.
+    llm = ChatOpenAI(model="glm", base_url=base, api_key=USER_KEY, max_retries=0, seed=7)
     assert isinstance(llm.with_structured_output(Sea).invoke("Describe a sea."), Sea)
     message = llm.bind_tools([WEATHER], tool_choice="get_weather").invoke("Weather in Oslo?")
     assert message.tool_calls and message.tool_calls[0]["name"] == "get_weather"
