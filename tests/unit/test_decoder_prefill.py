@@ -102,3 +102,37 @@ def test_prefill_groups_keep_padding_and_run_size_bounded(lengths, groups) -> No
         assert len(group) == 1 or len(group) * longest <= PREFILL_MAX_PADDED_TOKENS
         real = sum(lengths[i] for i in group)
         assert len(group) == 1 or real >= PREFILL_MIN_FILL * len(group) * longest
+
+
+def test_a_graph_with_external_weights_is_rewritten_and_opened_beside_them(
+    models_root, tmp_path
+) -> None:
+    """Exports past 1 GiB keep their weights in `model.onnx.data`: the rewrite leaves them
+    where they are, and the session reads them from the graph's folder."""
+    import onnx
+
+    manifest = ModelManifest.load(models_root / "glm")
+    assert manifest.llm is not None
+    exported = models_root / "glm" / manifest.graph
+    external = tmp_path / "model.onnx"
+    onnx.save(
+        onnx.load(str(exported)),
+        str(external),
+        save_as_external_data=True,
+        location="model.onnx.data",
+        size_threshold=1024,  # onnx.save's default: small constants stay inline
+    )
+    rewritten = next_token_only(external)
+    assert rewritten is not None
+    assert len(rewritten) < (tmp_path / "model.onnx.data").stat().st_size  # weights not inlined
+    graph = DecoderGraph(
+        open_session(rewritten, SessionConfig(provider="cpu"), external_data_dir=tmp_path),
+        manifest.llm.kv_cache,
+    )
+    reference = DecoderGraph(
+        open_session(exported, SessionConfig(provider="cpu")), manifest.llm.kv_cache
+    )
+    prompt = list(PROMPTS[0])
+    np.testing.assert_allclose(
+        graph.prefill(prompt)[0], reference.prefill(prompt)[0], rtol=TOLERANCE, atol=TOLERANCE
+    )
