@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from deployments.config import CLUSTER_SERVE_ENV, parse_app_config
-from deployments.k8s import pod_security, region_groups, secrets
+from deployments.k8s import high_availability, pod_security, region_groups, secrets
 from deployments.k8s.manifest_yaml import dump_yaml
 
 MODELS_VOLUME = "models"
@@ -91,13 +91,14 @@ def serve_port(serve_config: dict[str, Any]) -> int:
 
 
 def k8s_serve_config(serve_config: dict[str, Any], models_dir: str) -> dict[str, Any]:
-    """serve_config.yaml with the settings that differ on Kubernetes (host, accelerator,
-    models_dir, region placement); all else unchanged."""
+    """serve_config.yaml with the settings that differ on Kubernetes (host, a proxy on every
+    node, accelerator, models_dir, region placement); all else unchanged."""
     from ray.serve.schema import ServeDeploySchema
 
     config = copy.deepcopy(serve_config)
     # Pods are reached through the serve Service, never on localhost.
     config.setdefault("http_options", {})["host"] = "0.0.0.0"
+    high_availability.serve_on_every_node(config)
     for app in config["applications"]:
         # `auto` would look for GPUs when the app is built, when the GPU group may be at zero.
         app["args"]["accelerator"] = "gpu"
@@ -194,6 +195,7 @@ def build_rayservice(
     cluster["rayVersion"] = pins.ray_version
     # The GCS, the dashboard and its Jobs API (which runs any code by design) take the token.
     cluster["authOptions"] = secrets.ray_auth_options()
+    high_availability.enable_gcs_fault_tolerance(cluster)
     autoscaler = cluster["autoscalerOptions"]
     autoscaler["idleTimeoutSeconds"] = autoscaler_idle_timeout_s(serve_config)
     pod_security.secure_autoscaler(autoscaler)
@@ -207,5 +209,6 @@ def build_rayservice(
         # The head's autoscaler sidecar scales the cluster through the Kubernetes API.
         needs_api = is_head and bool(cluster.get("enableInTreeAutoscaling"))
         where = "the head group" if is_head else f"worker group {group['groupName']!r}"
+        high_availability.expose_serve_port(group, serve_port(serve))
         _finish_group(group, where, labels=labels, kubernetes_api=needs_api, pins=pins)
     return rayservice

@@ -3,6 +3,8 @@
 - The Ray token (KubeRay `authOptions`): KubeRay gives every Ray container RAY_AUTH_MODE=token
   and RAY_AUTH_TOKEN from this Secret's `auth_token` (KubeRay's key name), and uses it itself to
   talk to the dashboard.
+- The Redis password of the GCS's fault tolerance (KubeRay `gcsFaultToleranceOptions`): KubeRay
+  hands it to the GCS from this Secret.
 - The API keys: a file in a Secret, mounted read-only where the router may run
   (EDGE_API_KEYS_FILE), and the admin key from the same Secret (EDGE_ADMIN_KEY, optional: no
   admin key, no admin API)."""
@@ -25,6 +27,7 @@ class SecretKey:
 
 
 RAY_TOKEN = SecretKey("ray-edge-ai-ray-token", "auth_token")
+REDIS_PASSWORD = SecretKey("ray-edge-ai-redis", "password")
 API_KEYS_FILE = SecretKey("ray-edge-ai-api-keys", "api-keys")
 ADMIN_KEY = SecretKey("ray-edge-ai-api-keys", "admin-key")
 API_KEYS_VOLUME = "api-keys"
@@ -39,6 +42,12 @@ def api_keys_file_path() -> str:
 
 def ray_auth_options() -> dict[str, Any]:
     return {"mode": "token", "secretName": RAY_TOKEN.secret}
+
+
+def redis_password() -> dict[str, Any]:
+    return {
+        "valueFrom": {"secretKeyRef": {"name": REDIS_PASSWORD.secret, "key": REDIS_PASSWORD.key}}
+    }
 
 
 def mount_api_keys(pod: dict[str, Any]) -> None:
@@ -88,9 +97,11 @@ def _secret(name: str, string_data: dict[str, str]) -> dict[str, Any]:
 def example_secrets() -> dict[str, dict[str, Any]]:
     """File name -> an example Secret. Applied as they are, they fail closed: an empty Ray token
     stops Ray from starting, a key file with no key stops the router, no admin key means no
-    admin API. The README's `kubectl create secret` commands make real ones."""
+    admin API, an empty Redis password is refused by a Redis that requires one. The README's
+    `kubectl create secret` commands make real ones."""
     return {
         "ray-token-secret.yaml": _secret(RAY_TOKEN.secret, {RAY_TOKEN.key: ""}),
+        "redis-password-secret.yaml": _secret(REDIS_PASSWORD.secret, {REDIS_PASSWORD.key: ""}),
         "api-keys-secret.yaml": _secret(
             API_KEYS_FILE.secret,
             {

@@ -292,7 +292,9 @@ def test_serve_config_is_serve_config_yaml_with_only_the_k8s_overrides(
 ) -> None:
     models_dir = k8s.models_mount_path(rayservice)
     assert serve_config["http_options"]["host"] == "0.0.0.0"
+    assert serve_config["proxy_location"] == "EveryNode"
     restored = copy.deepcopy(serve_config)
+    restored["proxy_location"] = source_config["proxy_location"]
     source_http = source_config.get("http_options", {})
     if "host" in source_http:
         restored["http_options"]["host"] = source_http["host"]
@@ -440,3 +442,56 @@ def test_render_refuses_a_serve_port_the_head_does_not_expose(
     config.write_text(yaml.safe_dump(moved, sort_keys=False))
     with pytest.raises(ValueError, match="http_options.port"):
         k8s.render(_sources_with(tmp_path, serve_config=config))
+
+
+def test_the_gcs_keeps_its_state_in_redis_with_the_password_from_a_secret(
+    rayservice: dict[str, Any],
+) -> None:
+    # KubeRay's GCS fault tolerance: a head pod's restart keeps the workers and their replicas.
+    options = rayservice["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]
+    assert options["redisAddress"].startswith("redis://")
+    assert options["redisPassword"] == {
+        "valueFrom": {"secretKeyRef": {"name": "ray-edge-ai-redis", "key": "password"}}
+    }
+    (example,) = [
+        doc
+        for doc in _documents_of_kind("Secret")
+        if doc["metadata"]["name"] == "ray-edge-ai-redis"
+    ]
+    assert set(example["stringData"]) == {"password"}
+
+
+def test_every_node_runs_a_proxy_and_every_pod_exposes_its_port(
+    rayservice: dict[str, Any], serve_config: dict[str, Any]
+) -> None:
+    # The head is not the only way in: the serve Service reaches every pod with a healthy proxy.
+    assert serve_config["proxy_location"] == "EveryNode"
+    port = serve_config["http_options"]["port"]
+    for group in _groups(rayservice):
+        ray_container = group["template"]["spec"]["containers"][0]
+        ports = {p["name"]: p["containerPort"] for p in ray_container.get("ports", [])}
+        assert ports.get("serve") == port, group.get("groupName", "head")
+
+
+@pytest.mark.parametrize(
+    ("options", "refusal"),
+    [
+        (None, "redisAddress must name the Redis"),
+        ({"redisAddress": "redis://r:6379", "redisPassword": {"value": "x"}}, "redisPassword out"),
+    ],
+)
+def test_render_refuses_a_cluster_without_redis_or_with_a_password_in_the_manifest(
+    tmp_path: Path, options: dict[str, Any] | None, refusal: str
+) -> None:
+    template = _load(REPO / "k8s" / "templates" / "rayservice.yaml")
+    cluster = template["spec"]["rayClusterConfig"]
+    cluster.pop("gcsFaultToleranceOptions")
+    if options is not None:
+        cluster["gcsFaultToleranceOptions"] = options
+    templates = tmp_path / "templates"
+    templates.mkdir()
+    for source in (REPO / "k8s" / "templates").iterdir():
+        (templates / source.name).write_text(source.read_text())
+    (templates / "rayservice.yaml").write_text(yaml.safe_dump(template, sort_keys=False))
+    with pytest.raises(ValueError, match=refusal):
+        k8s.render(_sources_with(tmp_path, templates=templates))

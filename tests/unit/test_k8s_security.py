@@ -181,6 +181,7 @@ def test_example_secrets_are_core_v1_secrets_with_the_keys_the_pods_read(
     }
     assert {name: set(doc["stringData"]) for name, doc in examples.items()} == {
         "ray-edge-ai-ray-token": {"auth_token"},
+        "ray-edge-ai-redis": {"password"},
         "ray-edge-ai-api-keys": {"api-keys", "admin-key"},
     }
     for doc in examples.values():
