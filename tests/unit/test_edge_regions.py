@@ -179,6 +179,20 @@ def test_ejected_region_comes_back_after_a_good_probe() -> None:
     assert b.describe()[2]["models"]["glm"]["health"]["state"] == "healthy"
 
 
+def test_a_region_back_from_ejection_is_ejected_again_by_one_failure_for_longer() -> None:
+    clock = ManualClock()
+    b = board(clock)
+    b.report([Outcome("glm", "ap", "failed")] * 3)
+    clock.advance(10.0)
+    assert not b.pool("glm", "ap").ejected  # every router may send it requests again
+    b.report([Outcome("glm", "ap", "failed")])
+    assert b.pool("glm", "ap").ejected
+    clock.advance(10.0)
+    assert b.pool("glm", "ap").ejected  # the second ejection lasts twice the base time
+    clock.advance(10.0)
+    assert not b.pool("glm", "ap").ejected
+
+
 def test_warmth_is_what_serve_reports_and_cold_starts_are_learned() -> None:
     b = board(ManualClock())
     b.set_replicas({("glm", "eu"): 1}, {("glm", "eu"): 1, ("glm", "ap"): 1})
