@@ -132,7 +132,9 @@ def test_back_pressure_marks_full_for_a_moment_and_ejects_nothing() -> None:
     b.report([Outcome("glm", "eu", "saturated")] * 500)
     assert b.pool("glm", "eu") == PoolView(running=0, ejected=False, saturated=True)
     assert b.pool("embedding", "eu").saturated is False  # per model
-    clock.advance(1.01)
+    clock.advance(0.5)
+    assert b.pool("glm", "eu").saturated
+    clock.advance(0.5)  # saturation_hold_s over, to the tick
     assert b.pool("glm", "eu").saturated is False
     assert all(not p.ejected for m in b.snapshot().pools.values() for p in m.values())
 
