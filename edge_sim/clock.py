@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Awaitable, Callable
 
 Clock = Callable[[], float]
-"""Returns seconds on a monotonic scale (time.monotonic in production)."""
+"""Returns seconds: time.monotonic in production (time.time where a timestamp crosses processes)."""
+
+Sleep = Callable[[float], Awaitable[None]]
+"""Waits that many seconds (asyncio.sleep in production)."""
 
 
 class ManualClock:
@@ -21,3 +25,8 @@ class ManualClock:
         if seconds < 0:
             raise ValueError("a clock cannot go back")
         self._now += seconds
+
+    async def sleep(self, seconds: float) -> None:
+        """A Sleep on this clock: the time passes at once, and other tasks get a turn."""
+        self.advance(max(0.0, seconds))  # like asyncio.sleep, a negative wait is none
+        await asyncio.sleep(0)

@@ -1,10 +1,15 @@
-"""Envoy-style passive outlier detection, driven by real request results and a clock. The router
-runs one per model over its regions' replica pools (edge_sim/region_board.py); the members are
-called colos here, for any named member set.
+"""Envoy-style passive outlier detection, driven by real request results and a clock. The region
+board (edge_sim/region_board.py) runs one per model over its regions' replica pools; the members
+are called colos here, for any named member set.
 
 healthy --(N consecutive failures, or failure rate over a window)--> ejected
 ejected --(ejection time over; it grows with each ejection)--> half_open
-half_open --(probe succeeds)--> healthy      half_open --(probe fails)--> ejected
+half_open --(next outcome ok)--> healthy      half_open --(next outcome failed)--> ejected
+
+As in Envoy, an ejected member returns to rotation when its ejection time is over; no probe
+budget holds traffic back. Half-open is stricter than Envoy (which counts from zero again): the
+first failure ejects it again, for longer, so a member still broken costs only the requests sent
+before that failure is known, and those fail over.
 """
 
 from __future__ import annotations
@@ -33,7 +38,6 @@ class OutlierDetectionConfig(BaseModel):
     min_requests: int = Field(default=10, ge=1, description="window volume before the rate counts")
     base_ejection_s: float = Field(default=30.0, gt=0.0)
     max_ejection_s: float = Field(default=300.0, gt=0.0)
-    half_open_probes: int = Field(default=1, ge=1, description="concurrent probes when half-open")
     max_ejection_percent: float = Field(default=50.0, ge=0.0, le=100.0)
     ejection_decay_s: float = Field(
         default=60.0, gt=0.0, description="healthy time that forgives one past ejection"
@@ -54,7 +58,6 @@ class _ColoHealth:
     window_failures: int = 0
     ejections: int = 0
     ejected_until: float = 0.0
-    probes_in_flight: int = 0
     decay_from: float = 0.0  # when the healthy stretch that forgives ejections began
 
     def forget_window(self) -> None:
@@ -70,7 +73,7 @@ class OutlierDetector:
         self._config = config
         self._clock = clock
         self._colos = {colo_id: _ColoHealth() for colo_id in colo_ids}
-        # Colos out of normal rotation (ejected or half-open): usually few, scanned per request.
+        # Colos ejected or half-open: they count toward max_ejection_percent.
         self._out: dict[str, _ColoHealth] = {}
 
     def state(self, colo_id: str) -> HealthState:
@@ -84,35 +87,6 @@ class OutlierDetector:
         self._advance(health, self._clock())
         return health.ejections
 
-    def unroutable(self) -> list[str]:
-        """Colos no request may go to now: ejected, or half-open with every probe slot taken."""
-        now = self._clock()
-        blocked = []
-        for colo_id, health in self._out.items():
-            self._advance(health, now)
-            if health.state == "ejected" or (
-                health.probes_in_flight >= self._config.half_open_probes
-            ):
-                blocked.append(colo_id)
-        return blocked
-
-    def admit(self, colo_id: str) -> bool:
-        """May a request start at this colo now? In half-open this claims one probe slot."""
-        health = self._health(colo_id)
-        self._advance(health, self._clock())
-        if health.state == "healthy":
-            return True
-        if health.state == "half_open" and health.probes_in_flight < self._config.half_open_probes:
-            health.probes_in_flight += 1
-            return True
-        return False
-
-    def cancel(self, colo_id: str) -> None:
-        """An admitted request ended without a verdict (client went away): free its probe slot."""
-        health = self._health(colo_id)
-        if health.state == "half_open" and health.probes_in_flight > 0:
-            health.probes_in_flight -= 1
-
     def record(self, colo_id: str, ok: bool) -> None:
         health = self._health(colo_id)
         now = self._clock()
@@ -120,7 +94,6 @@ class OutlierDetector:
         if health.state == "ejected":
             return  # started before the ejection; says nothing new
         if health.state == "half_open":
-            health.probes_in_flight = max(0, health.probes_in_flight - 1)
             if ok:
                 health.state = "healthy"
                 health.decay_from = now
@@ -158,7 +131,6 @@ class OutlierDetector:
         """Apply what the passing of time does: end ejections, forgive old ones."""
         if health.state == "ejected" and now >= health.ejected_until:
             health.state = "half_open"
-            health.probes_in_flight = 0
         elif health.state == "healthy" and health.ejections > 0:
             forgiven = int((now - health.decay_from) // self._config.ejection_decay_s)
             if forgiven > 0:
@@ -203,6 +175,5 @@ class OutlierDetector:
         health.ejected_until = now + min(
             config.base_ejection_s * health.ejections, config.max_ejection_s
         )
-        health.probes_in_flight = 0
         health.forget_window()
         self._out[colo_id] = health

@@ -12,6 +12,7 @@ from typing import Any
 
 from deployments.edge_control import fault_window
 from deployments.errors import RegionFaultError
+from edge_sim.clock import Clock, Sleep
 from edge_sim.faults import ColoFault
 
 log = logging.getLogger("ray.serve")
@@ -21,12 +22,24 @@ RETRY_S = 1.0
 
 class ReplicaFaultGate:
     """Keeps this replica's region drills current (a long poll on edge-control) and applies them
-    to each call. Without a region or a control handle it does nothing."""
+    to each call. Without a region or a control handle it does nothing.
 
-    def __init__(self, region: str | None, control: Any = None, rng: random.Random | None = None):
+    clock: unix seconds, the scale of the `set_at` edge-control stamps on each drill (monotonic
+    clocks of two processes share no origin). sleep: waits out added latency and poll retries."""
+
+    def __init__(
+        self,
+        region: str | None,
+        control: Any = None,
+        rng: random.Random | None = None,
+        clock: Clock = time.time,
+        sleep: Sleep = asyncio.sleep,
+    ):
         self.region = region
         self._control = control if region is not None else None
         self._rng = rng or random.Random()
+        self._clock = clock
+        self._sleep = sleep
         self._entries: list[dict[str, Any]] = []
         self._version = -1
         self._fetched = asyncio.Event()
@@ -43,7 +56,7 @@ class ReplicaFaultGate:
                 await asyncio.wait_for(self._fetched.wait(), FIRST_FETCH_TIMEOUT_S)
             except TimeoutError:
                 log.warning("region %s: no drill state from edge-control yet", self.region)
-        now = time.time()
+        now = self._clock()
         active = [
             ColoFault.model_validate(entry["fault"])
             for entry in self._entries
@@ -53,7 +66,7 @@ class ReplicaFaultGate:
             return
         delay_ms = sum(fault.added_latency_ms for fault in active)
         if delay_ms:
-            await asyncio.sleep(delay_ms / 1000.0)
+            await self._sleep(delay_ms / 1000.0)
         if any(fault.down for fault in active):
             raise RegionFaultError(f"region {self.region} is down (fault drill)", retry_after_s=1)
         for fault in active:
@@ -73,4 +86,4 @@ class ReplicaFaultGate:
                 self._fetched.set()
             except Exception:  # noqa: BLE001 - edge-control restarting: keep the last state
                 log.warning("region %s: drill poll failed", self.region, exc_info=True)
-                await asyncio.sleep(RETRY_S)
+                await self._sleep(RETRY_S)

@@ -132,7 +132,9 @@ def test_back_pressure_marks_full_for_a_moment_and_ejects_nothing() -> None:
     b.report([Outcome("glm", "eu", "saturated")] * 500)
     assert b.pool("glm", "eu") == PoolView(running=0, ejected=False, saturated=True)
     assert b.pool("embedding", "eu").saturated is False  # per model
-    clock.advance(1.01)
+    clock.advance(0.5)
+    assert b.pool("glm", "eu").saturated
+    clock.advance(0.5)  # saturation_hold_s over, to the tick
     assert b.pool("glm", "eu").saturated is False
     assert all(not p.ejected for m in b.snapshot().pools.values() for p in m.values())
 
@@ -177,6 +179,20 @@ def test_ejected_region_comes_back_after_a_good_probe() -> None:
     assert not b.pool("glm", "ap").ejected
     b.report([Outcome("glm", "ap", "ok")])
     assert b.describe()[2]["models"]["glm"]["health"]["state"] == "healthy"
+
+
+def test_a_region_back_from_ejection_is_ejected_again_by_one_failure_for_longer() -> None:
+    clock = ManualClock()
+    b = board(clock)
+    b.report([Outcome("glm", "ap", "failed")] * 3)
+    clock.advance(10.0)
+    assert not b.pool("glm", "ap").ejected  # every router may send it requests again
+    b.report([Outcome("glm", "ap", "failed")])
+    assert b.pool("glm", "ap").ejected
+    clock.advance(10.0)
+    assert b.pool("glm", "ap").ejected  # the second ejection lasts twice the base time
+    clock.advance(10.0)
+    assert not b.pool("glm", "ap").ejected
 
 
 def test_warmth_is_what_serve_reports_and_cold_starts_are_learned() -> None:
