@@ -25,6 +25,12 @@ import httpx
 BIN = Path(sys.executable).parent
 START_TIMEOUT_S = 120
 STOP_GRACE_S = 10
+NODE_START_ATTEMPTS = 4
+STARTED_LINE = "Ray runtime started"  # what `ray start` prints once every process of the node is up
+
+
+class NodeStartFailed(RuntimeError):
+    """`ray start` for a node exited, or the node did not come up in time."""
 
 
 def free_port() -> int:
@@ -59,6 +65,12 @@ class RayNode:
     process: subprocess.Popen[bytes]
     log_path: Path
     resources: Mapping[str, float]
+    log_offset: int = 0  # where this start's lines begin in a log a restart appends to
+
+    def log_since_start(self) -> str:
+        with self.log_path.open("rb") as log:
+            log.seek(self.log_offset)
+            return log.read().decode(errors="replace")
 
     @property
     def alive(self) -> bool:
@@ -164,14 +176,23 @@ class LocalCluster:
         return cluster
 
     def add_node(self, name: str, *, num_cpus: float, resources: Mapping[str, float]) -> RayNode:
-        """A worker node joining the head: its own raylet, its own process group."""
-        node = self._start_node(name, num_cpus, resources, ["--address", self.gcs_address])
-        wait_until(
-            lambda: self._node_registered(node.resources),
-            START_TIMEOUT_S,
-            f"node {name} to join the cluster",
+        """A worker node joining the head: its own raylet, its own process group. Returns once
+        `ray start` says the node is up, not when the GCS first lists it: a raylet aborts when
+        its dashboard agent has not written its ports within about 15 s (a fixed wait in Ray's
+        raylet), which a starved 2-core machine can exceed, and `ray start` then exits. Such a
+        start is retried; every failed one is reported."""
+        failures: list[str] = []
+        for _ in range(NODE_START_ATTEMPTS):
+            node = self._start_node(name, num_cpus, resources, ["--address", self.gcs_address])
+            try:
+                self._wait_node_up(node)
+                return node
+            except NodeStartFailed as failure:
+                failures.append(str(failure))
+                self._discard(node)
+        raise NodeStartFailed(
+            f"node {name} did not start in {NODE_START_ATTEMPTS} attempts:\n" + "\n".join(failures)
         )
-        return node
 
     def kill_node(self, node: RayNode) -> None:
         """A real node failure: every process of that node dies at once, no goodbye."""
@@ -233,6 +254,7 @@ class LocalCluster:
     ) -> RayNode:
         log_path = self.root / f"{name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_offset = log_path.stat().st_size if log_path.exists() else 0
         command = [
             str(BIN / "ray"),
             "start",
@@ -268,9 +290,33 @@ class LocalCluster:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # its own process group: ours alone to signal
             )
-        node = RayNode(name, process, log_path, dict(resources))
+        node = RayNode(name, process, log_path, dict(resources), log_offset)
         self.nodes.append(node)
         return node
+
+    def _wait_node_up(self, node: RayNode) -> None:
+        """Until `ray start` said the node is up and the GCS lists it ALIVE; fails at once if
+        `ray start` exits (it does when any of the node's processes fails to start)."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if not node.alive:
+                raise NodeStartFailed(
+                    f"ray start for {node.name} exited ({node.process.returncode}):\n"
+                    f"{node.log_since_start()[-2000:]}"
+                )
+            if STARTED_LINE in node.log_since_start():
+                with contextlib.suppress(httpx.HTTPError):
+                    if self._node_registered(node.resources):
+                        return
+            time.sleep(0.5)
+        raise NodeStartFailed(f"node {node.name} not up after {START_TIMEOUT_S}s")
+
+    def _discard(self, node: RayNode) -> None:
+        node.signal_group(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            node.process.wait(timeout=STOP_GRACE_S)
+        if node in self.nodes:
+            self.nodes.remove(node)
 
     def _dashboard_answers(self) -> bool:
         return bool(self.dashboard_get("/api/version"))
