@@ -3,7 +3,8 @@
 Each request becomes a sequence with its own cache. One engine task admits waiting sequences
 (prefill) and advances every running sequence by one token in a single batched forward pass, so
 concurrent streams share each step; sequences join and leave between steps. What a generation
-is asked is in `sampling_params`, what it returns in `outputs`, one sequence's state in `sequence`.
+is asked is in `sampling_params`, what it returns in `outputs`, one sequence's state in
+`sequence`, where the engine's time goes in `step_profile`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,38 +40,13 @@ from deployments.runtime.sampling_params import (
 )
 from deployments.runtime.sequence import SequenceState, coalesced, hand_over
 from deployments.runtime.session import SessionConfig, open_session
+from deployments.runtime.step_profile import StepProfile
 from deployments.runtime.tokenizer import ChatTokenizer
 
 DEFAULT_MAX_CHOICES = 8
 # Batched prefill (see `prefill_groups`).
 PREFILL_MAX_PADDED_TOKENS = 512
 PREFILL_MIN_FILL = 0.75
-
-
-@dataclass
-class StepProfile:
-    """Where the engine's time goes, summed over steps: the graph (`session.run`), the rest of a
-    step in the engine thread (sampling, detokenising, stop strings, batch bookkeeping), and the
-    round trips between the engine thread and the event loop (what is left of `wall_s`)."""
-
-    steps: int = 0
-    tokens: int = 0
-    graph_s: float = 0.0
-    step_s: float = 0.0
-    wall_s: float = 0.0
-    hops: int = 0
-
-    def per_step_ms(self) -> dict[str, float]:
-        steps = max(self.steps, 1)
-        return {
-            "steps": self.steps,
-            "tokens": self.tokens,
-            "executor_hops": self.hops,
-            "graph_ms": round(self.graph_s / steps * 1e3, 3),
-            "token_python_ms": round((self.step_s - self.graph_s) / steps * 1e3, 3),
-            "hop_ms": round((self.wall_s - self.step_s) / steps * 1e3, 3),
-            "wall_ms": round(self.wall_s / steps * 1e3, 3),
-        }
 
 
 class LLMRuntime:

@@ -12,9 +12,10 @@ from deployments.errors import (
     EmptyInputError,
     InvalidRequestError,
 )
-from deployments.runtime.llm import LLMRuntime, StepProfile, prefill_groups
+from deployments.runtime.llm import LLMRuntime, prefill_groups
 from deployments.runtime.outputs import GenerationChunk, TokenLogprob, ToolCall, merge_chunks
 from deployments.runtime.sampling_params import GenerationOptions, SamplingParams
+from deployments.runtime.step_profile import StepProfile
 
 HELLO = [{"role": "user", "content": "Tell me about Beijing 北京 and Paris."}]
 
