@@ -3,7 +3,8 @@
 Per row, in this order (vLLM's): logit_bias, repetition penalty (prompt and output tokens), then
 frequency and presence penalties (output tokens), the grammar's token mask, temperature, top_k,
 top_p, one draw from the row's own seeded generator. Log-probabilities are those of the model's
-own distribution (log_softmax of the raw logits), as OpenAI reports them.
+own distribution (log_softmax of the raw logits), as OpenAI reports them. What a row asks
+(`SamplingParams`) is plain data in `sampling_params`.
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ from typing import Literal
 import numpy as np
 import onnxruntime as ort
 
+# Provider re-exported: benchmarks name it from here.
+from deployments.runtime.session_config import Provider as Provider
 from deployments.runtime.session_config import SessionConfig
 
 _OPT_LEVELS = {
