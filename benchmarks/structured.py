@@ -17,9 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from deployments.runtime.grammar import GrammarSpec
 from deployments.runtime.llm import LLMRuntime
-from deployments.runtime.sampling import SamplingParams
+from deployments.runtime.sampling_params import GenerationOptions, GrammarSpec, SamplingParams
 from deployments.runtime.session import SessionConfig
 
 MASK_BUILD_GOAL_MS = 5.0
@@ -89,7 +88,9 @@ def decode_ms_per_token(runtime: LLMRuntime, grammar: GrammarSpec | None, tokens
     started = time.perf_counter()
     choices = asyncio.run(
         runtime.complete_choices(
-            [{"role": "user", "content": "Describe the sea."}], params, n=BATCH, grammar=grammar
+            [{"role": "user", "content": "Describe the sea."}],
+            params,
+            GenerationOptions(n=BATCH, grammar=grammar),
         )
     )
     generated = sum(c.completion_tokens for c in choices)

@@ -17,7 +17,7 @@ from ray.serve.deployment import Deployment
 from deployments.config import AppConfig, ConfigError, parse_app_config
 from deployments.edge_control import EdgeControl
 from deployments.observability.environment import resolve_tracing_config
-from deployments.runtime.session import SessionConfig
+from deployments.runtime.session_config import SessionConfig
 from deployments.servers.batched import EmbeddingServer, ModerationServer
 from deployments.servers.chat import ChatServer
 from deployments.warm_pool import WarmPool, warm_runtime_env

@@ -24,6 +24,7 @@ from pydantic import (
 
 from deployments.keep_warm import KEEP_WARM_POLICY, KeepWarmConfig
 from deployments.observability.config import ObservabilityConfig
+from deployments.paths import PROJECT_ROOT
 from deployments.runtime.manifest import Task
 from deployments.security.config import SecurityConfig
 from deployments.warm_pool import WarmPoolConfig
@@ -31,7 +32,6 @@ from edge_sim.config import EdgeConfig
 from edge_sim.regions import deployment_name
 
 Accelerator = Literal["auto", "cpu", "gpu"]
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # build_app's own deployments, besides one per model and region (deployments.app).
 APP_DEPLOYMENTS = ("router", "edge-control", "warm-pool")
 

@@ -37,7 +37,7 @@ from deployments.protocol.completions import (
     CompletionRequest,
     completion_id,
 )
-from deployments.runtime.llm import GenerationChunk
+from deployments.runtime.outputs import GenerationChunk
 from deployments.serving.services import RouterServices
 
 

@@ -33,7 +33,7 @@ from deployments.protocol.workers_ai import (
     page_envelope,
     unknown_fields_error,
 )
-from deployments.runtime.llm import GenerationChunk
+from deployments.runtime.outputs import GenerationChunk
 from deployments.serving.services import RouterServices
 
 PREFIX = "/ai"

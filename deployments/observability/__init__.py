@@ -9,12 +9,11 @@ from deployments.observability.access_log import (
 )
 from deployments.observability.config import ModelPrice, ObservabilityConfig, TracingConfig
 from deployments.observability.environment import EDGE_TRACES_FILE_ENV, resolve_tracing_config
-from deployments.observability.metrics import (
+from deployments.observability.metrics import ModelMetrics, RouterMetrics
+from deployments.observability.metrics_backend import (
     InMemoryMetricsBackend,
     MetricsBackend,
-    ModelMetrics,
     RayServeMetricsBackend,
-    RouterMetrics,
 )
 from deployments.observability.middleware import TelemetryMiddleware, request_telemetry
 from deployments.observability.model_telemetry import ModelCall, ModelObservability

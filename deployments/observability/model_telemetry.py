@@ -20,7 +20,8 @@ from deployments.observability.attributes import (
     usage_attributes,
 )
 from deployments.observability.config import ObservabilityConfig
-from deployments.observability.metrics import MetricsBackend, ModelMetrics, RayServeMetricsBackend
+from deployments.observability.metrics import ModelMetrics
+from deployments.observability.metrics_backend import MetricsBackend, RayServeMetricsBackend
 from deployments.observability.outcome import error_status
 from deployments.observability.timings import InferenceTimings
 from deployments.observability.tracing import context_from_traceparent, setup_tracing

@@ -29,7 +29,8 @@ from deployments.observability.attributes import (
     usage_attributes,
 )
 from deployments.observability.config import ObservabilityConfig
-from deployments.observability.metrics import MetricsBackend, RayServeMetricsBackend, RouterMetrics
+from deployments.observability.metrics import RouterMetrics
+from deployments.observability.metrics_backend import MetricsBackend, RayServeMetricsBackend
 from deployments.observability.outcome import CLIENT_CLOSED_REQUEST, RequestOutcome, error_status
 from deployments.observability.recent_traffic import RecentTraffic
 from deployments.observability.tracing import (

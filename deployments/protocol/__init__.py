@@ -1,14 +1,20 @@
 """HTTP wire types of the router, one module per endpoint; pydantic only (no Ray, no FastAPI)."""
 
 from deployments.protocol.chat import (
+    ChatCompletionRequest,
+    ChatMessage,
+    ChatTool,
+    ResponseFormat,
+    StreamOptions,
+    TextContentPart,
+    chat_messages_as_dicts,
+)
+from deployments.protocol.chat_response import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionMessage,
     ChatCompletionMessageToolCall,
-    ChatCompletionRequest,
     ChatCompletionTokenLogprob,
-    ChatMessage,
-    ChatTool,
     Choice,
     ChoiceDelta,
     ChoiceDeltaToolCall,
@@ -17,11 +23,7 @@ from deployments.protocol.chat import (
     ChunkChoice,
     FinishReason,
     FunctionCall,
-    ResponseFormat,
-    StreamOptions,
-    TextContentPart,
     TopLogprob,
-    chat_messages_as_dicts,
 )
 from deployments.protocol.common import (
     LenientModel,

@@ -1,10 +1,9 @@
 """`POST /v1/chat/completions`: the request we accept (text content; sampling, logprobs, n, tools
-and response formats) and the completion and stream-chunk bodies we return, shaped so the
-official `openai` SDK parses them (`chat.completions.parse` included)."""
+and response formats). The bodies we return are in `chat_response`."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
@@ -23,8 +22,6 @@ from deployments.protocol.common import (
     UNSUPPORTED_CONTENT,
     LenientModel,
     OpenAIRequest,
-    ResponseModel,
-    Usage,
     Utf8Str,
     ensure_utf8,
     reject_unsupported,
@@ -41,7 +38,6 @@ TEXT_PART_SEPARATOR = "\n"
 TEMPLATE_ROLES: Mapping[str, str] = MappingProxyType({"developer": "system"})
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
-FinishReason = Literal["stop", "length", "content_filter", "tool_calls"]
 
 
 # The schema states the limits; `check_stop_sequences` enforces them first, with one clear error.
@@ -395,129 +391,3 @@ def chat_messages_as_dicts(request: ChatCompletionRequest) -> list[dict[str, Any
             item["tool_call_id"] = message.tool_call_id
         out.append(item)
     return out
-
-
-class TopLogprob(ResponseModel):
-    token: str
-    bytes: list[int] | None
-    logprob: float
-
-
-class ChatCompletionTokenLogprob(ResponseModel):
-    token: str
-    bytes: list[int] | None
-    logprob: float
-    top_logprobs: list[TopLogprob]
-
-
-class ChoiceLogprobs(ResponseModel):
-    content: list[ChatCompletionTokenLogprob] | None
-    refusal: None = None
-
-    @classmethod
-    def from_tokens(cls, tokens: Sequence[Any]) -> ChoiceLogprobs:
-        """From the engine's token records (`token`, `token_bytes`, `logprob`, `top_logprobs`)."""
-        return cls(
-            content=[
-                ChatCompletionTokenLogprob(
-                    token=t.token,
-                    bytes=list(t.token_bytes),
-                    logprob=t.logprob,
-                    top_logprobs=[
-                        TopLogprob(token=a.token, bytes=list(a.token_bytes), logprob=a.logprob)
-                        for a in t.top_logprobs
-                    ],
-                )
-                for t in tokens
-            ]
-        )
-
-
-class FunctionCall(ResponseModel):
-    name: str
-    arguments: str
-
-
-class ChatCompletionMessageToolCall(ResponseModel):
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-    @classmethod
-    def from_call(cls, call: Any) -> ChatCompletionMessageToolCall:
-        """From the engine's tool call (`id`, `name`, `arguments`)."""
-        return cls(id=call.id, function=FunctionCall(name=call.name, arguments=call.arguments))
-
-
-class ChatCompletionMessage(ResponseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str | None
-    tool_calls: list[ChatCompletionMessageToolCall] | None = None
-
-
-class Choice(ResponseModel):
-    index: int
-    message: ChatCompletionMessage
-    logprobs: ChoiceLogprobs | None = None
-    finish_reason: FinishReason
-
-
-class ChatCompletion(ResponseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[Choice]
-    usage: Usage
-    system_fingerprint: str | None = None
-
-
-class ChoiceDelta(ResponseModel):
-    """The role comes in the first chunk, text in the middle ones, neither in the last."""
-
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-    tool_calls: list[ChoiceDeltaToolCall] | None = None
-
-
-class ChoiceDeltaToolCallFunction(ResponseModel):
-    name: str | None = None
-    arguments: str | None = None
-
-
-class ChoiceDeltaToolCall(ResponseModel):
-    """One call in a stream; we send each call whole, in one delta."""
-
-    index: int
-    id: str | None = None
-    type: Literal["function"] | None = None
-    function: ChoiceDeltaToolCallFunction | None = None
-
-    @classmethod
-    def from_call(cls, index: int, call: Any) -> ChoiceDeltaToolCall:
-        return cls(
-            index=index,
-            id=call.id,
-            type="function",
-            function=ChoiceDeltaToolCallFunction(name=call.name, arguments=call.arguments),
-        )
-
-
-class ChunkChoice(ResponseModel):
-    index: int
-    delta: ChoiceDelta
-    logprobs: ChoiceLogprobs | None = None
-    finish_reason: FinishReason | None = None
-
-
-class ChatCompletionChunk(ResponseModel):
-    """One `data:` event of a stream. With `include_usage`, OpenAI's last chunk has no choices
-    and carries the usage; every other chunk has `usage: null`."""
-
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    system_fingerprint: str | None = None
-    choices: list[ChunkChoice]
-    usage: Usage | None = None

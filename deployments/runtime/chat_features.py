@@ -8,8 +8,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from deployments.errors import InvalidRequestError
-from deployments.runtime.grammar import GrammarSpec
-from deployments.runtime.llm import Completion, GenerationChunk
+from deployments.runtime.outputs import Completion, GenerationChunk
+from deployments.runtime.sampling_params import GrammarSpec
 from deployments.runtime.tool_calls import ToolCallFormat, ToolCallStream, function_of
 
 

@@ -20,6 +20,7 @@ from deployments.errors import (
     InvalidRequestError,
     InvalidUTF8Error,
 )
+from deployments.runtime.encoder_outputs import EmbeddingResult
 from deployments.runtime.manifest import EmbeddingSpec, ModelManifest
 from deployments.runtime.session import OnnxSession, SessionConfig, open_session
 
@@ -98,34 +99,6 @@ class SentenceTokenizer:
 
     def batch(self, texts: Sequence[str]) -> TokenBatch:
         return self.pad(self.encode(texts))
-
-
-@dataclass(frozen=True, eq=False)  # eq on arrays is ambiguous; compare `vectors` explicitly
-class EmbeddingResult:
-    """One unit-length float32 row per text, and each text's tokens (counting [CLS] and [SEP])."""
-
-    vectors: np.ndarray
-    token_counts: list[int]
-
-    @property
-    def total_tokens(self) -> int:
-        return sum(self.token_counts)
-
-    def split(self) -> list[EmbeddingResult]:
-        """One single-row result per text, so a batch merged from requests can be handed back."""
-        return [
-            EmbeddingResult(vectors=self.vectors[row : row + 1], token_counts=[count])
-            for row, count in enumerate(self.token_counts)
-        ]
-
-    @classmethod
-    def concat(cls, parts: Sequence[EmbeddingResult]) -> EmbeddingResult:
-        if not parts:
-            raise ValueError("nothing to concatenate")
-        return cls(
-            vectors=np.concatenate([part.vectors for part in parts]),
-            token_counts=[count for part in parts for count in part.token_counts],
-        )
 
 
 def validate_texts(texts: object) -> list[str]:

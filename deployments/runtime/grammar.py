@@ -10,23 +10,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import llguidance
 import numpy as np
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 from deployments.errors import InvalidRequestError
+from deployments.runtime.sampling_params import JSON_OPTIONS
 
-# Compact-but-readable JSON as OpenAI's models write it: `{"a": 1, "b": [2, 3]}`. Fixed
-# separators (no free whitespace) also keep a weak model from padding forever.
-JSON_OPTIONS: Mapping[str, Any] = {
-    "item_separator": ", ",
-    "key_separator": ": ",
-    "whitespace_flexible": False,
-}
 # The order in which the closing path prefers tokens, inside a JSON string and outside one: the
 # end of the sequence, then close what is open, then the shortest values. Tokens not listed rank
 # by length, longest first (forced text such as a required key goes fastest).
@@ -194,20 +187,3 @@ class _StringState:
                 self.escaped = True
             elif byte == 0x22:  # quote
                 self.inside = not self.inside
-
-
-@dataclass(frozen=True)
-class GrammarSpec:
-    """What a request's output must match, before it is compiled for a model: a JSON schema
-    (None: any JSON object) or a Lark grammar. Plain data, so it crosses a Ray call."""
-
-    kind: Literal["json_schema", "lark"]
-    source: Any = None
-    param: str = "response_format"  # the request field an invalid grammar is blamed on
-    end_text: str = ""  # Lark: the text that ends it, where it may also repeat ...
-    repeat_text: str = ""  # ... this text (see GrammarCompiler.closing_rank)
-
-    def compile(self, compiler: GrammarCompiler) -> GrammarConstraint:
-        if self.kind == "lark":
-            return compiler.lark(str(self.source), self.param, self.end_text, self.repeat_text)
-        return compiler.json_schema(self.source)

@@ -2,20 +2,20 @@
 
 Each request becomes a sequence with its own cache. One engine task admits waiting sequences
 (prefill) and advances every running sequence by one token in a single batched forward pass, so
-concurrent streams share each step; sequences join and leave between steps.
+concurrent streams share each step; sequences join and leave between steps. What a generation
+is asked is in `sampling_params`, what it returns in `outputs`, one sequence's state in
+`sequence`, where the engine's time goes in `step_profile`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -27,190 +27,26 @@ from deployments.errors import (
 )
 from deployments.observability.timings import InferenceTimings
 from deployments.runtime.allocator import keep_freed_memory
-from deployments.runtime.decoder import DecoderGraph, KVCache, PaddedBatch
-from deployments.runtime.grammar import GrammarCompiler, GrammarConstraint, GrammarSpec
+from deployments.runtime.decoder import DecoderGraph, PaddedBatch
+from deployments.runtime.grammar import GrammarCompiler
 from deployments.runtime.manifest import ModelManifest
 from deployments.runtime.next_token_graph import next_token_only
-from deployments.runtime.sampling import (
-    SampledToken,
+from deployments.runtime.outputs import Completion, GenerationChunk, TokenLogprob
+from deployments.runtime.sampling import SamplingState, sample_batch
+from deployments.runtime.sampling_params import (
+    DEFAULT_MAX_NEW_TOKENS,
+    GenerationOptions,
     SamplingParams,
-    SamplingState,
-    StopStringMatcher,
-    sample_batch,
 )
+from deployments.runtime.sequence import SequenceState, coalesced, hand_over
 from deployments.runtime.session import SessionConfig, open_session
-from deployments.runtime.tokenizer import ChatTokenizer, IncrementalDetokenizer
+from deployments.runtime.step_profile import StepProfile
+from deployments.runtime.tokenizer import ChatTokenizer
 
-FinishReason = Literal["stop", "length", "content_filter", "tool_calls"]
-DEFAULT_MAX_NEW_TOKENS = 256
 DEFAULT_MAX_CHOICES = 8
 # Batched prefill (see `prefill_groups`).
 PREFILL_MAX_PADDED_TOKENS = 512
 PREFILL_MIN_FILL = 0.75
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """One generated token as OpenAI's logprobs describe it, and its most likely alternatives."""
-
-    token: str
-    token_bytes: bytes
-    logprob: float
-    top_logprobs: tuple[TokenLogprob, ...] = ()
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    id: str
-    name: str
-    arguments: str  # JSON text, as OpenAI sends it
-
-
-@dataclass(frozen=True)
-class GenerationChunk:
-    """New text since the previous chunk of the same choice; the last carries the finish reason."""
-
-    text: str
-    finish_reason: FinishReason | None
-    prompt_tokens: int
-    completion_tokens: int
-    index: int = 0  # which of the n choices
-    logprobs: tuple[TokenLogprob, ...] = ()  # the tokens sampled since the previous chunk
-    tool_calls: tuple[ToolCall, ...] = ()
-
-
-@dataclass(frozen=True)
-class Completion:
-    text: str
-    finish_reason: FinishReason
-    prompt_tokens: int
-    completion_tokens: int
-    index: int = 0
-    logprobs: tuple[TokenLogprob, ...] | None = None  # None unless asked for
-    tool_calls: tuple[ToolCall, ...] = ()
-
-
-@dataclass(eq=False)
-class _Sequence:
-    prompt: list[int]
-    params: SamplingParams
-    max_tokens: int
-    eos: frozenset[int]
-    tokenizer: ChatTokenizer
-    sampling: SamplingState
-    queue: asyncio.Queue[GenerationChunk | ServingError] = field(default_factory=asyncio.Queue)
-    index: int = 0
-    constraint: GrammarConstraint | None = None
-    keep_special_tokens: bool = False
-    streams: bool = True  # False: the consumer wants only the whole answer
-    # Not yet handed to the consumer; touched only by the engine thread.
-    held: list[GenerationChunk] = field(default_factory=list)
-    matcher: StopStringMatcher = field(init=False)
-    detokenizer: IncrementalDetokenizer = field(init=False)
-    generated: list[int] = field(default_factory=list)
-    text: str = ""  # kept only while stop strings need to see it
-    emitted_chars: int = 0
-    cache: KVCache | None = None
-    timings: InferenceTimings = field(default_factory=InferenceTimings)
-    finished: bool = False
-    cancelled: bool = False
-
-    def __post_init__(self) -> None:
-        self.matcher = StopStringMatcher(self.params.stop)
-        self.detokenizer = IncrementalDetokenizer(
-            self.tokenizer, skip_special_tokens=not self.keep_special_tokens
-        )
-
-    def allowed(self) -> np.ndarray | None:
-        """The grammar's mask for the next token, if the request has a grammar."""
-        if self.constraint is None:
-            return None
-        return self.constraint.allowed(self.max_tokens - len(self.generated))
-
-    def accept(self, sampled: SampledToken) -> GenerationChunk:
-        """Take the sampled token and turn it into the text that is now safe to emit."""
-        token = sampled.token
-        finish: FinishReason | None = None
-        piece = ""
-        if token in self.eos:
-            finish = "stop"
-        else:
-            self.generated.append(token)
-            # Holds back an unfinished multi-byte character until its last byte arrives.
-            piece = self.detokenizer.push(token)
-            if self.constraint is not None:
-                self.constraint.accept(token)
-                if self.constraint.done:  # the document is complete: nothing may follow
-                    finish = "stop"
-        if finish is None and len(self.generated) >= self.max_tokens:
-            finish = "length"
-        if finish is not None:
-            piece += self.detokenizer.flush()
-        if self.matcher.stops:  # without stop strings every piece is safe to emit at once
-            piece, finish = self._until_stop(piece, finish)
-        self.finished = finish is not None
-        return GenerationChunk(
-            piece,
-            finish,
-            len(self.prompt),
-            len(self.generated),
-            index=self.index,
-            logprobs=() if sampled.logprob is None else self._logprobs(sampled),
-        )
-
-    def _until_stop(
-        self, piece: str, finish: FinishReason | None
-    ) -> tuple[str, FinishReason | None]:
-        """The part of the text so far that is safe to emit now, and whether a stop string
-        ended it: a tail that could still become a stop string is held back."""
-        self.text += piece
-        text = self.text
-        stop_at = self.matcher.find(text, self.emitted_chars)
-        if stop_at is not None:
-            end, finish = stop_at, "stop"
-        elif finish is not None:
-            end = len(text)
-        else:
-            end = self.matcher.safe_length(text)
-        delta = text[self.emitted_chars : max(end, self.emitted_chars)]
-        self.emitted_chars += len(delta)
-        return delta, finish
-
-    def _logprobs(self, sampled: SampledToken) -> tuple[TokenLogprob, ...]:
-        assert sampled.logprob is not None
-        top = tuple(self._describe(t, lp) for t, lp in sampled.top_logprobs)
-        chosen = self._describe(sampled.token, sampled.logprob)
-        return (TokenLogprob(chosen.token, chosen.token_bytes, chosen.logprob, top),)
-
-    def _describe(self, token: int, logprob: float) -> TokenLogprob:
-        raw = self.tokenizer.token_bytes(token, skip_special_tokens=False)
-        return TokenLogprob(raw.decode("utf-8", errors="replace"), raw, logprob)
-
-
-@dataclass
-class StepProfile:
-    """Where the engine's time goes, summed over steps: the graph (`session.run`), the rest of a
-    step in the engine thread (sampling, detokenising, stop strings, batch bookkeeping), and the
-    round trips between the engine thread and the event loop (what is left of `wall_s`)."""
-
-    steps: int = 0
-    tokens: int = 0
-    graph_s: float = 0.0
-    step_s: float = 0.0
-    wall_s: float = 0.0
-    hops: int = 0
-
-    def per_step_ms(self) -> dict[str, float]:
-        steps = max(self.steps, 1)
-        return {
-            "steps": self.steps,
-            "tokens": self.tokens,
-            "executor_hops": self.hops,
-            "graph_ms": round(self.graph_s / steps * 1e3, 3),
-            "token_python_ms": round((self.step_s - self.graph_s) / steps * 1e3, 3),
-            "hop_ms": round((self.wall_s - self.step_s) / steps * 1e3, 3),
-            "wall_ms": round(self.wall_s / steps * 1e3, 3),
-        }
 
 
 class LLMRuntime:
@@ -260,13 +96,13 @@ class LLMRuntime:
         self.graph.decode([spec.pad_token_id], [cache])
         self.session.warmup_s = time.perf_counter() - start
 
-        self._waiting: deque[_Sequence] = deque()
-        self._running: list[_Sequence] = []
+        self._waiting: deque[SequenceState] = deque()
+        self._running: list[SequenceState] = []
         self._engine: asyncio.Task[None] | None = None
         # One thread runs the graph so the event loop keeps serving while a step computes.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-step")
         self._batch: PaddedBatch | None = None
-        self._batch_members: list[_Sequence] = []
+        self._batch_members: list[SequenceState] = []
         self.steps = 0
         self.max_batch_seen = 0
         self.profile = StepProfile()
@@ -315,37 +151,36 @@ class LLMRuntime:
         self,
         messages: Sequence[Mapping[str, Any]] | str,
         params: SamplingParams,
+        options: GenerationOptions | None = None,
         timings: InferenceTimings | None = None,
-        **options: Any,
     ) -> AsyncIterator[GenerationChunk]:
-        """Yield text as it is generated, for `n` choices decoded side by side in the batch
-        (chunks say which by `index`). `tools` reach the chat template; `grammar` constrains
-        every choice. Invalid requests raise before the first chunk. A consumer that fell
-        behind gets everything generated since its last chunk in one chunk per choice."""
-        return self._generate(messages, params, timings, streams=True, **options)
+        """Yield text as it is generated, for `options.n` choices decoded side by side in the
+        batch (chunks say which by `index`). `options.tools` reach the chat template;
+        `options.grammar` constrains every choice. Invalid requests raise before the first
+        chunk. A consumer that fell behind gets everything generated since its last chunk in
+        one chunk per choice."""
+        return self._generate(messages, params, options or GenerationOptions(), timings, True)
 
     async def _generate(
         self,
         messages: Sequence[Mapping[str, Any]] | str,
         params: SamplingParams,
-        timings: InferenceTimings | None = None,
-        *,
+        options: GenerationOptions,
+        timings: InferenceTimings | None,
         streams: bool,
-        n: int = 1,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        grammar: GrammarSpec | None = None,
-        keep_special_tokens: bool = False,
     ) -> AsyncIterator[GenerationChunk]:
         """`stream`'s chunks; with `streams` False, one chunk per choice when it finished (the
         event loop is not woken for every token of an answer nobody reads before its end)."""
+        n = options.n
         if not 1 <= n <= self.max_choices:
             raise InvalidRequestError(
                 f"n must be between 1 and {self.max_choices}, got {n}", param="n"
             )
-        prompt, max_tokens = self.prepare(messages, params, tools)
+        prompt, max_tokens = self.prepare(messages, params, list(options.tools) or None)
         queue: asyncio.Queue[GenerationChunk | ServingError] = asyncio.Queue()
+        grammar = options.grammar
         choices = [
-            _Sequence(
+            SequenceState(
                 prompt,
                 params,
                 max_tokens,
@@ -355,7 +190,7 @@ class LLMRuntime:
                 queue=queue,
                 index=index,
                 constraint=grammar.compile(self.grammar_compiler) if grammar else None,
-                keep_special_tokens=keep_special_tokens,
+                keep_special_tokens=options.keep_special_tokens,
                 streams=streams,
             )
             for index in range(n)
@@ -370,7 +205,7 @@ class LLMRuntime:
                 items = [await queue.get()]
                 while not queue.empty():
                     items.append(queue.get_nowait())
-                for chunk in _coalesced(items):
+                for chunk in coalesced(items):
                     yield chunk
                     if chunk.finish_reason is not None:
                         unfinished -= 1
@@ -382,23 +217,24 @@ class LLMRuntime:
         self,
         messages: Sequence[Mapping[str, Any]] | str,
         params: SamplingParams,
+        options: GenerationOptions | None = None,
         timings: InferenceTimings | None = None,
-        **options: Any,
     ) -> Completion:
         """The first (usually only) choice; `options` as for `stream`."""
-        return (await self.complete_choices(messages, params, timings, **options))[0]
+        return (await self.complete_choices(messages, params, options, timings))[0]
 
     async def complete_choices(
         self,
         messages: Sequence[Mapping[str, Any]] | str,
         params: SamplingParams,
+        options: GenerationOptions | None = None,
         timings: InferenceTimings | None = None,
-        **options: Any,
     ) -> list[Completion]:
         parts: dict[int, list[str]] = {}
         logprobs: dict[int, list[TokenLogprob]] = {}
         last: dict[int, GenerationChunk] = {}
-        async for chunk in self._generate(messages, params, timings, streams=False, **options):
+        chunks = self._generate(messages, params, options or GenerationOptions(), timings, False)
+        async for chunk in chunks:
             parts.setdefault(chunk.index, []).append(chunk.text)
             logprobs.setdefault(chunk.index, []).extend(chunk.logprobs)
             last[chunk.index] = chunk
@@ -442,7 +278,7 @@ class LLMRuntime:
         loop = asyncio.get_running_loop()
         while self._waiting or self._running:
             self._running = [s for s in self._running if not s.cancelled]
-            admitted: list[_Sequence] = []
+            admitted: list[SequenceState] = []
             while self._waiting and len(self._running) + len(admitted) < self.max_batch_size:
                 seq = self._waiting.popleft()
                 if not seq.cancelled:
@@ -472,8 +308,8 @@ class LLMRuntime:
     def _steps_until_change(
         self,
         loop: asyncio.AbstractEventLoop,
-        admitted: list[_Sequence],
-        running: list[_Sequence],
+        admitted: list[SequenceState],
+        running: list[SequenceState],
     ) -> None:
         """Runs in the executor thread: steps back to back while the batch stays as it is (no
         sequence finished or cancelled, nobody waiting for a free slot), handing each step's
@@ -481,16 +317,16 @@ class LLMRuntime:
         change instead of one per token: on a busy machine each round trip is a thread wake-up
         that waits for a core."""
         batch = running + admitted
-        _hand_over(loop, batch, self._profiled_step(admitted, running))
+        hand_over(loop, batch, self._profiled_step(admitted, running))
         while (
             not self._closing
             and not any(s.finished or s.cancelled for s in batch)
             and not (self._waiting and len(batch) < self.max_batch_size)
         ):
-            _hand_over(loop, batch, self._profiled_step([], batch))
+            hand_over(loop, batch, self._profiled_step([], batch))
 
     def _profiled_step(
-        self, admitted: list[_Sequence], running: list[_Sequence]
+        self, admitted: list[SequenceState], running: list[SequenceState]
     ) -> list[GenerationChunk]:
         started, graph_before = time.perf_counter(), self.graph.run_s
         chunks = self._step(admitted, running)
@@ -500,7 +336,9 @@ class LLMRuntime:
         self.profile.step_s += time.perf_counter() - started
         return chunks
 
-    def _step(self, admitted: list[_Sequence], running: list[_Sequence]) -> list[GenerationChunk]:
+    def _step(
+        self, admitted: list[SequenceState], running: list[SequenceState]
+    ) -> list[GenerationChunk]:
         """Runs in the executor thread: one batched decode step, prefill newcomers, then sample
         the next token of every sequence in one pass."""
         blocks: list[np.ndarray] = []
@@ -530,7 +368,7 @@ class LLMRuntime:
         return chunks
 
     def _prefill(
-        self, admitted: list[_Sequence], batch_size: int, *, batch_is_new: bool
+        self, admitted: list[SequenceState], batch_size: int, *, batch_is_new: bool
     ) -> np.ndarray:
         """The newcomers' prompts, several to a graph run (`prefill_groups`); returns their
         last-position logits in admission order. When they alone form the next step's batch
@@ -550,7 +388,7 @@ class LLMRuntime:
                 rows[i] = row
         return np.stack(rows)
 
-    def _batch_for(self, running: list[_Sequence]) -> PaddedBatch:
+    def _batch_for(self, running: list[SequenceState]) -> PaddedBatch:
         """The padded batch of exactly these sequences; rebuilt only when membership changed."""
         if self._batch is not None and self._batch_members == running:
             return self._batch
@@ -589,56 +427,3 @@ def prefill_groups(lengths: Sequence[int]) -> list[list[int]]:
             groups.append([i])
             real = lengths[i]
     return [sorted(group) for group in groups]
-
-
-def merge_chunks(chunks: Sequence[GenerationChunk]) -> GenerationChunk:
-    """Consecutive chunks of one choice as one: the text, tokens and tool calls of all, the
-    counts and finish reason of the last."""
-    if len(chunks) == 1:
-        return chunks[0]
-    return dataclasses.replace(
-        chunks[-1],
-        text="".join(chunk.text for chunk in chunks),
-        logprobs=tuple(lp for chunk in chunks for lp in chunk.logprobs),
-        tool_calls=tuple(call for chunk in chunks for call in chunk.tool_calls),
-    )
-
-
-def _coalesced(
-    items: Sequence[GenerationChunk | ServingError],
-) -> Iterator[GenerationChunk]:
-    """Queued chunks merged per choice (in the order choices first appear); an error is raised
-    after the chunks queued before it."""
-    by_choice: dict[int, list[GenerationChunk]] = {}
-    for item in items:
-        if isinstance(item, ServingError):
-            yield from (merge_chunks(chunks) for chunks in by_choice.values())
-            raise item
-        by_choice.setdefault(item.index, []).append(item)
-    yield from (merge_chunks(chunks) for chunks in by_choice.values())
-
-
-def _hand_over(
-    loop: asyncio.AbstractEventLoop, batch: list[_Sequence], chunks: list[GenerationChunk]
-) -> None:
-    """In the engine thread: one step's chunks to the event loop, without waiting for it. A
-    whole-answer sequence's chunks are held here until its last one, so a step that only such
-    sequences share does not wake the event loop (the wake and the GIL it takes were most of a
-    batched step's overhead besides sampling)."""
-    ready = []
-    for seq, chunk in zip(batch, chunks, strict=True):
-        if seq.streams or chunk.finish_reason is not None:
-            if seq.held:
-                chunk = merge_chunks([*seq.held, chunk])
-                seq.held.clear()
-            ready.append((seq, chunk))
-        else:
-            seq.held.append(chunk)
-    if ready:
-        loop.call_soon_threadsafe(_deliver, ready)
-
-
-def _deliver(ready: list[tuple[_Sequence, GenerationChunk]]) -> None:
-    """On the event loop: each chunk to its sequence's consumer."""
-    for seq, chunk in ready:
-        seq.queue.put_nowait(chunk)

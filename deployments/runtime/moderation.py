@@ -4,7 +4,6 @@ graph expects, score them all in one ONNX Runtime run and threshold each categor
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -17,6 +16,7 @@ from deployments.errors import (
     InvalidRequestError,
     InvalidUTF8Error,
 )
+from deployments.runtime.encoder_outputs import ModerationResult
 from deployments.runtime.manifest import ModelManifest, ModerationSpec
 from deployments.runtime.session import OnnxSession, SessionConfig, open_session
 
@@ -36,15 +36,6 @@ NORMALIZERS: Mapping[str, Callable[[str], str]] = MappingProxyType(
 )
 
 _WARM_UP_TEXT = "warm up the moderation graph"
-
-
-@dataclass(frozen=True)
-class ModerationResult:
-    """One input's verdict, shaped like an OpenAI moderation result."""
-
-    flagged: bool
-    categories: dict[str, bool]
-    category_scores: dict[str, float]
 
 
 def normalize_texts(texts: Sequence[str], normalization: str) -> np.ndarray:

@@ -11,9 +11,10 @@ from typing import Literal
 
 import numpy as np
 import onnxruntime as ort
-from pydantic import BaseModel, ConfigDict, Field
 
-Provider = Literal["auto", "cuda", "cpu"]
+# Provider re-exported: benchmarks name it from here.
+from deployments.runtime.session_config import Provider as Provider
+from deployments.runtime.session_config import SessionConfig
 
 _OPT_LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -21,24 +22,6 @@ _OPT_LEVELS = {
     "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
 }
-
-
-class SessionConfig(BaseModel):
-    """How to open a model's ONNX graph. `auto` takes CUDA when onnxruntime-gpu sees a GPU."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    provider: Provider = "auto"
-    device_id: int = Field(default=0, ge=0)
-    graph_optimization: Literal["disable", "basic", "extended", "all"] = "all"
-    intra_op_threads: int = Field(default=0, ge=0, description="0 lets ONNX Runtime decide")
-    inter_op_threads: int = Field(default=0, ge=0, description="0 lets ONNX Runtime decide")
-    io_binding: bool | None = Field(
-        default=None,
-        description="bind outputs on the device, and keep decoders' KV cache there between "
-        "steps. None: on CUDA only (on the CPU provider there is no copy to save and binding "
-        "costs ~0.1 ms a step); true forces it on any provider, so CI runs the GPU's code",
-    )
 
 
 def cuda_available() -> bool:

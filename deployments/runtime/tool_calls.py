@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from deployments.runtime.grammar import JSON_OPTIONS, GrammarSpec
-from deployments.runtime.llm import ToolCall
+from deployments.runtime.outputs import ToolCall
+from deployments.runtime.sampling_params import JSON_OPTIONS, GrammarSpec
 
 _JSON = json.JSONDecoder()
 

@@ -9,9 +9,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from deployments.runtime.encoder_outputs import ModerationResult
 from deployments.runtime.manifest import ModelManifest
-from deployments.runtime.moderation import ModerationResult, ModerationRuntime
-from deployments.runtime.session import SessionConfig
+from deployments.runtime.session_config import SessionConfig
 from deployments.security.config import ModerationGateConfig
 from deployments.security.moderation_gate import Classify
 
@@ -38,6 +38,10 @@ def open_embedded_classifier(model_dir: Path) -> TextClassifier | None:
     """The model in `model_dir` opened here if it is an embedded classifier, else None."""
     if not is_embedded_classifier(ModelManifest.load(model_dir)):
         return None
+    # Imported here, not at the top: ONNX Runtime enters the router process only when the gate
+    # does run a classifier in it (a router whose gate calls the deployment never loads it).
+    from deployments.runtime.moderation import ModerationRuntime
+
     return ModerationRuntime(model_dir, ROUTER_SESSION)
 
 

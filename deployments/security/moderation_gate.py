@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from typing import Any, Final
 
 from deployments.errors import ContentPolicyViolationError
-from deployments.runtime.llm import FinishReason, GenerationChunk
+from deployments.runtime.outputs import FinishReason, GenerationChunk
 from deployments.security.config import ModerationGateConfig
 
 # One verdict per text, in order: True when the moderation model flags it.

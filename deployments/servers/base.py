@@ -12,7 +12,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from deployments.config import BatchingConfig
 from deployments.observability import ModelObservability, ObservabilityConfig
-from deployments.runtime.session import SessionConfig
+from deployments.runtime.session_config import SessionConfig
 from deployments.servers.faults import ReplicaFaultGate
 from deployments.servers.process import process_age_s
 

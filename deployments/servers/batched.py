@@ -12,9 +12,10 @@ from ray import serve
 from deployments.config import BatchingConfig
 from deployments.errors import InvalidRequestError
 from deployments.observability.model_telemetry import ModelCall
-from deployments.runtime.embedding import EmbeddingResult, EmbeddingRuntime
-from deployments.runtime.moderation import ModerationResult, ModerationRuntime
-from deployments.runtime.session import SessionConfig
+from deployments.runtime.embedding import EmbeddingRuntime
+from deployments.runtime.encoder_outputs import EmbeddingResult, ModerationResult
+from deployments.runtime.moderation import ModerationRuntime
+from deployments.runtime.session_config import SessionConfig
 from deployments.servers.base import ModelServer, Reply, RuntimeFactory, in_thread
 
 

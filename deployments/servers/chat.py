@@ -13,9 +13,10 @@ from deployments.runtime.chat_features import (
     stream_with_tool_calls,
     with_tool_calls,
 )
-from deployments.runtime.llm import Completion, GenerationChunk, LLMRuntime
-from deployments.runtime.sampling import SamplingParams
-from deployments.runtime.session import SessionConfig
+from deployments.runtime.llm import LLMRuntime
+from deployments.runtime.outputs import Completion, GenerationChunk
+from deployments.runtime.sampling_params import GenerationOptions, SamplingParams
+from deployments.runtime.session_config import SessionConfig
 from deployments.runtime.tool_calls import ToolCallFormat, tool_call_format
 from deployments.servers.base import ModelServer, Reply, RuntimeFactory
 
@@ -53,14 +54,14 @@ class ChatServer(ModelServer[LLMRuntime]):
     ) -> Sequence[Mapping[str, Any]] | str:
         return str(messages[-1]["content"]) if features.raw else messages
 
-    def _options(self, features: ChatFeatures) -> dict[str, Any]:
+    def _options(self, features: ChatFeatures) -> GenerationOptions:
         fmt = self.tool_format
-        return {
-            "n": features.n,
-            "tools": list(features.tools) or None,
-            "grammar": features.grammar(fmt),
-            "keep_special_tokens": features.parses_tool_calls and fmt.keeps_special_tokens,
-        }
+        return GenerationOptions(
+            n=features.n,
+            tools=features.tools,
+            grammar=features.grammar(fmt),
+            keep_special_tokens=features.parses_tool_calls and fmt.keeps_special_tokens,
+        )
 
     async def complete(
         self,
@@ -86,8 +87,8 @@ class ChatServer(ModelServer[LLMRuntime]):
             choices = await self.runtime.complete_choices(
                 self._prompt(messages, features),
                 params,
+                self._options(features),
                 timings=call.timings,
-                **self._options(features),
             )
             choices = [with_tool_calls(c, self.tool_format, features) for c in choices]
             call.usage(
@@ -110,8 +111,8 @@ class ChatServer(ModelServer[LLMRuntime]):
             chunks = self.runtime.stream(
                 self._prompt(messages, features),
                 params,
+                self._options(features),
                 timings=call.timings,
-                **self._options(features),
             )
             # With n > 1, each chunk reports the tokens of all choices so far: what the caller
             # meters and reports as usage.

@@ -7,8 +7,7 @@ from typing import Any
 
 from deployments.protocol import ChatCompletionRequest, chat_messages_as_dicts
 from deployments.runtime.chat_features import ChatFeatures
-from deployments.runtime.llm import DEFAULT_MAX_NEW_TOKENS
-from deployments.runtime.sampling import SamplingParams
+from deployments.runtime.sampling_params import DEFAULT_MAX_NEW_TOKENS, SamplingParams
 from deployments.security import (
     Principal,
     RateLimiter,

@@ -24,8 +24,8 @@ from deployments.protocol import (
     created_timestamp,
 )
 from deployments.runtime.chat_features import ChatFeatures
-from deployments.runtime.llm import Completion, GenerationChunk
-from deployments.runtime.sampling import SamplingParams
+from deployments.runtime.outputs import Completion, GenerationChunk
+from deployments.runtime.sampling_params import SamplingParams
 from deployments.security import ModerationGate, metered_stream
 from deployments.servers.base import Reply
 from deployments.serving.admission import chat_features

@@ -19,7 +19,7 @@ from deployments.protocol import (
     moderation_id,
 )
 from deployments.protocol.models import Task
-from deployments.runtime.embedding import EmbeddingResult
+from deployments.runtime.encoder_outputs import EmbeddingResult
 from deployments.servers.base import Reply
 from deployments.serving.answer import Answer
 from deployments.serving.base import ModelService

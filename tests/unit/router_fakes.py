@@ -11,9 +11,8 @@ import numpy as np
 import yaml
 
 from deployments.config import AppConfig, parse_app_config
-from deployments.runtime.embedding import EmbeddingResult
-from deployments.runtime.llm import Completion, GenerationChunk
-from deployments.runtime.moderation import ModerationResult
+from deployments.runtime.encoder_outputs import EmbeddingResult, ModerationResult
+from deployments.runtime.outputs import Completion, GenerationChunk
 from deployments.security import KeyStore
 from deployments.servers.base import Reply
 from deployments.servers.batched import check_dimensions

@@ -11,7 +11,7 @@ import pytest
 
 from deployments.errors import InvalidRequestError
 from deployments.runtime.chat_features import ChatFeatures
-from deployments.runtime.sampling import SamplingParams
+from deployments.runtime.sampling_params import SamplingParams
 from deployments.runtime.session import SessionConfig
 from deployments.servers.chat import ChatServer
 

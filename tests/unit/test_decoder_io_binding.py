@@ -12,7 +12,7 @@ import pytest
 from deployments.runtime.decoder import DecoderGraph, PaddedBatch
 from deployments.runtime.llm import LLMRuntime
 from deployments.runtime.manifest import ModelManifest
-from deployments.runtime.sampling import SamplingParams
+from deployments.runtime.sampling_params import SamplingParams
 from deployments.runtime.session import SessionConfig, open_session
 
 PROMPTS = ([5, 17, 42, 99, 7], [3, 8], [250, 251, 252, 253, 254, 255, 256, 257])

@@ -24,17 +24,19 @@ from deployments.errors import (
 )
 from deployments.export.common import VerificationError
 from deployments.export.embedding import (
+    bert_config_or_default,
+    export_embedding,
+    load_encoder,
+    packaged_model_dir,
+    resolve_checkpoint,
+)
+from deployments.export.embedding_parity import (
     FP32_ATOL,
     FP32_MIN_COSINE,
     FUSED_MIN_COSINE,
     VERIFY_SENTENCES,
-    bert_config_or_default,
     check_parity,
-    export_embedding,
-    load_encoder,
-    packaged_model_dir,
     parity_sentences,
-    resolve_checkpoint,
 )
 from deployments.runtime.embedding import (
     EmbeddingResult,

@@ -12,16 +12,10 @@ from deployments.errors import (
     EmptyInputError,
     InvalidRequestError,
 )
-from deployments.runtime.llm import (
-    GenerationChunk,
-    LLMRuntime,
-    StepProfile,
-    TokenLogprob,
-    ToolCall,
-    merge_chunks,
-    prefill_groups,
-)
-from deployments.runtime.sampling import SamplingParams
+from deployments.runtime.llm import LLMRuntime, prefill_groups
+from deployments.runtime.outputs import GenerationChunk, TokenLogprob, ToolCall, merge_chunks
+from deployments.runtime.sampling_params import GenerationOptions, SamplingParams
+from deployments.runtime.step_profile import StepProfile
 
 HELLO = [{"role": "user", "content": "Tell me about Beijing 北京 and Paris."}]
 
@@ -248,14 +242,15 @@ def test_a_consumer_that_fell_behind_gets_what_was_generated_in_one_chunk(runtim
 
 def test_a_whole_answer_reaches_its_consumer_once_per_choice(runtime):
     params = SamplingParams(max_tokens=16, temperature=0.8, seed=3)
+    two = GenerationOptions(n=2)
 
     async def collect():
-        return [c async for c in runtime._generate(HELLO, params, streams=False, n=2)]
+        return [c async for c in runtime._generate(HELLO, params, two, None, streams=False)]
 
     chunks = run(collect())
     assert sorted(c.index for c in chunks) == [0, 1]
     assert all(c.finish_reason is not None for c in chunks)
-    streamed = run(runtime.complete_choices(HELLO, params, n=2))
+    streamed = run(runtime.complete_choices(HELLO, params, two))
     assert [c.text for c in sorted(chunks, key=lambda c: c.index)] == [c.text for c in streamed]
 
 

@@ -13,7 +13,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from deployments.config import ConfigError, parse_app_config
 from deployments.observability.access_log import configure_access_logger
 from deployments.observability.config import ModelPrice, ObservabilityConfig
-from deployments.observability.metrics import InMemoryMetricsBackend, RouterMetrics
+from deployments.observability.metrics import RouterMetrics
+from deployments.observability.metrics_backend import InMemoryMetricsBackend
 from deployments.observability.outcome import RequestOutcome
 from deployments.observability.router_telemetry import RouterObservability
 

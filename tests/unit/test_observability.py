@@ -44,11 +44,10 @@ from deployments.observability.environment import EDGE_TRACES_FILE_ENV, resolve_
 from deployments.observability.metrics import (
     MODEL_METRICS,
     ROUTER_METRICS,
-    InMemoryMetricsBackend,
     ModelMetrics,
-    RayServeMetricsBackend,
     RouterMetrics,
 )
+from deployments.observability.metrics_backend import InMemoryMetricsBackend, RayServeMetricsBackend
 from deployments.observability.middleware import TelemetryMiddleware, request_telemetry
 from deployments.observability.model_telemetry import ModelObservability
 from deployments.observability.outcome import RequestOutcome

@@ -31,7 +31,7 @@ from deployments.observability.environment import (  # noqa: E402
     parse_resource_attributes,
     resolve_tracing_config,
 )
-from deployments.observability.metrics import InMemoryMetricsBackend  # noqa: E402
+from deployments.observability.metrics_backend import InMemoryMetricsBackend  # noqa: E402
 from deployments.observability.router_telemetry import RouterObservability  # noqa: E402
 from deployments.observability.tracing import build_tracer_provider, sampler_of  # noqa: E402
 

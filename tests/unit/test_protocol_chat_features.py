@@ -12,18 +12,17 @@ from pydantic import ValidationError
 
 from deployments.errors import UnsupportedParameterError
 from deployments.protocol import request_error_from_validation
-from deployments.protocol.chat import (
+from deployments.protocol.chat import ChatCompletionRequest, chat_messages_as_dicts
+from deployments.protocol.chat_response import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionMessage,
     ChatCompletionMessageToolCall,
-    ChatCompletionRequest,
     Choice,
     ChoiceDelta,
     ChoiceDeltaToolCall,
     ChoiceLogprobs,
     ChunkChoice,
-    chat_messages_as_dicts,
 )
 from deployments.protocol.common import Usage
 

@@ -7,11 +7,11 @@ import pytest
 
 from deployments.errors import InvalidRequestError
 from deployments.runtime.sampling import (
-    SamplingParams,
     SamplingState,
     log_softmax,
     sample_batch,
 )
+from deployments.runtime.sampling_params import SamplingParams
 
 VOCAB = 64
 

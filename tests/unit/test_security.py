@@ -21,7 +21,7 @@ from deployments.errors import (
     RouteNotFoundError,
 )
 from deployments.protocol import ChatCompletionRequest
-from deployments.runtime.llm import GenerationChunk
+from deployments.runtime.outputs import GenerationChunk
 from deployments.security import (
     KUBERNETES_ENV,
     ContentPolicyViolationError,

@@ -13,7 +13,7 @@ import pytest
 from deployments.export.chat_tokenizer import CHAT_FORMATS
 from deployments.runtime.llm import LLMRuntime
 from deployments.runtime.manifest import ModelManifest
-from deployments.runtime.sampling import SamplingParams
+from deployments.runtime.sampling_params import GenerationOptions, SamplingParams
 from deployments.runtime.tokenizer import ChatTokenizer
 from deployments.runtime.tool_calls import (
     Glm4ToolCalls,
@@ -176,10 +176,12 @@ def test_forced_calls_from_random_weights_always_parse_and_validate(
             return await runtime.complete_choices(
                 [{"role": "user", "content": "weather?"}],
                 SamplingParams(max_tokens=200, seed=5),
-                tools=tools,
-                grammar=fmt.grammar(tools, parallel),
-                n=4,
-                keep_special_tokens=fmt.keeps_special_tokens,
+                GenerationOptions(
+                    n=4,
+                    tools=tuple(tools),
+                    grammar=fmt.grammar(tools, parallel),
+                    keep_special_tokens=fmt.keeps_special_tokens,
+                ),
             )
 
         for choice in asyncio.run(run()):
