@@ -24,16 +24,19 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import yaml
 
+from benchmarks.lib.goals import GoalRecord, goal
 from deployments.config import serve_only
 from edge_sim.config import EdgeConfig
 from edge_sim.regions import PoolView, plan_regions
 from edgectl.loadtest.regions import CITY_PROBES
+from edgectl.loadtest.summary import latency_stats
+
+NEEDS_RAY = True  # a 3-node cluster; the routing decision's cost runs anywhere
 
 REPO = Path(__file__).resolve().parent.parent
-log = logging.getLogger("benchmarks")
+log = logging.getLogger(__name__)
 ADMIN_KEY = "bench-admin-key"
 LOAD_KEY = "sk-bench-load-0000"
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
@@ -99,10 +102,6 @@ def _config(models_root: Path, http_port: int) -> dict[str, Any]:
     deployments.append(template["router"])
     app["deployments"] = deployments
     return config
-
-
-def _p(values: list[float], q: float) -> float | None:
-    return float(np.percentile(values, q)) if values else None
 
 
 async def _send(
@@ -224,18 +223,18 @@ async def outage(base_url: str, cluster: Any, phase_s: float) -> dict[str, Any]:
         await asyncio.sleep(phase_s)
         stop.set()
         await asyncio.gather(*tasks)
-    before = [ms for sent, *_, ms in rows if sent < killed_at]
-    during = [ms for sent, *_, ms in rows if sent >= killed_at]
+    before = latency_stats(ms for sent, *_, ms in rows if sent < killed_at)
+    during = latency_stats(ms for sent, *_, ms in rows if sent >= killed_at)
     tokyo_after = [
         region for sent, city, _, region, _ in rows if city == "tokyo" and sent >= killed_at
     ]
     return {
         "requests": len(rows),
         "failed": sum(1 for _, _, status, _, _ in rows if status != 200),
-        "p99_before_ms": _p(before, 99),
-        "p99_during_ms": _p(during, 99),
-        "p50_before_ms": _p(before, 50),
-        "p50_during_ms": _p(during, 50),
+        "p99_before_ms": before["p99"],
+        "p99_during_ms": during["p99"],
+        "p50_before_ms": before["p50"],
+        "p50_during_ms": during["p50"],
         "tokyo_regions_during": sorted({r for r in tokyo_after if r}),
     }
 
@@ -317,33 +316,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def _goal(value: float | None, target: float, unit: str, higher_is_better: bool) -> dict[str, Any]:
-    """One goal's verdict; a value that was not measured (None) is not met."""
-    met = value is not None and (value >= target if higher_is_better else value <= target)
-    shown = None if value is None else round(value, 4)
-    return {"value": shown, "target": target, "met": met, "unit": unit}
-
-
-def goals(result: dict[str, Any]) -> dict[str, Any]:
+def goals(result: dict[str, Any]) -> dict[str, GoalRecord]:
     warm = result.get("all_warm", {})
     cold = result.get("cold_start_avoidance", {})
     outage_run = result.get("region_outage", {})
     overload_run = result.get("overload_3x", {})
     return {
-        "all_warm_nearest_share": _goal(
-            warm.get("nearest_share"), 1.0, "share served by the nearest region", True
+        "all_warm_nearest_share": goal(
+            warm.get("nearest_share"), 1.0, "share served by the nearest region"
         ),
-        "all_warm_added_rtt_p50_ms": _goal(
-            warm.get("added_rtt_p50_ms"), 1.0, "ms over the nearest region's RTT", False
+        "all_warm_added_rtt_p50_ms": goal(
+            warm.get("added_rtt_p50_ms"), 1.0, "ms over the nearest region's RTT", at_most=True
         ),
-        "cold_detour_vs_wait_p50": _goal(
-            cold.get("detour_vs_wait_p50"), 0.5, "detour p50 / waiting p50", False
+        "cold_detour_vs_wait_p50": goal(
+            cold.get("detour_vs_wait_p50"), 0.5, "detour p50 / waiting p50", at_most=True
         ),
-        "outage_failed_requests": _goal(outage_run.get("failed"), 0, "requests", False),
-        "overload_regions_ejected": _goal(
-            overload_run.get("regions_ejected"), 0, "(region, model) pools", False
+        "outage_failed_requests": goal(outage_run.get("failed"), 0, "requests", at_most=True),
+        "overload_regions_ejected": goal(
+            overload_run.get("regions_ejected"), 0, "(region, model) pools", at_most=True
         ),
-        "overload_sheds_with_retry_after": _goal(
-            overload_run.get("shed_with_retry_after_share"), 1.0, "share of 503/429", True
+        "overload_sheds_with_retry_after": goal(
+            overload_run.get("shed_with_retry_after_share"), 1.0, "share of 503/429"
         ),
     }

@@ -21,7 +21,6 @@ import httpx
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from benchmarks.cluster import apply_applications, serve_cluster
 from benchmarks.coldstart.cluster import (
     EDGE_APP,
     BenchScaling,
@@ -33,6 +32,7 @@ from benchmarks.coldstart.controller_cpu import idle_cpu_share
 from benchmarks.coldstart.controller_log import ControllerLog
 from benchmarks.coldstart.imports import replica_import_costs
 from benchmarks.coldstart.keep_warm import run_keep_warm
+from benchmarks.coldstart.load import load_times
 from benchmarks.coldstart.probe import (
     EMPTY_TARGET,
     ColdTarget,
@@ -49,13 +49,16 @@ from benchmarks.coldstart.warm_pool import (
     no_warm_pool_application,
     pool_target,
 )
-from benchmarks.models import ModelsBenchConfig, bench_load
+from benchmarks.lib.cluster import apply_applications, serve_cluster
+from benchmarks.lib.goals import GoalRecord, goal
 from deployments.config import PROJECT_ROOT, ModelConfig, parse_app_config, without_regions
 
 log = logging.getLogger(__name__)
 
+NEEDS_RAY = True
+
 MODELS = ("glm", "kimi", "embedding", "moderation")
-COLD_START_TARGET_S = 0.75  # p50 zero -> first response, per default model (issue 18)
+COLD_START_TARGET_S = 0.75  # p50 zero -> first response, per default model
 OVERHEAD_RATIO_TARGET = 1.2  # cold start / (empty replica start + in-process load), at most
 EMPTY = "empty_replica"
 # A cold start from request to response, in order (probe.split_phases says what each covers).
@@ -279,19 +282,9 @@ def in_process_load(
     warm-up a replica cannot avoid. Models sharing a thread count are measured together."""
     results: dict[str, Any] = {}
     for threads in sorted({model.intra_op_threads for model in models.values()}):
-        names = [n for n, m in models.items() if m.intra_op_threads == threads]
-        models_config = ModelsBenchConfig(
-            models_dir=config.models_dir,
-            provider="cpu",
-            threads=threads,
-            load_repetitions=config.in_process_repetitions,
-            chat_models=tuple(n for n in names if models[n].task == "chat"),
-        )
-        loads = bench_load(models_config, time.perf_counter)
-        results.update({name: loads[name] for name in names})
-    return {
-        name: {k: v for k, v in result.items() if k != "runs"} for name, result in results.items()
-    }
+        tasks = {n: m.task for n, m in models.items() if m.intra_op_threads == threads}
+        results |= load_times(config.models_dir, tasks, threads, config.in_process_repetitions)
+    return results
 
 
 def run_cycles(
@@ -454,24 +447,25 @@ def summarize_keep_warm(
 
 def goals(
     cold_starts: Mapping[str, Mapping[str, Any]], ratios: Mapping[str, Mapping[str, Any]]
-) -> dict[str, Any]:
+) -> dict[str, GoalRecord]:
     result = {}
     for name, summary in cold_starts.items():
         if name == EMPTY or name.endswith(NO_POOL):
             continue
         p50s = summary.get("p50", {})
-        result[f"{name}_cold_start_p50"] = {
-            **_goal(p50s.get("total_s"), COLD_START_TARGET_S, "s"),
-            # Where the median went (each phase's own median: they need not add up to it).
-            "phases_p50_s": {phase: p50s.get(phase) for phase in GOAL_PHASES},
-            "cycles": summary.get("cycles", 0),
-        }
+        result[f"{name}_cold_start_p50"] = goal(
+            p50s.get("total_s"),
+            COLD_START_TARGET_S,
+            "s",
+            at_most=True,
+            details={
+                # Where the median went (each phase's own median: they need not add up to it).
+                "phases_p50_s": {phase: p50s.get(phase) for phase in GOAL_PHASES},
+                "cycles": summary.get("cycles", 0),
+            },
+        )
         ratio = ratios.get(name, {}).get("ratio")
-        result[f"{name}_cold_start_vs_empty_plus_load"] = _goal(ratio, OVERHEAD_RATIO_TARGET, "x")
+        result[f"{name}_cold_start_vs_empty_plus_load"] = goal(
+            ratio, OVERHEAD_RATIO_TARGET, "x", at_most=True
+        )
     return result
-
-
-def _goal(value: float | None, target: float, unit: str) -> dict[str, Any]:
-    """An at-most goal; a value that was not measured (None) is not met."""
-    met = value is not None and value <= target
-    return {"value": value, "target": target, "met": met, "unit": unit, "at_most": True}
