@@ -25,7 +25,9 @@ from typing import Any
 
 import httpx
 import yaml
+from pydantic import Field
 
+from benchmarks.lib.config import BenchConfig
 from benchmarks.lib.goals import GoalRecord, goal
 from deployments.config import serve_only
 from edge_sim.config import EdgeConfig
@@ -44,10 +46,17 @@ LOAD = {"authorization": f"Bearer {LOAD_KEY}"}
 TIGHT = {"max_ongoing_requests": 2, "max_queued_requests": 4}  # moderation: capacity per region
 
 
+class RegionsBenchConfig(BenchConfig):
+    QUICK = {"rounds": 2, "phase_s": 8.0}
+
+    rounds: int = Field(default=5, ge=1, description="all-warm rounds per city")
+    phase_s: float = Field(default=20.0, gt=0, description="overload and outage phase length")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("regions")
-    group.add_argument("--regions-rounds", type=int, default=5, help="all-warm rounds per city")
-    group.add_argument("--regions-phase-s", type=float, default=20.0, help="outage phase length")
+    group = parser.add_argument_group("regions suite")
+    group.add_argument("--regions-rounds", type=int, help="all-warm rounds per city (default 5)")
+    group.add_argument("--regions-phase-s", type=float, help="outage phase length (default 20)")
 
 
 def decision_cost_us(repeat: int = 20_000) -> float:
@@ -60,7 +69,7 @@ def decision_cost_us(repeat: int = 20_000) -> float:
     return seconds / repeat * 1e6
 
 
-def _config(models_root: Path, http_port: int) -> dict[str, Any]:
+def regions_serve_config(models_root: Path, http_port: int) -> dict[str, Any]:
     config = yaml.safe_load((REPO / "serve_config.yaml").read_text())
     config["http_options"] = {"host": "127.0.0.1", "port": http_port}
     app = config["applications"][0]
@@ -240,9 +249,18 @@ async def outage(base_url: str, cluster: Any, phase_s: float) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    given = {"rounds": args.regions_rounds, "phase_s": args.regions_phase_s}
+    config = RegionsBenchConfig.from_args(args, **{k: v for k, v in given.items() if v is not None})
+    return run_regions_suite(config)
+
+
+def run_regions_suite(config: RegionsBenchConfig) -> dict[str, Any]:
     from edgectl.local_cluster import LocalCluster, free_port, wait_until
 
-    result: dict[str, Any] = {"decision_cost_us": decision_cost_us()}
+    result: dict[str, Any] = {
+        "config": config.model_dump(mode="json"),
+        "decision_cost_us": decision_cost_us(),
+    }
     root = Path(tempfile.mkdtemp(prefix="bench-regions-"))
     env = {
         "EDGE_ADMIN_KEY": ADMIN_KEY,
@@ -256,8 +274,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for region in ("us", "ap"):
             cluster.add_node(region, num_cpus=1, resources={f"region:{region}": 100})
         port = free_port()
-        config = _config(Path(args.models_dir), port)
-        (root / "serve.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        config_file = regions_serve_config(config.models_dir, port)
+        (root / "serve.yaml").write_text(yaml.safe_dump(config_file, sort_keys=False))
         cluster.cli("serve", "deploy", str(root / "serve.yaml"))
         base_url = f"http://127.0.0.1:{port}"
 
@@ -265,18 +283,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             return dict(yaml.safe_load(cluster.cli("serve", "status"))["applications"]["edge"])
 
         wait_until(lambda: status()["status"] == "RUNNING", 600, "the app RUNNING", every_s=2)
-        edge = EdgeConfig.from_mapping(config["applications"][0]["args"]["edge"])
+        edge = EdgeConfig.from_mapping(config_file["applications"][0]["args"]["edge"])
         phase = "all_warm"
-        log.info("regions: all warm, %d rounds", args.regions_rounds)
-        result["all_warm"] = asyncio.run(all_warm(base_url, edge, args.regions_rounds))
+        log.info("regions: all warm, %d rounds", config.rounds)
+        result["all_warm"] = asyncio.run(all_warm(base_url, edge, config.rounds))
         # The detour case needs ap cold for `embedding`: redeploy it at zero there.
         ap = next(
-            d for d in config["applications"][0]["deployments"] if d["name"] == "embedding-ap"
+            d for d in config_file["applications"][0]["deployments"] if d["name"] == "embedding-ap"
         )
         ap["autoscaling_config"]["initial_replicas"] = 0
         ap["autoscaling_config"]["downscale_delay_s"] = 1
         ap["autoscaling_config"]["downscale_to_zero_delay_s"] = 1
-        (root / "serve.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        (root / "serve.yaml").write_text(yaml.safe_dump(config_file, sort_keys=False))
         cluster.cli("serve", "deploy", str(root / "serve.yaml"))
 
         def ap_at_zero() -> bool:
@@ -290,12 +308,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["cold_start_avoidance"] = asyncio.run(cold_start_avoidance(base_url))
         phase = "overload_3x"
         log.info("regions: overload")
-        result["overload_3x"] = asyncio.run(overload(base_url, args.regions_phase_s))
+        result["overload_3x"] = asyncio.run(overload(base_url, config.phase_s))
         # ap held up for the outage (the cold-start case let it go back to zero at once).
         ap["autoscaling_config"].update(
             min_replicas=1, initial_replicas=1, downscale_delay_s=600, downscale_to_zero_delay_s=600
         )
-        (root / "serve.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        (root / "serve.yaml").write_text(yaml.safe_dump(config_file, sort_keys=False))
         cluster.cli("serve", "deploy", str(root / "serve.yaml"))
         wait_until(
             lambda: status()["deployments"]["embedding-ap"]["replica_states"].get("RUNNING"),
@@ -305,7 +323,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         phase = "region_outage"
         log.info("regions: outage")
-        result["region_outage"] = asyncio.run(outage(base_url, cluster, args.regions_phase_s))
+        result["region_outage"] = asyncio.run(outage(base_url, cluster, config.phase_s))
     except Exception as exc:  # noqa: BLE001 - what was measured is kept, the failure named
         log.exception("regions: %s failed", phase)
         result["error"] = f"{phase}: {type(exc).__name__}: {exc}"

@@ -15,11 +15,11 @@ import statistics
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from benchmarks.coldstart.cluster import (
     EDGE_APP,
@@ -50,6 +50,7 @@ from benchmarks.coldstart.warm_pool import (
     pool_target,
 )
 from benchmarks.lib.cluster import apply_applications, serve_cluster
+from benchmarks.lib.config import BenchConfig
 from benchmarks.lib.goals import GoalRecord, goal
 from deployments.config import PROJECT_ROOT, ModelConfig, parse_app_config, without_regions
 
@@ -75,19 +76,16 @@ GOAL_PHASES = (
 )
 NO_POOL = "/no_warm_pool"  # suffix of a model's name for its cycles without the pool
 
-QUICK_SIZES: Mapping[str, Any] = {
-    "cycles": 2,
-    "models": ("glm", "moderation"),
-    "in_process_repetitions": 1,
-    "import_repetitions": 0,  # the fresh-interpreter import timing alone takes ~10 s
-    "upscale_repetitions": 1,
-}
 
+class ColdStartBenchConfig(BenchConfig):
+    QUICK = {
+        "cycles": 2,
+        "models": ("glm", "moderation"),
+        "in_process_repetitions": 1,
+        "import_repetitions": 0,  # the fresh-interpreter import timing alone takes ~10 s
+        "upscale_repetitions": 1,
+    }
 
-class ColdStartBenchConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    models_dir: Path
     serve_config: Path = PROJECT_ROOT / "serve_config.yaml"
     models: tuple[str, ...] = MODELS
     cycles: int = Field(default=5, ge=1, description="cold starts per model (and empty replica)")
@@ -124,23 +122,14 @@ class ColdStartBenchConfig(BaseModel):
     )
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> ColdStartBenchConfig:
-        models_dir = Path(args.models_dir)
-        if not models_dir.is_absolute():
-            models_dir = PROJECT_ROOT / models_dir  # replicas do not start in our directory
+    def from_args(cls, args: argparse.Namespace, **fields: Any) -> Self:
         variant = ServeVariant(
             metrics_interval=args.coldstart_metrics_interval,
             runtime_env=args.coldstart_runtime_env,
             ray_env=dict(item.split("=", 1) for item in args.coldstart_ray_env or ()),
             control_loop_s=args.coldstart_control_loop_s,
         )
-        fields: dict[str, Any] = {
-            "models_dir": models_dir,
-            "http_port": args.coldstart_http_port,
-            "variant": variant,
-        }
-        if args.quick:
-            fields.update(QUICK_SIZES)
+        fields |= {"http_port": args.coldstart_http_port, "variant": variant}
         if args.coldstart_cycles is not None:
             fields["cycles"] = args.coldstart_cycles
         if args.coldstart_models:
@@ -153,7 +142,7 @@ class ColdStartBenchConfig(BaseModel):
             fields["keep_warm"] = False
         if args.coldstart_upscale_repetitions is not None:
             fields["upscale_repetitions"] = args.coldstart_upscale_repetitions
-        return cls(**fields)
+        return super().from_args(args, **fields)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -33,7 +33,8 @@ SERVE_SWITCHES_ENV: Mapping[ServeSwitches, Mapping[str, str]] = {
 
 class BenchConfig(BaseModel):
     """A suite's settings. `QUICK` holds the smoke sizes `--quick` applies; `from_args` reads
-    the options every suite shares, a suite's own fields come as keywords."""
+    the options every suite shares, a suite's own fields come as keywords (and win over the
+    quick sizes: `--quick --coldstart-cycles 3` runs 3 cycles)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     QUICK: ClassVar[Mapping[str, Any]] = {}
@@ -43,10 +44,10 @@ class BenchConfig(BaseModel):
     @classmethod
     def from_args(cls, args: argparse.Namespace, **fields: Any) -> Self:
         # Absolute: replicas do not start in our directory.
-        values: dict[str, Any] = {"models_dir": Path(args.models_dir).resolve(), **fields}
+        values: dict[str, Any] = {"models_dir": Path(args.models_dir).resolve()}
         if args.quick:
             values.update(cls.QUICK)
-        return cls(**values)
+        return cls(**(values | fields))
 
 
 class ServedBenchConfig(BenchConfig):
