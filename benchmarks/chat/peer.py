@@ -12,9 +12,8 @@ from typing import Any
 from ray.serve import Application
 from starlette.requests import Request
 
-from benchmarks.lib.edge_app import deployment_options
+from benchmarks.lib.edge_app import peer_application as beside
 from deployments.app import as_deployment
-from deployments.config import parse_app_config
 
 PEER_APP = "peer-chat"
 PEER_ROUTE = "/peer/chat"
@@ -86,26 +85,11 @@ def build_docs_chat(args: dict[str, Any]) -> Application:
 
 
 def peer_application(edge: dict[str, Any]) -> dict[str, Any]:
-    """The peer gets what our chat deployment gets: CPU share, threads, max_ongoing_requests;
-    only the serving code differs."""
-    app_config = parse_app_config(edge["args"])
-    model = app_config.models[PEER_MODEL]
-    return {
-        "name": PEER_APP,
-        "route_prefix": PEER_ROUTE,
-        "import_path": "benchmarks.chat.peer:build_docs_chat",
-        "args": {
-            "model_dir": str(app_config.model_path(PEER_MODEL)),
-            "torch_threads": max(1, model.intra_op_threads),
-        },
-        "deployments": [
-            {
-                "name": PEER_DEPLOYMENT,
-                "num_replicas": 1,
-                "max_ongoing_requests": deployment_options(edge)[PEER_MODEL][
-                    "max_ongoing_requests"
-                ],
-                "ray_actor_options": {"num_cpus": model.num_cpus},
-            }
-        ],
-    }
+    return beside(
+        edge,
+        PEER_MODEL,
+        name=PEER_APP,
+        route=PEER_ROUTE,
+        builder="benchmarks.chat.peer:build_docs_chat",
+        deployment=PEER_DEPLOYMENT,
+    )

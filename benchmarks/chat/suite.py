@@ -27,7 +27,7 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from benchmarks.chat.peer import PEER_APP, PEER_DEPLOYMENT, PEER_MODEL, PEER_ROUTE, peer_application
 from benchmarks.lib.config import PeeredBenchConfig
 from benchmarks.lib.corpus import chat_messages
-from benchmarks.lib.edge_app import BYPASS_CACHE, EDGE_APP, edge_application, shipped_config
+from benchmarks.lib.edge_app import BYPASS_CACHE, EDGE_APP, our_application
 from benchmarks.lib.goals import GoalRecord, dig, goal, ratio
 from benchmarks.lib.http_load import (
     Endpoint,
@@ -78,11 +78,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_chat_suite(config: ChatBenchConfig, clock: Clock = time.perf_counter) -> dict[str, Any]:
-    edge = edge_application(
-        shipped_config(config.serve_config),
-        config.models_dir,
-        router_replicas=config.router_replicas,
-    )
+    edge = our_application(config)
     peers = [peer_application(edge)] if config.peers else []
     result: dict[str, Any] = {"config": config.model_dump(mode="json")}
     with served(config, [edge, *peers]) as (base_url, _):

@@ -12,9 +12,8 @@ from ray import serve
 from ray.serve import Application
 from starlette.requests import Request
 
-from benchmarks.lib.edge_app import deployment_options
+from benchmarks.lib.edge_app import peer_application as beside
 from deployments.app import as_deployment
-from deployments.config import parse_app_config
 
 # The docs' batching parameters for an embedding model.
 DOCS_MAX_BATCH_SIZE = 32
@@ -56,26 +55,11 @@ def build_docs_embedding(args: dict[str, Any]) -> Application:
 
 
 def peer_application(edge: dict[str, Any]) -> dict[str, Any]:
-    """The peer gets what our embedding deployment gets: CPU share, threads,
-    max_ongoing_requests; only the serving code differs."""
-    app_config = parse_app_config(edge["args"])
-    model = app_config.models["embedding"]
-    return {
-        "name": PEER_APP,
-        "route_prefix": PEER_ROUTE,
-        "import_path": "benchmarks.embeddings.peer:build_docs_embedding",
-        "args": {
-            "model_dir": str(app_config.model_path("embedding")),
-            "torch_threads": max(1, model.intra_op_threads),
-        },
-        "deployments": [
-            {
-                "name": PEER_DEPLOYMENT,
-                "num_replicas": 1,
-                "max_ongoing_requests": deployment_options(edge)["embedding"][
-                    "max_ongoing_requests"
-                ],
-                "ray_actor_options": {"num_cpus": model.num_cpus},
-            }
-        ],
-    }
+    return beside(
+        edge,
+        "embedding",
+        name=PEER_APP,
+        route=PEER_ROUTE,
+        builder="benchmarks.embeddings.peer:build_docs_embedding",
+        deployment=PEER_DEPLOYMENT,
+    )

@@ -24,7 +24,7 @@ from benchmarks.embeddings.peer import PEER_ROUTE, peer_application
 from benchmarks.lib.cluster import apply_applications
 from benchmarks.lib.config import PeeredBenchConfig
 from benchmarks.lib.corpus import benchmark_sentences
-from benchmarks.lib.edge_app import BYPASS_CACHE, EDGE_APP, edge_application, shipped_config
+from benchmarks.lib.edge_app import BYPASS_CACHE, EDGE_APP, our_application
 from benchmarks.lib.goals import GoalRecord, dig, goal, ratio
 from benchmarks.lib.http_load import (
     Endpoint,
@@ -73,8 +73,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def run_embeddings_suite(
     config: EmbeddingsBenchConfig, clock: Clock = time.perf_counter
 ) -> dict[str, Any]:
-    shipped = shipped_config(config.serve_config)
-    edge = edge_application(shipped, config.models_dir, router_replicas=config.router_replicas)
+    edge = our_application(config)
     peers = [peer_application(edge)] if config.peers else []
     batched = _max_batch_size(edge)
     most = max(config.clients)
@@ -88,12 +87,7 @@ def run_embeddings_suite(
         result.update(asyncio.run(bench_clients(config, targets, clock)))
         result["handle_batched"] = asyncio.run(_handle_load(config, handle, most, clock))
         # Only user_config changes: Serve reconfigures the running replica, no restart.
-        unbatched = edge_application(
-            shipped,
-            config.models_dir,
-            embedding_batch_size=UNBATCHED,
-            router_replicas=config.router_replicas,
-        )
+        unbatched = our_application(config, embedding_batch_size=UNBATCHED)
         apply_applications([unbatched, *peers], http_port, config.deploy_timeout_s)
         _replica_batching(handle, UNBATCHED, config.deploy_timeout_s)
         result["unbatched"] = asyncio.run(

@@ -11,7 +11,8 @@ from typing import Any
 
 import yaml
 
-from deployments.config import without_regions
+from benchmarks.lib.config import ServedBenchConfig
+from deployments.config import parse_app_config, without_regions
 
 EDGE_APP = "edge"
 HOME_REGION = "eu"
@@ -58,3 +59,42 @@ def edge_application(
 def deployment_options(edge: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """Each deployment's Serve options by name, for a baseline that stands in for it."""
     return {d["name"]: {k: v for k, v in d.items() if k != "name"} for d in edge["deployments"]}
+
+
+def our_application(
+    config: ServedBenchConfig, *, embedding_batch_size: int | None = None
+) -> dict[str, Any]:
+    """The edge application of `config`'s serve config, with its router replicas."""
+    return edge_application(
+        shipped_config(config.serve_config),
+        config.models_dir,
+        embedding_batch_size=embedding_batch_size,
+        router_replicas=config.router_replicas,
+    )
+
+
+def peer_application(
+    edge: Mapping[str, Any], ours: str, *, name: str, route: str, builder: str, deployment: str
+) -> dict[str, Any]:
+    """A peer standing in for our model `ours`: one replica given what our deployment gets (CPU
+    share, threads, max_ongoing_requests), so only the serving code differs. `builder` is its
+    application builder's import path, called with the model directory and torch threads."""
+    app_config = parse_app_config(edge["args"])
+    model = app_config.models[ours]
+    return {
+        "name": name,
+        "route_prefix": route,
+        "import_path": builder,
+        "args": {
+            "model_dir": str(app_config.model_path(ours)),
+            "torch_threads": max(1, model.intra_op_threads),
+        },
+        "deployments": [
+            {
+                "name": deployment,
+                "num_replicas": 1,
+                "max_ongoing_requests": deployment_options(edge)[ours]["max_ongoing_requests"],
+                "ray_actor_options": {"num_cpus": model.num_cpus},
+            }
+        ],
+    }

@@ -16,13 +16,7 @@ import httpx
 from pydantic import Field
 
 from benchmarks.lib.config import ServedBenchConfig
-from benchmarks.lib.edge_app import (
-    BYPASS_CACHE,
-    EDGE_APP,
-    deployment_options,
-    edge_application,
-    shipped_config,
-)
+from benchmarks.lib.edge_app import BYPASS_CACHE, EDGE_APP, deployment_options, our_application
 from benchmarks.lib.goals import goal, ratio
 from benchmarks.lib.http_load import (
     Endpoint,
@@ -80,11 +74,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_router_suite(config: RouterBenchConfig, clock: Clock = time.perf_counter) -> dict[str, Any]:
-    edge = edge_application(
-        shipped_config(config.serve_config),
-        config.models_dir,
-        router_replicas=config.router_replicas,
-    )
+    edge = our_application(config)
     # The edge app first: the pass-throughs look its moderation deployment up by name.
     with served(config, [edge, *baseline_applications(edge)]) as (base_url, _):
         overhead = asyncio.run(bench_router_overhead(config, base_url, clock))

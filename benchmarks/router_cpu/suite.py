@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import Field
 
 from benchmarks.lib.config import ServedBenchConfig
-from benchmarks.lib.edge_app import edge_application, shipped_config
+from benchmarks.lib.edge_app import our_application
 from benchmarks.lib.goals import GoalRecord, dig, goal
 from benchmarks.lib.served import ray_workers, served
 from benchmarks.router_cpu.in_process import measure_in_process
@@ -71,11 +71,7 @@ def run_router_cpu_suite(config: RouterCpuBenchConfig) -> dict[str, Any]:
         ),
     }
     if config.replicas:
-        edge = edge_application(
-            shipped_config(config.serve_config),
-            config.models_dir,
-            router_replicas=config.router_replicas,
-        )
+        edge = our_application(config)
         with served(config, [edge]) as (base_url, _):
             result["processes"] = ray_workers()
             result["replicas"] = asyncio.run(
