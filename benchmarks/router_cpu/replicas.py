@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from benchmarks.lib import processes as cpu
+from benchmarks.lib import processes
 from benchmarks.lib.corpus import benchmark_sentences, chat_messages
 from benchmarks.lib.edge_app import BYPASS_CACHE, EDGE_APP
 from benchmarks.lib.http_load import Endpoint, async_client, ready, timed_post
@@ -28,9 +28,9 @@ async def measure_replicas(
     """µs of CPU per request in the router replicas (and the front), per endpoint: the process
     counters before and after `requests` requests (a quarter of them for chat), from `clients`
     closed loops; `idle_s` of idle burn sampled before each endpoint's load."""
-    routers = cpu.worker_pids(ROUTER_TITLE)
+    routers = processes.worker_pids(ROUTER_TITLE)
     # The front: Serve's Python proxy, plus HAProxy when it fronts the replicas.
-    proxies = cpu.worker_pids(PROXY_TITLE) + cpu.haproxy_pids()
+    proxies = processes.worker_pids(PROXY_TITLE) + processes.haproxy_pids()
     if not routers:
         return {"error": f"no {ROUTER_TITLE} process found below this driver"}
     sentences = benchmark_sentences(256)
@@ -56,14 +56,14 @@ async def measure_replicas(
             await ready(client, endpoint, body(0))  # warm
             # What the replicas burn with no request (metrics pushes, long polls): reported beside
             # the per-request figure, which stays the processes' whole CPU over the load window.
-            idle_before = (cpu.cpu_seconds(routers), cpu.cpu_seconds(proxies))
+            idle_before = (processes.cpu_seconds(routers), processes.cpu_seconds(proxies))
             await asyncio.sleep(idle_s)
             idle_rate = (
-                (cpu.cpu_seconds(routers) - idle_before[0]) / idle_s,
-                (cpu.cpu_seconds(proxies) - idle_before[1]) / idle_s,
+                (processes.cpu_seconds(routers) - idle_before[0]) / idle_s,
+                (processes.cpu_seconds(proxies) - idle_before[1]) / idle_s,
             )
             started = time.perf_counter()
-            before = (cpu.cpu_seconds(routers), cpu.cpu_seconds(proxies))
+            before = (processes.cpu_seconds(routers), processes.cpu_seconds(proxies))
             counter = iter(range(count))
 
             async def loop(
@@ -76,8 +76,8 @@ async def measure_replicas(
 
             await asyncio.gather(*(loop() for _ in range(clients)))
             elapsed = time.perf_counter() - started
-            router_s = cpu.cpu_seconds(routers) - before[0]
-            proxy_s = cpu.cpu_seconds(proxies) - before[1]
+            router_s = processes.cpu_seconds(routers) - before[0]
+            proxy_s = processes.cpu_seconds(proxies) - before[1]
             result[name] = {
                 "requests": count,
                 "seconds": round(elapsed, 2),

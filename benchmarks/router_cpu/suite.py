@@ -57,10 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     fields: dict[str, Any] = {"replicas": not args.router_cpu_in_process_only}
-    config = RouterCpuBenchConfig.from_args(args, **fields)
     if args.router_cpu_requests:
-        config = config.model_copy(update={"in_process_requests": args.router_cpu_requests})
-    return run_router_cpu_suite(config)
+        fields["in_process_requests"] = args.router_cpu_requests
+    return run_router_cpu_suite(RouterCpuBenchConfig.from_args(args, **fields))
 
 
 def run_router_cpu_suite(config: RouterCpuBenchConfig) -> dict[str, Any]:
