@@ -1,2 +1,3 @@
-"""Benchmarks of the serving stack, run by `python -m benchmarks.run` (`make bench`); one module per
-suite (benchmarks/<suite>.py exposing `run(args) -> dict`), never collected by pytest."""
+"""Benchmarks of the serving stack, run by `python -m benchmarks.run` (`make bench`): one module or
+package per suite, named by the figures it measures, on the shared library benchmarks.lib; never
+collected by pytest. benchmarks/README.md says what each suite measures."""

@@ -24,16 +24,21 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import yaml
+from pydantic import Field
 
+from benchmarks.lib.config import BenchConfig
+from benchmarks.lib.goals import GoalRecord, goal
 from deployments.config import serve_only
 from edge_sim.config import EdgeConfig
 from edge_sim.regions import PoolView, plan_regions
 from edgectl.loadtest.regions import CITY_PROBES
+from edgectl.loadtest.summary import latency_stats
+
+NEEDS_RAY = True  # a 3-node cluster; the routing decision's cost runs anywhere
 
 REPO = Path(__file__).resolve().parent.parent
-log = logging.getLogger("benchmarks")
+log = logging.getLogger(__name__)
 ADMIN_KEY = "bench-admin-key"
 LOAD_KEY = "sk-bench-load-0000"
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
@@ -41,10 +46,17 @@ LOAD = {"authorization": f"Bearer {LOAD_KEY}"}
 TIGHT = {"max_ongoing_requests": 2, "max_queued_requests": 4}  # moderation: capacity per region
 
 
+class RegionsBenchConfig(BenchConfig):
+    QUICK = {"rounds": 2, "phase_s": 8.0}
+
+    rounds: int = Field(default=5, ge=1, description="all-warm rounds per city")
+    phase_s: float = Field(default=20.0, gt=0, description="overload and outage phase length")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("regions")
-    group.add_argument("--regions-rounds", type=int, default=5, help="all-warm rounds per city")
-    group.add_argument("--regions-phase-s", type=float, default=20.0, help="outage phase length")
+    group = parser.add_argument_group("regions suite")
+    group.add_argument("--regions-rounds", type=int, help="all-warm rounds per city (default 5)")
+    group.add_argument("--regions-phase-s", type=float, help="outage phase length (default 20)")
 
 
 def decision_cost_us(repeat: int = 20_000) -> float:
@@ -57,7 +69,7 @@ def decision_cost_us(repeat: int = 20_000) -> float:
     return seconds / repeat * 1e6
 
 
-def _config(models_root: Path, http_port: int) -> dict[str, Any]:
+def regions_serve_config(models_root: Path, http_port: int) -> dict[str, Any]:
     config = yaml.safe_load((REPO / "serve_config.yaml").read_text())
     config["http_options"] = {"host": "127.0.0.1", "port": http_port}
     app = config["applications"][0]
@@ -99,10 +111,6 @@ def _config(models_root: Path, http_port: int) -> dict[str, Any]:
     deployments.append(template["router"])
     app["deployments"] = deployments
     return config
-
-
-def _p(values: list[float], q: float) -> float | None:
-    return float(np.percentile(values, q)) if values else None
 
 
 async def _send(
@@ -224,26 +232,35 @@ async def outage(base_url: str, cluster: Any, phase_s: float) -> dict[str, Any]:
         await asyncio.sleep(phase_s)
         stop.set()
         await asyncio.gather(*tasks)
-    before = [ms for sent, *_, ms in rows if sent < killed_at]
-    during = [ms for sent, *_, ms in rows if sent >= killed_at]
+    before = latency_stats(ms for sent, *_, ms in rows if sent < killed_at)
+    during = latency_stats(ms for sent, *_, ms in rows if sent >= killed_at)
     tokyo_after = [
         region for sent, city, _, region, _ in rows if city == "tokyo" and sent >= killed_at
     ]
     return {
         "requests": len(rows),
         "failed": sum(1 for _, _, status, _, _ in rows if status != 200),
-        "p99_before_ms": _p(before, 99),
-        "p99_during_ms": _p(during, 99),
-        "p50_before_ms": _p(before, 50),
-        "p50_during_ms": _p(during, 50),
+        "p99_before_ms": before["p99"],
+        "p99_during_ms": during["p99"],
+        "p50_before_ms": before["p50"],
+        "p50_during_ms": during["p50"],
         "tokyo_regions_during": sorted({r for r in tokyo_after if r}),
     }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    given = {"rounds": args.regions_rounds, "phase_s": args.regions_phase_s}
+    config = RegionsBenchConfig.from_args(args, **{k: v for k, v in given.items() if v is not None})
+    return run_regions_suite(config)
+
+
+def run_regions_suite(config: RegionsBenchConfig) -> dict[str, Any]:
     from edgectl.local_cluster import LocalCluster, free_port, wait_until
 
-    result: dict[str, Any] = {"decision_cost_us": decision_cost_us()}
+    result: dict[str, Any] = {
+        "config": config.model_dump(mode="json"),
+        "decision_cost_us": decision_cost_us(),
+    }
     root = Path(tempfile.mkdtemp(prefix="bench-regions-"))
     env = {
         "EDGE_ADMIN_KEY": ADMIN_KEY,
@@ -257,8 +274,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for region in ("us", "ap"):
             cluster.add_node(region, num_cpus=1, resources={f"region:{region}": 100})
         port = free_port()
-        config = _config(Path(args.models_dir), port)
-        (root / "serve.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        config_file = regions_serve_config(config.models_dir, port)
+        (root / "serve.yaml").write_text(yaml.safe_dump(config_file, sort_keys=False))
         cluster.cli("serve", "deploy", str(root / "serve.yaml"))
         base_url = f"http://127.0.0.1:{port}"
 
@@ -266,18 +283,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             return dict(yaml.safe_load(cluster.cli("serve", "status"))["applications"]["edge"])
 
         wait_until(lambda: status()["status"] == "RUNNING", 600, "the app RUNNING", every_s=2)
-        edge = EdgeConfig.from_mapping(config["applications"][0]["args"]["edge"])
+        edge = EdgeConfig.from_mapping(config_file["applications"][0]["args"]["edge"])
         phase = "all_warm"
-        log.info("regions: all warm, %d rounds", args.regions_rounds)
-        result["all_warm"] = asyncio.run(all_warm(base_url, edge, args.regions_rounds))
+        log.info("regions: all warm, %d rounds", config.rounds)
+        result["all_warm"] = asyncio.run(all_warm(base_url, edge, config.rounds))
         # The detour case needs ap cold for `embedding`: redeploy it at zero there.
         ap = next(
-            d for d in config["applications"][0]["deployments"] if d["name"] == "embedding-ap"
+            d for d in config_file["applications"][0]["deployments"] if d["name"] == "embedding-ap"
         )
         ap["autoscaling_config"]["initial_replicas"] = 0
         ap["autoscaling_config"]["downscale_delay_s"] = 1
         ap["autoscaling_config"]["downscale_to_zero_delay_s"] = 1
-        (root / "serve.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        (root / "serve.yaml").write_text(yaml.safe_dump(config_file, sort_keys=False))
         cluster.cli("serve", "deploy", str(root / "serve.yaml"))
 
         def ap_at_zero() -> bool:
@@ -291,12 +308,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["cold_start_avoidance"] = asyncio.run(cold_start_avoidance(base_url))
         phase = "overload_3x"
         log.info("regions: overload")
-        result["overload_3x"] = asyncio.run(overload(base_url, args.regions_phase_s))
+        result["overload_3x"] = asyncio.run(overload(base_url, config.phase_s))
         # ap held up for the outage (the cold-start case let it go back to zero at once).
         ap["autoscaling_config"].update(
             min_replicas=1, initial_replicas=1, downscale_delay_s=600, downscale_to_zero_delay_s=600
         )
-        (root / "serve.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        (root / "serve.yaml").write_text(yaml.safe_dump(config_file, sort_keys=False))
         cluster.cli("serve", "deploy", str(root / "serve.yaml"))
         wait_until(
             lambda: status()["deployments"]["embedding-ap"]["replica_states"].get("RUNNING"),
@@ -306,7 +323,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         phase = "region_outage"
         log.info("regions: outage")
-        result["region_outage"] = asyncio.run(outage(base_url, cluster, args.regions_phase_s))
+        result["region_outage"] = asyncio.run(outage(base_url, cluster, config.phase_s))
     except Exception as exc:  # noqa: BLE001 - what was measured is kept, the failure named
         log.exception("regions: %s failed", phase)
         result["error"] = f"{phase}: {type(exc).__name__}: {exc}"
@@ -317,33 +334,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def _goal(value: float | None, target: float, unit: str, higher_is_better: bool) -> dict[str, Any]:
-    """One goal's verdict; a value that was not measured (None) is not met."""
-    met = value is not None and (value >= target if higher_is_better else value <= target)
-    shown = None if value is None else round(value, 4)
-    return {"value": shown, "target": target, "met": met, "unit": unit}
-
-
-def goals(result: dict[str, Any]) -> dict[str, Any]:
+def goals(result: dict[str, Any]) -> dict[str, GoalRecord]:
     warm = result.get("all_warm", {})
     cold = result.get("cold_start_avoidance", {})
     outage_run = result.get("region_outage", {})
     overload_run = result.get("overload_3x", {})
     return {
-        "all_warm_nearest_share": _goal(
-            warm.get("nearest_share"), 1.0, "share served by the nearest region", True
+        "all_warm_nearest_share": goal(
+            warm.get("nearest_share"), 1.0, "share served by the nearest region"
         ),
-        "all_warm_added_rtt_p50_ms": _goal(
-            warm.get("added_rtt_p50_ms"), 1.0, "ms over the nearest region's RTT", False
+        "all_warm_added_rtt_p50_ms": goal(
+            warm.get("added_rtt_p50_ms"), 1.0, "ms over the nearest region's RTT", at_most=True
         ),
-        "cold_detour_vs_wait_p50": _goal(
-            cold.get("detour_vs_wait_p50"), 0.5, "detour p50 / waiting p50", False
+        "cold_detour_vs_wait_p50": goal(
+            cold.get("detour_vs_wait_p50"), 0.5, "detour p50 / waiting p50", at_most=True
         ),
-        "outage_failed_requests": _goal(outage_run.get("failed"), 0, "requests", False),
-        "overload_regions_ejected": _goal(
-            overload_run.get("regions_ejected"), 0, "(region, model) pools", False
+        "outage_failed_requests": goal(outage_run.get("failed"), 0, "requests", at_most=True),
+        "overload_regions_ejected": goal(
+            overload_run.get("regions_ejected"), 0, "(region, model) pools", at_most=True
         ),
-        "overload_sheds_with_retry_after": _goal(
-            overload_run.get("shed_with_retry_after_share"), 1.0, "share of 503/429", True
+        "overload_sheds_with_retry_after": goal(
+            overload_run.get("shed_with_retry_after_share"), 1.0, "share of 503/429"
         ),
     }

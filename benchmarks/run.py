@@ -21,20 +21,24 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from benchmarks.lib.config import add_served_arguments
+
 log = logging.getLogger("benchmarks")
 
-# The registry, one line per suite: a module exposing `run(args) -> dict` and, optionally,
-# `add_arguments(parser)`. Imported only when the command line is built.
+# The registry, one line per suite, named by what it measures: a module exposing
+# `run(args) -> dict` (with a `goals` entry of benchmarks.lib.goals records), `NEEDS_RAY` and,
+# optionally, `add_arguments(parser)`. Imported only when the command line is built.
 SUITES: dict[str, str] = {
-    "models": "benchmarks.models",
+    "runtime": "benchmarks.runtime",
+    "embeddings": "benchmarks.embeddings",
+    "chat": "benchmarks.chat",
     "router": "benchmarks.router",
-    "edge": "benchmarks.edge",
-    "coldstart": "benchmarks.coldstart",
-    "security": "benchmarks.security",
     "router_cpu": "benchmarks.router_cpu",
-    "peers": "benchmarks.peers",
-    "structured": "benchmarks.structured",
+    "coldstart": "benchmarks.coldstart",
+    "edge": "benchmarks.edge",
     "regions": "benchmarks.regions",
+    "security": "benchmarks.security",
+    "structured": "benchmarks.structured",
 }
 
 LOG_FORMAT = "%(asctime)s %(name)s: %(message)s"
@@ -75,6 +79,7 @@ def build_parser(suites: dict[str, ModuleType]) -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-progress", action="store_true", help="no progress bar (off anyway without a TTY)"
     )
+    add_served_arguments(parser)
     for module in suites.values():
         add_arguments = getattr(module, "add_arguments", None)
         if add_arguments is not None:

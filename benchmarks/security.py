@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import argparse
 import copy
-import os
 import sys
 import time
 import timeit
+from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import yaml
+from pydantic import Field
 
-from benchmarks.cluster import apply_applications, serve_cluster
+from benchmarks.lib.cluster import apply_applications, serve_cluster
+from benchmarks.lib.config import BenchConfig
+from deployments.config import PROJECT_ROOT
 from deployments.protocol import ChatCompletionRequest
 from deployments.security import (
     KeyStore,
@@ -25,8 +27,13 @@ from deployments.security import (
     check_chat,
     estimate_chat_tokens,
 )
+from edgectl.loadtest.summary import latency_stats_s
+from edgectl.local_cluster import free_port
 
-PORT = 8126
+NEEDS_RAY = True  # the moderation gate's latency; the admission cost runs anywhere
+
+SERVE_CONFIG = PROJECT_ROOT / "serve_config.yaml"
+
 BODY = {
     "model": "glm",
     "messages": [
@@ -77,11 +84,10 @@ def admission_cost_us(repeat: int) -> dict[str, float]:
     }
 
 
-def _app(gate_models: list[str]) -> dict[str, Any]:
-    with open("serve_config.yaml") as f:
-        app = copy.deepcopy(yaml.safe_load(f)["applications"][0])
+def _app(gate_models: list[str], models_dir: Path) -> dict[str, Any]:
+    app = copy.deepcopy(yaml.safe_load(SERVE_CONFIG.read_text())["applications"][0])
     args = app["args"]
-    args["models_dir"] = os.path.abspath(args["models_dir"])
+    args["models_dir"] = str(models_dir)
     args["accelerator"] = "cpu"
     args["edge"]["latency"]["real_delay_scale"] = 0
     args["security"]["moderation_gate"]["models"] = gate_models
@@ -92,13 +98,14 @@ def _app(gate_models: list[str]) -> dict[str, Any]:
     return app
 
 
-def gate_latency(requests: int) -> dict[str, Any]:
+def gate_latency(requests: int, models_dir: Path) -> dict[str, Any]:
     """Chat p50/p99 with the gate on glm, then with no gate: only the router is rebuilt."""
     out: dict[str, Any] = {}
-    with serve_cluster(num_cpus=4, http_port=PORT):
+    port = free_port()
+    with serve_cluster(num_cpus=4, http_port=port):
         for label, models in (("gate_on", ["glm"]), ("gate_off", [])):
-            apply_applications([_app(models)], PORT, timeout_s=240)
-            with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=120) as client:
+            apply_applications([_app(models, models_dir)], port, timeout_s=240)
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
                 headers = {"x-edge-cache": "bypass"}
                 for _ in range(5):  # warm-up
                     client.post("/v1/chat/completions", json=BODY, headers=headers)
@@ -110,22 +117,26 @@ def gate_latency(requests: int) -> dict[str, Any]:
                     samples.append(time.perf_counter() - started)
                     if response.status_code != 200:
                         raise RuntimeError(f"{label}: {response.status_code} {response.text[:200]}")
-            ms = np.asarray(samples) * 1000
-            out[label] = {
-                "requests": requests,
-                "p50_ms": float(np.percentile(ms, 50)),
-                "p99_ms": float(np.percentile(ms, 99)),
-            }
+            out[label] = latency_stats_s(samples)
             print(f"security: {label} {out[label]}", file=sys.stderr)
-    out["added_p50_ms"] = out["gate_on"]["p50_ms"] - out["gate_off"]["p50_ms"]
+    out["added_p50_ms"] = round(out["gate_on"]["p50"] - out["gate_off"]["p50"], 3)
     return out
 
 
+class SecurityBenchConfig(BenchConfig):
+    QUICK = {"admission_repetitions": 2_000, "gate_requests": 20}
+
+    admission_repetitions: int = Field(default=20_000, ge=1)
+    gate_requests: int = Field(default=80, ge=1, description="chat requests per gate setting")
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    admission = admission_cost_us(repeat=2_000 if args.quick else 20_000)
+    config = SecurityBenchConfig.from_args(args)
+    admission = admission_cost_us(repeat=config.admission_repetitions)
     print(f"security: admission {admission}", file=sys.stderr)
-    gate = gate_latency(requests=20 if args.quick else 80)
+    gate = gate_latency(config.gate_requests, config.models_dir)
     return {
+        "config": config.model_dump(mode="json"),
         "admission": admission,
         "moderation_gate": gate,
     }

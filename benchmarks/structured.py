@@ -17,9 +17,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
+
+from benchmarks.lib.config import BenchConfig, Provider
+from benchmarks.lib.goals import goal
 from deployments.runtime.llm import LLMRuntime
 from deployments.runtime.sampling_params import GenerationOptions, GrammarSpec, SamplingParams
 from deployments.runtime.session import SessionConfig
+
+NEEDS_RAY = False
 
 MASK_BUILD_GOAL_MS = 5.0
 OVERHEAD_GOAL = 0.15
@@ -97,47 +103,51 @@ def decode_ms_per_token(runtime: LLMRuntime, grammar: GrammarSpec | None, tokens
     return (time.perf_counter() - started) * 1000 / max(generated, 1)
 
 
+class StructuredBenchConfig(BenchConfig):
+    QUICK = {"mask_repetitions": 20, "rounds": 2, "new_tokens": 32}
+
+    provider: Provider = "cpu"
+    threads: int = Field(default=2, ge=1)
+    model: str = "glm"
+    mask_repetitions: int = Field(default=200, ge=1)
+    rounds: int = Field(default=6, ge=1, description="interleaved decode runs per side")
+    new_tokens: int = Field(default=96, ge=1)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    model_dir = Path(args.models_dir) / "glm"
+    config = StructuredBenchConfig.from_args(args, provider=args.provider, threads=args.threads)
+    return run_structured_suite(config)
+
+
+def run_structured_suite(config: StructuredBenchConfig) -> dict[str, Any]:
+    model_dir = config.models_dir / config.model
     runtime = LLMRuntime(
-        model_dir, SessionConfig(provider=args.provider, intra_op_threads=args.threads)
+        model_dir, SessionConfig(provider=config.provider, intra_op_threads=config.threads)
     )
     runtime.max_batch_size = BATCH
     try:
-        build = mask_build_ms(runtime, repeat=20 if args.quick else 200)
-        rounds, tokens = (2, 32) if args.quick else (6, 96)
+        build = mask_build_ms(runtime, repeat=config.mask_repetitions)
         plain, constrained = [], []
         spec = GrammarSpec("json_schema", LONG_TEXT)
         decode_ms_per_token(runtime, None, 8)  # warm both paths once
         decode_ms_per_token(runtime, spec, 8)
-        for _ in range(rounds):
-            plain.append(decode_ms_per_token(runtime, None, tokens))
-            constrained.append(decode_ms_per_token(runtime, spec, tokens))
+        for _ in range(config.rounds):
+            plain.append(decode_ms_per_token(runtime, None, config.new_tokens))
+            constrained.append(decode_ms_per_token(runtime, spec, config.new_tokens))
     finally:
         runtime.close()
     plain_ms, constrained_ms = statistics.median(plain), statistics.median(constrained)
     overhead = constrained_ms / plain_ms - 1.0
     result: dict[str, Any] = {
+        "config": config.model_dump(mode="json"),
         "library": "llguidance",
         "mask_build_20_fields": build,
         "outlines_core_index_20_fields_ms": outlines_core_index_ms(model_dir),
         "decode_batch": BATCH,
         "decode_ms_per_token": {"unconstrained": plain_ms, "json_schema": constrained_ms},
         "goals": {
-            "mask_build_ms": {
-                "value": round(build["median_ms"], 3),
-                "target": MASK_BUILD_GOAL_MS,
-                "met": build["median_ms"] < MASK_BUILD_GOAL_MS,
-                "unit": "ms",
-                "at_most": True,
-            },
-            "constrained_overhead": {
-                "value": round(overhead, 3),
-                "target": OVERHEAD_GOAL,
-                "met": overhead <= OVERHEAD_GOAL,
-                "unit": "ratio",
-                "at_most": True,
-            },
+            "mask_build_ms": goal(build["median_ms"], MASK_BUILD_GOAL_MS, "ms", at_most=True),
+            "constrained_overhead": goal(overhead, OVERHEAD_GOAL, "ratio", at_most=True),
         },
     }
     print(f"structured: {result}", file=sys.stderr)

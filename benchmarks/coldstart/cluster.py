@@ -1,5 +1,5 @@
 """The cold-start suite's bench variant of serve_config.yaml: scale-to-zero within seconds, so a
-model can be cycled zero -> first response -> zero quickly (the cluster: benchmarks.cluster)."""
+model can be cycled zero -> first response -> zero quickly (the cluster: benchmarks.lib.cluster)."""
 
 from __future__ import annotations
 

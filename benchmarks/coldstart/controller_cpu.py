@@ -3,19 +3,13 @@
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds a process has used so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+from benchmarks.lib.processes import cpu_seconds
 
 
 def idle_cpu_share(pid: int, seconds: float) -> float:
     """The share of one core the process used over `seconds` (while nothing else asks it to)."""
-    before, started = cpu_seconds(pid), time.monotonic()
+    before, started = cpu_seconds([pid]), time.monotonic()
     time.sleep(seconds)
-    return (cpu_seconds(pid) - before) / (time.monotonic() - started)
+    return (cpu_seconds([pid]) - before) / (time.monotonic() - started)

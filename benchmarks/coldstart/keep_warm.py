@@ -12,9 +12,9 @@ from typing import Any
 
 import httpx
 
-from benchmarks.cluster import apply_applications
 from benchmarks.coldstart.cluster import replica_states
 from benchmarks.coldstart.probe import ColdTarget, wait_for_zero
+from benchmarks.lib.cluster import apply_applications
 from deployments.keep_warm import KEEP_WARM_POLICY
 from edgectl.local_cluster import wait_until
 

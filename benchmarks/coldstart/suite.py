@@ -15,13 +15,12 @@ import statistics
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from benchmarks.cluster import apply_applications, serve_cluster
 from benchmarks.coldstart.cluster import (
     EDGE_APP,
     BenchScaling,
@@ -33,6 +32,7 @@ from benchmarks.coldstart.controller_cpu import idle_cpu_share
 from benchmarks.coldstart.controller_log import ControllerLog
 from benchmarks.coldstart.imports import replica_import_costs
 from benchmarks.coldstart.keep_warm import run_keep_warm
+from benchmarks.coldstart.load import load_times
 from benchmarks.coldstart.probe import (
     EMPTY_TARGET,
     ColdTarget,
@@ -49,13 +49,17 @@ from benchmarks.coldstart.warm_pool import (
     no_warm_pool_application,
     pool_target,
 )
-from benchmarks.models import ModelsBenchConfig, bench_load
+from benchmarks.lib.cluster import apply_applications, serve_cluster
+from benchmarks.lib.config import BenchConfig
+from benchmarks.lib.goals import GoalRecord, goal
 from deployments.config import PROJECT_ROOT, ModelConfig, parse_app_config, without_regions
 
 log = logging.getLogger(__name__)
 
+NEEDS_RAY = True
+
 MODELS = ("glm", "kimi", "embedding", "moderation")
-COLD_START_TARGET_S = 0.75  # p50 zero -> first response, per default model (issue 18)
+COLD_START_TARGET_S = 0.75  # p50 zero -> first response, per default model
 OVERHEAD_RATIO_TARGET = 1.2  # cold start / (empty replica start + in-process load), at most
 EMPTY = "empty_replica"
 # A cold start from request to response, in order (probe.split_phases says what each covers).
@@ -72,19 +76,16 @@ GOAL_PHASES = (
 )
 NO_POOL = "/no_warm_pool"  # suffix of a model's name for its cycles without the pool
 
-QUICK_SIZES: Mapping[str, Any] = {
-    "cycles": 2,
-    "models": ("glm", "moderation"),
-    "in_process_repetitions": 1,
-    "import_repetitions": 0,  # the fresh-interpreter import timing alone takes ~10 s
-    "upscale_repetitions": 1,
-}
 
+class ColdStartBenchConfig(BenchConfig):
+    QUICK = {
+        "cycles": 2,
+        "models": ("glm", "moderation"),
+        "in_process_repetitions": 1,
+        "import_repetitions": 0,  # the fresh-interpreter import timing alone takes ~10 s
+        "upscale_repetitions": 1,
+    }
 
-class ColdStartBenchConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    models_dir: Path
     serve_config: Path = PROJECT_ROOT / "serve_config.yaml"
     models: tuple[str, ...] = MODELS
     cycles: int = Field(default=5, ge=1, description="cold starts per model (and empty replica)")
@@ -121,23 +122,14 @@ class ColdStartBenchConfig(BaseModel):
     )
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> ColdStartBenchConfig:
-        models_dir = Path(args.models_dir)
-        if not models_dir.is_absolute():
-            models_dir = PROJECT_ROOT / models_dir  # replicas do not start in our directory
+    def from_args(cls, args: argparse.Namespace, **fields: Any) -> Self:
         variant = ServeVariant(
             metrics_interval=args.coldstart_metrics_interval,
             runtime_env=args.coldstart_runtime_env,
             ray_env=dict(item.split("=", 1) for item in args.coldstart_ray_env or ()),
             control_loop_s=args.coldstart_control_loop_s,
         )
-        fields: dict[str, Any] = {
-            "models_dir": models_dir,
-            "http_port": args.coldstart_http_port,
-            "variant": variant,
-        }
-        if args.quick:
-            fields.update(QUICK_SIZES)
+        fields |= {"http_port": args.coldstart_http_port, "variant": variant}
         if args.coldstart_cycles is not None:
             fields["cycles"] = args.coldstart_cycles
         if args.coldstart_models:
@@ -150,7 +142,7 @@ class ColdStartBenchConfig(BaseModel):
             fields["keep_warm"] = False
         if args.coldstart_upscale_repetitions is not None:
             fields["upscale_repetitions"] = args.coldstart_upscale_repetitions
-        return cls(**fields)
+        return super().from_args(args, **fields)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -279,19 +271,9 @@ def in_process_load(
     warm-up a replica cannot avoid. Models sharing a thread count are measured together."""
     results: dict[str, Any] = {}
     for threads in sorted({model.intra_op_threads for model in models.values()}):
-        names = [n for n, m in models.items() if m.intra_op_threads == threads]
-        models_config = ModelsBenchConfig(
-            models_dir=config.models_dir,
-            provider="cpu",
-            threads=threads,
-            load_repetitions=config.in_process_repetitions,
-            chat_models=tuple(n for n in names if models[n].task == "chat"),
-        )
-        loads = bench_load(models_config, time.perf_counter)
-        results.update({name: loads[name] for name in names})
-    return {
-        name: {k: v for k, v in result.items() if k != "runs"} for name, result in results.items()
-    }
+        tasks = {n: m.task for n, m in models.items() if m.intra_op_threads == threads}
+        results |= load_times(config.models_dir, tasks, threads, config.in_process_repetitions)
+    return results
 
 
 def run_cycles(
@@ -454,24 +436,25 @@ def summarize_keep_warm(
 
 def goals(
     cold_starts: Mapping[str, Mapping[str, Any]], ratios: Mapping[str, Mapping[str, Any]]
-) -> dict[str, Any]:
+) -> dict[str, GoalRecord]:
     result = {}
     for name, summary in cold_starts.items():
         if name == EMPTY or name.endswith(NO_POOL):
             continue
         p50s = summary.get("p50", {})
-        result[f"{name}_cold_start_p50"] = {
-            **_goal(p50s.get("total_s"), COLD_START_TARGET_S, "s"),
-            # Where the median went (each phase's own median: they need not add up to it).
-            "phases_p50_s": {phase: p50s.get(phase) for phase in GOAL_PHASES},
-            "cycles": summary.get("cycles", 0),
-        }
+        result[f"{name}_cold_start_p50"] = goal(
+            p50s.get("total_s"),
+            COLD_START_TARGET_S,
+            "s",
+            at_most=True,
+            details={
+                # Where the median went (each phase's own median: they need not add up to it).
+                "phases_p50_s": {phase: p50s.get(phase) for phase in GOAL_PHASES},
+                "cycles": summary.get("cycles", 0),
+            },
+        )
         ratio = ratios.get(name, {}).get("ratio")
-        result[f"{name}_cold_start_vs_empty_plus_load"] = _goal(ratio, OVERHEAD_RATIO_TARGET, "x")
+        result[f"{name}_cold_start_vs_empty_plus_load"] = goal(
+            ratio, OVERHEAD_RATIO_TARGET, "x", at_most=True
+        )
     return result
-
-
-def _goal(value: float | None, target: float, unit: str) -> dict[str, Any]:
-    """An at-most goal; a value that was not measured (None) is not met."""
-    met = value is not None and value <= target
-    return {"value": value, "target": target, "met": met, "unit": unit, "at_most": True}

@@ -17,7 +17,7 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from benchmarks.coldstart.cluster import replica_states
 from benchmarks.coldstart.controller_log import ControllerLog, ScaleUp
 from benchmarks.coldstart.probe import ColdTarget, WallClock
-from deployments.runtime.sampling import SamplingParams
+from deployments.runtime.sampling_params import SamplingParams
 from deployments.servers.base import Reply
 from edgectl.local_cluster import wait_until
 

@@ -34,6 +34,12 @@ def latency_stats(values: Iterable[float | None]) -> dict[str, Any]:
     }
 
 
+def latency_stats_s(values_s: Iterable[float | None]) -> dict[str, Any]:
+    """`latency_stats` of durations measured in seconds, reported in milliseconds (a timer's
+    seconds in, the same figures as the load tester's out)."""
+    return latency_stats(None if value is None else value * 1000.0 for value in values_s)
+
+
 def error_label(record: RequestRecord) -> str:
     """`http 503`, `stream`, `timeout`, `transport` or `cancelled`."""
     return f"http {record.status}" if record.error_kind == "http" else record.error_kind

@@ -1,207 +1,46 @@
-"""Fake model handles and a router built on them (no Ray): what the router's unit tests drive."""
+"""The router built on fake model handles (no Ray): what the router's unit tests drive. The fakes
+themselves live in benchmarks.lib.fake_handles, shared with the router_cpu suite."""
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable, Mapping
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-import yaml
-
-from deployments.config import AppConfig, parse_app_config
-from deployments.runtime.encoder_outputs import EmbeddingResult, ModerationResult
-from deployments.runtime.outputs import Completion, GenerationChunk
+from benchmarks.lib.fake_handles import (
+    BAD_WORD,
+    DIMENSION,
+    FakeChatHandle,
+    FakeEmbeddingHandle,
+    FakeInRouterModeration,
+    FakeModerationHandle,
+    FakeStream,
+    Method,
+    app_config,
+    fake_handles,
+    fake_verdicts,
+    in_every_region,
+    reply,
+)
+from deployments.config import AppConfig
 from deployments.security import KeyStore
-from deployments.servers.base import Reply
-from deployments.servers.batched import check_dimensions
 from deployments.serving.services import RouterServices, build_services
 
-SERVE_CONFIG = Path(__file__).resolve().parents[2] / "serve_config.yaml"
-DIMENSION = 4
-BAD_WORD = "darn"  # what the fake moderation model flags
-
-
-def reply(value: Any) -> Reply[Any]:
-    return Reply(value, replica_ready_at=0.0, replica_load_s=0.0)
-
-
-class Method:
-    """`handle.method.remote(...)`: records the call, returns an awaitable of the reply."""
-
-    def __init__(self, run: Callable[..., Any]):
-        self.run = run
-        self.calls: list[tuple[Any, ...]] = []
-
-    def remote(self, *args: Any) -> Any:
-        self.calls.append(args)
-        return self.run(*args)
-
-
-class FakeStream:
-    """A DeploymentResponseGenerator of Replies; raises `error` after `fail_after` chunks."""
-
-    def __init__(self, chunks: list[GenerationChunk], fail_after: int | None, error: Exception):
-        self._chunks = list(chunks)
-        self._fail_after = fail_after
-        self._error = error
-        self._sent = 0
-        self.cancelled = False
-
-    def __aiter__(self) -> FakeStream:
-        return self
-
-    async def __anext__(self) -> Reply[GenerationChunk]:
-        if self._fail_after is not None and self._sent >= self._fail_after:
-            raise self._error
-        if self._sent >= len(self._chunks):
-            raise StopAsyncIteration
-        self._sent += 1
-        return reply(self._chunks[self._sent - 1])
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-class FakeChatHandle:
-    """Answers `text` in pieces; `fail` (an exception) fails every call before its first byte,
-    `stream_fails_after` fails a stream after that many chunks."""
-
-    def __init__(
-        self,
-        text: str = "hello from the fake model",
-        fail: Exception | None = None,
-        stream_fails_after: int | None = None,
-        stream_error: Exception | None = None,
-    ):
-        self.text = text
-        self.fail = fail
-        self.stream_fails_after = stream_fails_after
-        self.stream_error = stream_error or RuntimeError("the replica crashed mid-stream")
-        # The chat service asks for all n choices at once (ChatServer.complete_choices).
-        self.complete = Method(self._complete)
-        self.complete_choices = self.complete
-        self.stream = Method(self._stream)
-        self.streams: list[FakeStream] = []
-
-    def options(self, **_: Any) -> FakeChatHandle:
-        return self
-
-    async def _complete(
-        self, messages: Any, params: Any, traceparent: Any, features: Any = None
-    ) -> Reply[list[Completion]]:
-        if self.fail is not None:
-            raise self.fail
-        n = features.n if features is not None else 1
-        return reply(
-            [
-                Completion(self.text, "stop", prompt_tokens=7, completion_tokens=5, index=i)
-                for i in range(n)
-            ]
-        )
-
-    def _stream(
-        self, messages: Any, params: Any, traceparent: Any, features: Any = None
-    ) -> FakeStream:
-        if self.fail is not None:
-            stream = FakeStream([], 0, self.fail)
-        else:
-            words = self.text.split(" ")
-            chunks = [
-                GenerationChunk(
-                    word + ("" if last else " "),
-                    "stop" if last else None,
-                    prompt_tokens=7,
-                    completion_tokens=index + 1,
-                )
-                for index, word in enumerate(words)
-                for last in [index == len(words) - 1]
-            ]
-            stream = FakeStream(chunks, self.stream_fails_after, self.stream_error)
-        self.streams.append(stream)
-        return stream
-
-
-class FakeEmbeddingHandle:
-    def __init__(self, fail: Exception | None = None):
-        self.fail = fail
-        self.embed = Method(self._embed)
-
-    async def _embed(
-        self, texts: list[str], traceparent: Any = None, dimensions: int | None = None
-    ) -> Reply[EmbeddingResult]:
-        check_dimensions(dimensions, DIMENSION, "embedding")  # as the replica does
-        if self.fail is not None:
-            raise self.fail
-        vectors = np.tile(np.arange(DIMENSION, dtype=np.float32) / 10, (len(texts), 1))
-        return reply(EmbeddingResult(vectors, [len(text.split()) + 2 for text in texts]))
-
-
-def fake_verdicts(texts: list[str]) -> list[ModerationResult]:
-    results = []
-    for text in texts:
-        bad = BAD_WORD in text
-        results.append(
-            ModerationResult(
-                flagged=bad,
-                categories={"profanity": bad, "harassment": False},
-                category_scores={"profanity": 0.9 if bad else 0.1, "harassment": 0.0},
-            )
-        )
-    return results
-
-
-class FakeModerationHandle:
-    def __init__(self) -> None:
-        self.classify = Method(self._classify)
-
-    async def _classify(
-        self, texts: list[str], traceparent: Any = None
-    ) -> Reply[list[ModerationResult]]:
-        return reply(fake_verdicts(texts))
-
-
-class FakeInRouterModeration:
-    """The gate's classifier opened in the router (open_gate_classifier): flags BAD_WORD,
-    remembers the directory it was opened from and every call."""
-
-    def __init__(self) -> None:
-        self.opened: list[Path] = []
-        self.calls: list[list[str]] = []
-
-    def open(self, model_dir: Path) -> FakeInRouterModeration:
-        self.opened.append(model_dir)
-        return self
-
-    def classify(self, texts: list[str]) -> list[ModerationResult]:
-        self.calls.append(list(texts))
-        return fake_verdicts(texts)
-
-
-def app_config(**router: Any) -> AppConfig:
-    """serve_config.yaml's args, with no real network delay and `router` settings changed."""
-    (application,) = yaml.safe_load(SERVE_CONFIG.read_text(encoding="utf-8"))["applications"]
-    args = copy.deepcopy(application["args"])
-    args["edge"]["latency"]["real_delay_scale"] = 0
-    args["router"].update(router)
-    return parse_app_config(args)
-
-
-def fake_handles(**overrides: Any) -> dict[str, Any]:
-    handles: dict[str, Any] = {
-        "glm": FakeChatHandle(),
-        "kimi": FakeChatHandle(),
-        "embedding": FakeEmbeddingHandle(),
-        "moderation": FakeModerationHandle(),
-    }
-    handles.update(overrides)
-    return handles
-
-
-def in_every_region(config: AppConfig, handles: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """Handles by model -> by model and region: every region shares its model's fake handle."""
-    return {model: dict.fromkeys(config.edge.region_names, h) for model, h in handles.items()}
+__all__ = [
+    "BAD_WORD",
+    "DIMENSION",
+    "FakeChatHandle",
+    "FakeEmbeddingHandle",
+    "FakeInRouterModeration",
+    "FakeModerationHandle",
+    "FakeStream",
+    "Method",
+    "app_config",
+    "fake_handles",
+    "fake_verdicts",
+    "in_every_region",
+    "reply",
+    "services_for",
+]
 
 
 def services_for(

@@ -1,15 +1,28 @@
-"""The router_cpu suite drives the real router app on fake model handles: every endpoint it
-measures must answer 200 through today's services (its fakes once fell behind the chat
-server's interface and the suite failed on a 500)."""
+"""The router_cpu suite drives the real router app on the shared fake model handles: every
+endpoint it measures must answer 200 through today's services (its fakes once fell behind the
+chat server's interface and the suite failed on a 500). Its in-process part is its quick form
+without a cluster; the replicas' part needs one."""
 
 from __future__ import annotations
 
-from benchmarks.router_cpu import endpoints, run_router_cpu_suite
+from pathlib import Path
+
+from benchmarks.router_cpu.in_process import endpoints
+from benchmarks.router_cpu.suite import RouterCpuBenchConfig, run_router_cpu_suite
 
 
 def test_every_measured_endpoint_answers_through_the_real_app() -> None:
-    result = run_router_cpu_suite(requests=2, rounds=1)
-    assert set(result["endpoints"]) == set(endpoints("glm", "embedding"))
-    for name, measured in result["endpoints"].items():
-        assert measured["cpu_us_per_request"] > 0, name
+    config = RouterCpuBenchConfig(
+        models_dir=Path("/models"), in_process_requests=2, in_process_rounds=1, replicas=False
+    )
+    result = run_router_cpu_suite(config)
+    measured = result["in_process"]["endpoints"]
+    assert set(measured) == set(endpoints("glm", "embedding"))
+    for name, figures in measured.items():
+        assert figures["cpu_us_per_request"] > 0, name
+    assert measured["embeddings_float"]["response_bytes"] > 384 * 8  # 384 floats as JSON text
     assert result["goals"]["embedding_router_app_cpu_us"]["value"] > 0
+    # Not measured, so not judged: no replica goal without the cluster.
+    assert "router_cpu_per_embedding_request" not in result["goals"]
+    for name, encoded in result["in_process"]["encoders"].items():
+        assert encoded["fast_bytes"] > 0 and encoded["legacy_bytes"] > 0, name

@@ -1,16 +1,17 @@
-"""The router's CPU per request, in process: `make_app` on fake model handles that answer like the
-real replicas (384-dimensional float32 vectors), driven by direct ASGI calls, so the figure is the
-router's own work (routes, validation, edge, telemetry, encoding) without Ray or a socket.
+"""The router's CPU per request, in process: `make_app` on the shared fake model handles
+(benchmarks.lib.fake_handles; 384-dimensional float32 vectors, as the default embedding model
+returns), driven by direct ASGI calls, so the figure is the router's own work (routes, validation,
+edge, telemetry, encoding) without Ray or a socket. Beside it, the embeddings body's old and new
+encoders on the same vectors.
 
-`python -m benchmarks.run --suite router_cpu [--router-cpu-profile FILE]`; `python -m
-benchmarks.router_cpu --profile ENDPOINT` prints the hot path of one endpoint (cProfile).
+`python -m benchmarks.router_cpu.in_process --profile ENDPOINT` prints the hot path of one
+endpoint (cProfile).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import copy
 import cProfile
 import io
 import itertools
@@ -26,11 +27,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
+from benchmarks.lib.fake_handles import (
+    FakeEmbeddingHandle,
+    app_config,
+    handle_for_task,
+    in_every_region,
+)
 from deployments.api.app import make_app
 from deployments.api.responses import encode_json
-from deployments.config import PROJECT_ROOT, AppConfig, parse_app_config
+from deployments.config import PROJECT_ROOT, AppConfig
 from deployments.observability import RouterObservability
 from deployments.observability.access_log import configure_access_logger
 from deployments.protocol import (
@@ -45,105 +51,27 @@ from deployments.protocol import (
     workers_embedding_result,
 )
 from deployments.protocol.embeddings import EncodingFormat
-from deployments.runtime.embedding import EmbeddingResult
-from deployments.runtime.llm import Completion
-from deployments.runtime.moderation import ModerationResult
 from deployments.security import KeyStore
-from deployments.servers.base import Reply
 from deployments.serving.services import build_services
 
 DIMENSION = 384  # all-MiniLM-L6-v2, the default embedding model
 USER_KEY = "sk-bench-0123456789abcdef"
 SENTENCE = "The quick brown fox jumps over the lazy dog near the riverbank at dawn."
-# Issue 14 wants <= 1 ms of router-replica CPU per embedding request; the app's own share must
-# stay well under it, so the in-process figure is held to the same bound.
-EMBEDDING_CPU_GOAL_US = 1000.0
-
-
-# ---- fake model handles: what the replicas return, without Ray ---------------------------------
-
-
-def _reply(value: Any) -> Reply[Any]:
-    return Reply(value, replica_ready_at=0.0, replica_load_s=0.0)
-
-
-class _Method:
-    def __init__(self, run: Callable[..., Any]):
-        self.remote = run
-
-
-class _EmbeddingHandle:
-    """Unit-length float32 rows, as the ONNX graph returns them."""
-
-    def __init__(self, seed: int = 0):
-        self._rng = np.random.default_rng(seed)
-        self.embed = _Method(self._embed)
-
-    async def _embed(self, texts: list[str], *_: Any) -> Reply[EmbeddingResult]:
-        vectors = self._rng.standard_normal((len(texts), DIMENSION), dtype=np.float32)
-        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-        return _reply(EmbeddingResult(vectors, [len(t.split()) + 2 for t in texts]))
-
-
-class _ModerationHandle:
-    def __init__(self) -> None:
-        self.classify = _Method(self._classify)
-
-    async def _classify(self, texts: list[str], *_: Any) -> Reply[list[ModerationResult]]:
-        scores = {"toxic": 0.01, "obscene": 0.0, "insult": 0.02, "threat": 0.0}
-        return _reply(
-            [
-                ModerationResult(
-                    flagged=False, categories=dict.fromkeys(scores, False), category_scores=scores
-                )
-                for _ in texts
-            ]
-        )
-
-
-class _ChatHandle:
-    """`ChatServer.complete_choices`: all n choices of one request at once."""
-
-    def __init__(self) -> None:
-        self.complete_choices = _Method(self._complete_choices)
-
-    def options(self, **_: Any) -> _ChatHandle:
-        return self
-
-    async def _complete_choices(
-        self, messages: Any, params: Any, traceparent: Any = None, features: Any = None
-    ) -> Reply[list[Completion]]:
-        text = "Paris is the capital of France."
-        choices = features.n if features is not None else 1
-        return _reply(
-            [
-                Completion(text, "stop", prompt_tokens=12, completion_tokens=8, index=index)
-                for index in range(choices)
-            ]
-        )
 
 
 # ---- the app under test -------------------------------------------------------------------------
 
 
-def bench_config(serve_config: Path) -> AppConfig:
-    """serve_config.yaml's router args, with the edge's simulated network delay off (it is a
-    sleep, not CPU) and metrics on (outside Ray they validate their tags and record nothing)."""
-    (application,) = yaml.safe_load(serve_config.read_text(encoding="utf-8"))["applications"]
-    args = copy.deepcopy(application["args"])
-    args["edge"]["latency"]["real_delay_scale"] = 0
-    return parse_app_config(args)
+def _fake_handle(task: str) -> Any:
+    if task == "embedding":
+        return FakeEmbeddingHandle(dimension=DIMENSION, rng=np.random.default_rng(0))
+    return handle_for_task(task)
 
 
 def bench_app(config: AppConfig) -> Any:
-    handles: dict[str, Any] = {}
-    for name, model in config.models.items():
-        handle = {
-            "chat": _ChatHandle,
-            "embedding": _EmbeddingHandle,
-            "moderation": _ModerationHandle,
-        }[model.task]()
-        handles[name] = dict.fromkeys(config.edge.region_names, handle)  # one fake everywhere
+    """The router's app as the replica builds it, on fake handles (one per model, shared by
+    every region; the embedding's rows 384-wide and random, so encoding costs what it costs)."""
+    handles = {name: _fake_handle(model.task) for name, model in config.models.items()}
     keys = KeyStore.from_env({"EDGE_API_KEYS": f"bench:{USER_KEY}"}, config.security)
     # The access log is formatted and written, as in the replica, but to /dev/null.
     devnull = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - lives as long as the app
@@ -156,7 +84,11 @@ def bench_app(config: AppConfig) -> Any:
     # requests, so the measurement never hits a 429.
     ticks = itertools.count()
     services = build_services(
-        config, handles, keys=keys, observability=observability, clock=lambda: 3600.0 * next(ticks)
+        config,
+        in_every_region(config, handles),
+        keys=keys,
+        observability=observability,
+        clock=lambda: 3600.0 * next(ticks),
     )
     return make_app(config, services)
 
@@ -306,58 +238,36 @@ def profile_endpoint(
     return out.getvalue()
 
 
-# ---- the suite ----------------------------------------------------------------------------------
+# ---- the measurement ----------------------------------------------------------------------------
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--router-cpu-requests",
-        type=int,
-        default=None,
-        help="router_cpu suite: requests per round (default 400, quick 100)",
-    )
-
-
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    quick = bool(getattr(args, "quick", False))
-    requests = getattr(args, "router_cpu_requests", None) or (100 if quick else 400)
-    return run_router_cpu_suite(requests=requests, rounds=3 if quick else 5)
-
-
-def run_router_cpu_suite(
+def measure_in_process(
     requests: int, rounds: int, serve_config: Path = PROJECT_ROOT / "serve_config.yaml"
 ) -> dict[str, Any]:
-    config = bench_config(serve_config)
+    """Every endpoint's CPU per request (see cpu_per_request_us) and the encoders compared."""
+    config = app_config(serve_config=serve_config)
     app = bench_app(config)
-    chat_model = next(n for n, m in config.models.items() if m.task == "chat")
-    embedding_model = next(n for n, m in config.models.items() if m.task == "embedding")
     loop = asyncio.new_event_loop()
     try:
         measured = {
             name: cpu_per_request_us(app, endpoint, requests, rounds, loop)
-            for name, endpoint in endpoints(chat_model, embedding_model).items()
+            for name, endpoint in served_endpoints(config).items()
         }
     finally:
         loop.close()
-    embedding_us = measured["embeddings_float"]["cpu_us_per_request"]
     return {
         "dimension": DIMENSION,
         "requests_per_round": requests,
         "rounds": rounds,
         "endpoints": measured,
         "encoders": encoder_comparison(),
-        "goals": {
-            "embedding_router_app_cpu_us": {
-                "value": embedding_us,
-                "target": EMBEDDING_CPU_GOAL_US,
-                "met": embedding_us <= EMBEDDING_CPU_GOAL_US,
-                "note": (
-                    "the router app alone, in process, 1 text, 384-d floats; the router replica's "
-                    "process adds Ray Serve's per-request work (measured end to end elsewhere)"
-                ),
-            }
-        },
     }
+
+
+def served_endpoints(config: AppConfig) -> dict[str, Endpoint]:
+    chat_model = next(n for n, m in config.models.items() if m.task == "chat")
+    embedding_model = next(n for n, m in config.models.items() if m.task == "embedding")
+    return endpoints(chat_model, embedding_model)
 
 
 def _legacy_json(data: Any) -> bytes:
@@ -440,22 +350,22 @@ def encoder_comparison(repeat: int = 300) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.router_cpu", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.router_cpu.in_process", description=__doc__
+    )
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--profile", metavar="ENDPOINT", help="print a cProfile of one endpoint")
     args = parser.parse_args()
-    if args.profile:
-        config = bench_config(PROJECT_ROOT / "serve_config.yaml")
-        app = bench_app(config)
-        chat_model = next(n for n, m in config.models.items() if m.task == "chat")
-        embedding_model = next(n for n, m in config.models.items() if m.task == "embedding")
-        endpoint = endpoints(chat_model, embedding_model)[args.profile]
-        loop = asyncio.new_event_loop()
-        cpu_per_request_us(app, endpoint, 50, 1, loop)  # warm up
-        print(profile_endpoint(app, endpoint, args.requests, loop))
+    if not args.profile:
+        print(json.dumps(measure_in_process(args.requests, args.rounds), indent=2))
         return
-    print(json.dumps(run_router_cpu_suite(args.requests, args.rounds), indent=2))
+    config = app_config()
+    app = bench_app(config)
+    endpoint = served_endpoints(config)[args.profile]
+    loop = asyncio.new_event_loop()
+    cpu_per_request_us(app, endpoint, 50, 1, loop)  # warm up
+    print(profile_endpoint(app, endpoint, args.requests, loop))
 
 
 if __name__ == "__main__":

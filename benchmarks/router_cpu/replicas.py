@@ -11,11 +11,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from benchmarks.http_load import Endpoint, async_client, timed_post
-from benchmarks.models import CHAT_PROMPT, benchmark_sentences
-from benchmarks.peers import cpu
-from benchmarks.peers.config import PeersBenchConfig
-from benchmarks.router import BYPASS_CACHE, EDGE_APP
+from benchmarks.lib import processes
+from benchmarks.lib.corpus import benchmark_sentences, chat_messages
+from benchmarks.lib.edge_app import BYPASS_CACHE, EDGE_APP
+from benchmarks.lib.http_load import Endpoint, async_client, ready, timed_post
 
 ROUTER_TITLE = f"ray::ServeReplica:{EDGE_APP}:router"
 PROXY_TITLE = "ray::ProxyActor"
@@ -23,18 +22,21 @@ PROXY_TITLE = "ray::ProxyActor"
 log = logging.getLogger(__name__)
 
 
-async def bench_router_cpu(config: PeersBenchConfig, base_url: str) -> dict[str, Any]:
-    """µs of CPU per request in the router replicas (and the proxy), per endpoint: the process
-    counters before and after `cpu_requests` requests, from `cpu_clients` closed loops."""
-    routers = cpu.worker_pids(ROUTER_TITLE)
+async def measure_replicas(
+    base_url: str, requests: int, clients: int, idle_s: float
+) -> dict[str, Any]:
+    """µs of CPU per request in the router replicas (and the front), per endpoint: the process
+    counters before and after `requests` requests (a quarter of them for chat), from `clients`
+    closed loops; `idle_s` of idle burn sampled before each endpoint's load."""
+    routers = processes.worker_pids(ROUTER_TITLE)
     # The front: Serve's Python proxy, plus HAProxy when it fronts the replicas.
-    proxies = cpu.worker_pids(PROXY_TITLE) + cpu.haproxy_pids()
+    proxies = processes.worker_pids(PROXY_TITLE) + processes.haproxy_pids()
     if not routers:
         return {"error": f"no {ROUTER_TITLE} process found below this driver"}
     sentences = benchmark_sentences(256)
     chat_body = {
         "model": "glm",
-        "messages": list(CHAT_PROMPT),
+        "messages": chat_messages(),
         "max_tokens": 8,
         "temperature": 0.7,
     }
@@ -47,24 +49,22 @@ async def bench_router_cpu(config: PeersBenchConfig, base_url: str) -> dict[str,
         "chat_completions": ("/v1/chat/completions", lambda n: {**chat_body, "seed": n}),
     }
     result: dict[str, Any] = {"router_replicas": len(routers), "front_processes": len(proxies)}
-    async with async_client(config.cpu_clients) as client:
+    async with async_client(clients) as client:
         for name, (path, body) in endpoints.items():
             endpoint = Endpoint(f"{base_url}{path}", BYPASS_CACHE)
-            requests = (
-                config.cpu_requests if name != "chat_completions" else config.cpu_requests // 4
-            )
-            await timed_post(client, endpoint, body(0), time.perf_counter)  # warm
+            count = requests if name != "chat_completions" else max(1, requests // 4)
+            await ready(client, endpoint, body(0))  # warm
             # What the replicas burn with no request (metrics pushes, long polls): reported beside
             # the per-request figure, which stays the processes' whole CPU over the load window.
-            idle_before = (cpu.cpu_seconds(routers), cpu.cpu_seconds(proxies))
-            await asyncio.sleep(config.cpu_idle_s)
+            idle_before = (processes.cpu_seconds(routers), processes.cpu_seconds(proxies))
+            await asyncio.sleep(idle_s)
             idle_rate = (
-                (cpu.cpu_seconds(routers) - idle_before[0]) / config.cpu_idle_s,
-                (cpu.cpu_seconds(proxies) - idle_before[1]) / config.cpu_idle_s,
+                (processes.cpu_seconds(routers) - idle_before[0]) / idle_s,
+                (processes.cpu_seconds(proxies) - idle_before[1]) / idle_s,
             )
             started = time.perf_counter()
-            before = (cpu.cpu_seconds(routers), cpu.cpu_seconds(proxies))
-            counter = iter(range(requests))
+            before = (processes.cpu_seconds(routers), processes.cpu_seconds(proxies))
+            counter = iter(range(count))
 
             async def loop(
                 endpoint: Endpoint = endpoint,
@@ -74,17 +74,17 @@ async def bench_router_cpu(config: PeersBenchConfig, base_url: str) -> dict[str,
                 for n in counter:
                     await timed_post(client, endpoint, body(n), time.perf_counter)
 
-            await asyncio.gather(*(loop() for _ in range(config.cpu_clients)))
+            await asyncio.gather(*(loop() for _ in range(clients)))
             elapsed = time.perf_counter() - started
-            router_s = cpu.cpu_seconds(routers) - before[0]
-            proxy_s = cpu.cpu_seconds(proxies) - before[1]
+            router_s = processes.cpu_seconds(routers) - before[0]
+            proxy_s = processes.cpu_seconds(proxies) - before[1]
             result[name] = {
-                "requests": requests,
+                "requests": count,
                 "seconds": round(elapsed, 2),
-                "router_cpu_us_per_request": round(router_s / requests * 1e6, 1),
-                "front_cpu_us_per_request": round(proxy_s / requests * 1e6, 1),
+                "router_cpu_us_per_request": round(router_s / count * 1e6, 1),
+                "front_cpu_us_per_request": round(proxy_s / count * 1e6, 1),
                 # The idle burn's share of the window, per request: context, not a discount.
-                "router_idle_us_per_request": round(idle_rate[0] * elapsed / requests * 1e6, 1),
+                "router_idle_us_per_request": round(idle_rate[0] * elapsed / count * 1e6, 1),
                 "idle_cpu_per_s": {
                     "router": round(idle_rate[0], 4),
                     "front": round(idle_rate[1], 4),

@@ -1,5 +1,5 @@
-"""`python -m benchmarks.peers.gpu_check FP32_DIR FP16_DIR`: the GPU decode path in one JSON
-document, for a machine with a GPU (run by benchmarks/gpu_check.sh): fp16 parity with the CPU
+"""`python -m benchmarks.gpu.check FP32_DIR FP16_DIR`: the GPU decode path in one JSON
+document, for a machine with a GPU (run by benchmarks/gpu/check.sh): fp16 parity with the CPU
 fp32 graph, tokens/s at 1/8/32 streams, and host<->device bytes per decode step with the KV
 cache kept on the device vs copied back every step."""
 
@@ -15,11 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.models import CHAT_PROMPT
+from benchmarks.lib.corpus import chat_messages
+from benchmarks.lib.goals import goal
 from deployments.runtime.decoder import DecoderGraph
 from deployments.runtime.llm import LLMRuntime
 from deployments.runtime.manifest import ModelManifest
-from deployments.runtime.sampling import SamplingParams
+from deployments.runtime.sampling_params import SamplingParams
 from deployments.runtime.session import Provider, SessionConfig, cuda_available, open_session
 
 STREAMS = (1, 8, 32)
@@ -57,9 +58,7 @@ def parity(fp32_dir: Path, fp16_dir: Path, provider: Provider) -> dict[str, Any]
         )
     reference.close()
     return {
-        "min_logit_cosine": round(min(cosines), 6),
-        "target": FP16_MIN_COSINE,
-        "met": min(cosines) >= FP16_MIN_COSINE,
+        "min_logit_cosine": goal(min(cosines), FP16_MIN_COSINE, "cosine of last-position logits"),
         "greedy_16_tokens_equal": same_greedy,
     }
 
@@ -68,11 +67,11 @@ async def _throughput(runtime: LLMRuntime, streams: int) -> dict[str, Any]:
     params = [
         SamplingParams(max_tokens=NEW_TOKENS, temperature=0.7, seed=seed) for seed in range(streams)
     ]
-    await runtime.complete(list(CHAT_PROMPT), params[0])  # warm-up
+    await runtime.complete(chat_messages(), params[0])  # warm-up
     transfers = runtime.session.transfers
     up, down, steps = transfers.host_to_device, transfers.device_to_host, runtime.steps
     started = time.perf_counter()
-    done = await asyncio.gather(*(runtime.complete(list(CHAT_PROMPT), p) for p in params))
+    done = await asyncio.gather(*(runtime.complete(chat_messages(), p) for p in params))
     wall = time.perf_counter() - started
     tokens = sum(c.completion_tokens for c in done)
     steps = max(runtime.steps - steps, 1)
@@ -97,7 +96,7 @@ def throughput(model_dir: Path, provider: Provider, io_binding: bool) -> dict[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.peers.gpu_check")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu.check")
     parser.add_argument("fp32_dir", type=Path)
     parser.add_argument("fp16_dir", type=Path)
     parser.add_argument("--provider", default="cuda", choices=("cuda", "cpu"))

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from deployments.app import as_deployment
-from deployments.runtime.moderation import ModerationResult
+from deployments.runtime.encoder_outputs import ModerationResult
 from deployments.runtime.session import SessionConfig
 from deployments.servers.base import Reply
 from deployments.servers.batched import ModerationServer

@@ -1,22 +1,26 @@
-"""Client-side load for the serving benchmarks: timed HTTP requests (interleaved sequential,
-concurrent), closed-loop throughput of any async call, timed SSE chat streams, percentiles."""
+"""Client-side load for the served suites: waiting for a route to answer, timed HTTP requests
+(interleaved sequential, concurrent), closed-loop throughput of any async call, timed SSE chat
+streams; latencies summarised by the load tester's `latency_stats_s`."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-import numpy as np
 from httpx_sse import EventSource
 
 from edgectl.loadtest.responses import StreamTally
+from edgectl.loadtest.summary import latency_stats_s
 
 Clock = Callable[[], float]
 Send = Callable[[int], Awaitable[Any]]
+
+NOT_READY_STATUSES = (404, 503)  # no route yet, no replica yet
 
 
 class BadResponseError(RuntimeError):
@@ -41,17 +45,6 @@ def async_client(connections: int, timeout_s: float = 120.0) -> httpx.AsyncClien
     return httpx.AsyncClient(limits=limits, timeout=timeout_s)
 
 
-def latency_summary(latencies_s: Sequence[float]) -> dict[str, Any]:
-    samples_ms = np.asarray(latencies_s, dtype=np.float64) * 1000.0
-    p50, p99 = np.percentile(samples_ms, [50, 99])
-    return {
-        "requests": int(samples_ms.size),
-        "p50_ms": round(float(p50), 3),
-        "p99_ms": round(float(p99), 3),
-        "mean_ms": round(float(samples_ms.mean()), 3),
-    }
-
-
 async def timed_post(
     client: httpx.AsyncClient, endpoint: Endpoint, body: dict[str, Any], clock: Clock
 ) -> float:
@@ -67,6 +60,49 @@ async def timed_post(
     return elapsed
 
 
+async def ready(
+    client: httpx.AsyncClient, endpoint: Endpoint, body: dict[str, Any], timeout_s: float = 300
+) -> dict[str, Any]:
+    """The first 200's JSON body. The proxy learns new routes a moment after an application runs
+    and a replica may still be starting: retry while it answers 404 or 503; any other failure is
+    a bug to report at once."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            response = await client.post(endpoint.url, json=body, headers=dict(endpoint.headers))
+            if response.status_code == 200:
+                return dict(response.json())
+            if response.status_code not in NOT_READY_STATUSES or time.monotonic() > deadline:
+                raise BadResponseError(
+                    f"POST {endpoint.url}: {response.status_code} {response.text[:300]}",
+                    response.status_code,
+                )
+        except httpx.TransportError:
+            if time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(0.5)
+
+
+async def post_json(
+    client: httpx.AsyncClient, endpoint: Endpoint, body: dict[str, Any]
+) -> dict[str, Any]:
+    """One request's JSON answer; a non-200 answer is an error, not a sample."""
+    response = await client.post(endpoint.url, json=body, headers=dict(endpoint.headers))
+    if response.status_code != 200:
+        raise BadResponseError(
+            f"POST {endpoint.url}: {response.status_code} {response.text[:300]}",
+            response.status_code,
+        )
+    return dict(response.json())
+
+
+def rotated(names: Sequence[str], round_index: int) -> list[str]:
+    """`names` starting at round_index: in interleaved rounds no side always goes first, so load
+    from whatever else shares the machine lands on every side alike."""
+    shift = round_index % len(names)
+    return [*names[shift:], *names[:shift]]
+
+
 async def interleaved_latencies(
     client: httpx.AsyncClient,
     endpoints: Mapping[str, Endpoint],
@@ -77,11 +113,9 @@ async def interleaved_latencies(
     """One request at a time, rotating through the targets, so a burst of load from whatever
     else shares the machine lands on every target alike."""
     latencies: dict[str, list[float]] = {name: [] for name in endpoints}
-    names = sorted(endpoints)
     for round_index in range(rounds):
         # Rotate the start too: no target always follows the same one.
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
+        for name in rotated(sorted(endpoints), round_index):
             latencies[name].append(await timed_post(client, endpoints[name], body, clock))
     return latencies
 
@@ -137,7 +171,7 @@ async def closed_loop_throughput(
         "clients": clients,
         "requests_per_s": round(len(finished) / measure_s, 2),
         "window_s": measure_s,
-        "latency": latency_summary(latencies) if latencies else None,
+        "latency_ms": latency_stats_s(latencies),
     }
 
 

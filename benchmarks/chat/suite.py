@@ -1,0 +1,269 @@
+"""The chat suite, on a private Ray + Serve running serve_config.yaml's application:
+
+- time to first token of one stream at a time, over HTTP (proxy, router with its moderation gate,
+  SSE) and straight from the chat deployment's handle (the engine alone), judged against what it
+  cannot avoid: one decode step of the graph (in this process) plus the router hop (a moderation
+  request through the router);
+- aggregate tokens/s of N concurrent requests, ours and, with the peer (on unless `--no-peers`),
+  `transformers` `generate()` per request on the same tiny GLM (benchmarks.chat.peer) in
+  alternating rounds, after checking both give the same greedy tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import statistics
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import httpx
+from pydantic import Field
+from ray import serve
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+
+from benchmarks.chat.peer import PEER_APP, PEER_DEPLOYMENT, PEER_MODEL, PEER_ROUTE, peer_application
+from benchmarks.lib.config import PeeredBenchConfig
+from benchmarks.lib.corpus import chat_messages
+from benchmarks.lib.edge_app import BYPASS_CACHE, EDGE_APP, our_application
+from benchmarks.lib.goals import GoalRecord, dig, goal, ratio
+from benchmarks.lib.http_load import (
+    Endpoint,
+    StreamTiming,
+    async_client,
+    post_json,
+    ready,
+    rotated,
+    timed_chat_stream,
+    timed_post,
+)
+from benchmarks.lib.served import served
+from deployments.config import parse_app_config
+from deployments.runtime.llm import LLMRuntime
+from deployments.runtime.sampling_params import SamplingParams
+from deployments.runtime.session import SessionConfig
+from edgectl.loadtest.summary import latency_stats_s
+
+log = logging.getLogger(__name__)
+
+NEEDS_RAY = True
+
+Clock = Callable[[], float]
+
+OURS, PEER = "ours", "generate_per_request"
+HOP_BODY = {"input": "hello there"}
+SAME_MODEL_TOKENS = 8
+
+# Goals, each a ratio of numbers measured in the same run.
+PEER_THROUGHPUT_TARGET = 4.0  # aggregate tokens/s of concurrent requests, ours / the peer's
+TTFT_TARGET = 1.2  # TTFT p50 over (decode step p50 + router hop p50), at most
+
+
+class ChatBenchConfig(PeeredBenchConfig):
+    QUICK = {"rounds": 1, "max_tokens": 16, "ttft_runs": 3}
+
+    model: str = PEER_MODEL
+    max_tokens: int = Field(default=32, ge=2)
+    temperature: float = 0.7
+    streams: int = Field(default=16, ge=1, description="concurrent requests per burst")
+    rounds: int = Field(default=4, ge=1, description="interleaved bursts per side")
+    ttft_runs: int = Field(default=7, ge=1, description="single streams timed, per path")
+    decode_steps: int = Field(default=48, ge=1, description="batch-1 decode steps timed")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    return run_chat_suite(ChatBenchConfig.from_args(args))
+
+
+def run_chat_suite(config: ChatBenchConfig, clock: Clock = time.perf_counter) -> dict[str, Any]:
+    edge = our_application(config)
+    peers = [peer_application(edge)] if config.peers else []
+    result: dict[str, Any] = {"config": config.model_dump(mode="json")}
+    with served(config, [edge, *peers]) as (base_url, _):
+        handle = serve.get_deployment_handle(config.model, app_name=EDGE_APP)
+        if config.peers:
+            result["same_model"] = asyncio.run(_same_model_check(config))
+        result.update(asyncio.run(bench_http(config, base_url, clock)))
+        result["ttft_handle"] = asyncio.run(bench_handle_ttft(config, handle, clock))
+    model = parse_app_config(edge["args"]).models[config.model]
+    result["decode_step"] = decode_step_ms(config, model.intra_op_threads)
+    result["goals"] = goals(result, config)
+    return result
+
+
+def _body(config: ChatBenchConfig, seed: int) -> dict[str, Any]:
+    return {
+        "model": config.model,
+        "messages": chat_messages(),
+        "max_tokens": config.max_tokens,
+        "temperature": config.temperature,
+        "seed": seed,
+    }
+
+
+async def bench_http(config: ChatBenchConfig, base_url: str, clock: Clock) -> dict[str, Any]:
+    ours = Endpoint(f"{base_url}/v1/chat/completions", BYPASS_CACHE)
+    targets = {OURS: ours}
+    if config.peers:
+        targets[PEER] = Endpoint(f"{base_url}{PEER_ROUTE}")
+    async with async_client(config.streams) as client:
+        for endpoint in targets.values():
+            await ready(client, endpoint, _body(config, 0))
+        await timed_chat_stream(client, ours.url, _body(config, -1), clock)  # warm, untimed
+        single = [
+            await timed_chat_stream(client, ours.url, _body(config, seed), clock)
+            for seed in range(config.ttft_runs)
+        ]
+        hop = Endpoint(f"{base_url}/v1/moderations", BYPASS_CACHE)
+        hops = [await timed_post(client, hop, HOP_BODY, clock) for _ in range(config.ttft_runs * 3)]
+        concurrent = await _bursts(config, client, targets, clock)
+    return {
+        "ttft_http": streams_summary(single),
+        "router_hop_ms": latency_stats_s(hops),
+        "concurrent": concurrent,
+    }
+
+
+async def _bursts(
+    config: ChatBenchConfig,
+    client: httpx.AsyncClient,
+    targets: Mapping[str, Endpoint],
+    clock: Clock,
+) -> dict[str, Any]:
+    """`streams` concurrent whole-answer requests per burst, sides alternating over `rounds`."""
+
+    async def burst(endpoint: Endpoint, first_seed: int) -> tuple[float, int]:
+        started = clock()
+        answers = await asyncio.gather(
+            *(
+                post_json(client, endpoint, _body(config, first_seed + i))
+                for i in range(config.streams)
+            )
+        )
+        return clock() - started, sum(a["usage"]["completion_tokens"] for a in answers)
+
+    rates: dict[str, list[float]] = {name: [] for name in targets}
+    for round_index in range(config.rounds):
+        for name in rotated(list(targets), round_index):
+            wall_s, tokens = await burst(targets[name], 100 * round_index)
+            rates[name].append(round(tokens / wall_s, 2))
+            log.info("chat %s: %d tokens in %.2fs", name, tokens, wall_s)
+    result: dict[str, Any] = {
+        "requests": config.streams,
+        "aggregate_tokens_per_s": {
+            name: {"median": round(statistics.median(r), 2), "rounds": r}
+            for name, r in rates.items()
+        },
+    }
+    if PEER in rates:
+        result["ratio_vs_generate_per_request"] = ratio(
+            statistics.median(rates[OURS]), statistics.median(rates[PEER])
+        )
+    return result
+
+
+def streams_summary(timings: Sequence[StreamTiming]) -> dict[str, Any]:
+    """TTFT over the streams, each stream's own tokens/s."""
+    return {
+        "streams": len(timings),
+        "ttft_ms": latency_stats_s(t.ttft_s for t in timings),
+        "tokens_per_s_per_stream_median": round(
+            statistics.median(t.tokens_per_s for t in timings), 2
+        ),
+        "completion_tokens": [t.completion_tokens for t in timings],
+    }
+
+
+async def bench_handle_ttft(
+    config: ChatBenchConfig, handle: DeploymentHandle, clock: Clock
+) -> dict[str, Any]:
+    """The same single streams straight from the chat deployment (the engine alone)."""
+
+    def stream(seed: int) -> Awaitable[StreamTiming]:
+        params = SamplingParams(
+            max_tokens=config.max_tokens, temperature=config.temperature, seed=seed
+        )
+        return _timed_handle_stream(handle, chat_messages(), params, clock)
+
+    await stream(-1)  # warm-up, untimed
+    return streams_summary([await stream(seed) for seed in range(config.ttft_runs)])
+
+
+async def _timed_handle_stream(
+    handle: DeploymentHandle,
+    messages: list[dict[str, Any]],
+    params: SamplingParams,
+    clock: Clock,
+) -> StreamTiming:
+    started = clock()
+    first_text_at: float | None = None
+    completion_tokens = 0
+    stream = handle.options(stream=True).stream.remote(messages, params)
+    assert isinstance(stream, DeploymentResponseGenerator)  # stream=True: Ray types a union
+    async for reply in stream:
+        chunk = reply.value
+        if first_text_at is None and chunk.text:
+            first_text_at = clock()
+        completion_tokens = chunk.completion_tokens
+    if first_text_at is None:
+        raise RuntimeError(f"{handle.deployment_name} streamed no text")
+    return StreamTiming(first_text_at - started, clock() - started, completion_tokens)
+
+
+async def _same_model_check(config: ChatBenchConfig) -> dict[str, Any]:
+    """Greedy tokens from the peer's PyTorch model and from our ONNX graph must match."""
+    runtime = LLMRuntime(config.models_dir / PEER_MODEL)
+    try:
+        prompt = runtime.tokenizer.encode_chat(chat_messages())
+        ours = runtime.graph.greedy_cached(prompt, SAME_MODEL_TOKENS)
+    finally:
+        runtime.close()
+    handle = serve.get_deployment_handle(PEER_DEPLOYMENT, app_name=PEER_APP)
+    theirs = await handle.greedy.remote(prompt, SAME_MODEL_TOKENS)
+    return {"greedy_tokens_equal": ours == theirs, "ours": ours, "peer": theirs}
+
+
+def decode_step_ms(config: ChatBenchConfig, threads: int) -> dict[str, Any]:
+    """One batch-1 KV-cached decode step of the graph, p50 (what a token cannot go below), with
+    the threads the model's replica gets."""
+    runtime = LLMRuntime(
+        config.models_dir / config.model,
+        SessionConfig(provider="cpu", intra_op_threads=threads),
+        max_batch_size=1,
+    )
+    try:
+        prompt = runtime.tokenizer.encode_chat(chat_messages())
+        _, cache = runtime.graph.prefill(prompt)
+        times, token = [], prompt[-1]
+        for _ in range(config.decode_steps):
+            started = time.perf_counter()
+            _, (cache,) = runtime.graph.decode([token], [cache])
+            times.append(time.perf_counter() - started)
+    finally:
+        runtime.close()
+    return {"intra_op_threads": threads, "batch_1_ms": latency_stats_s(times)}
+
+
+def goals(result: Mapping[str, Any], config: ChatBenchConfig) -> dict[str, GoalRecord]:
+    ttft = dig(result, "ttft_http", "ttft_ms", "p50")
+    step = dig(result, "decode_step", "batch_1_ms", "p50")
+    hop = dig(result, "router_hop_ms", "p50")
+    budget = step + hop if step is not None and hop is not None else None
+    verdicts = {
+        "ttft_p50_vs_decode_step_plus_router_hop": goal(
+            ratio(ttft, budget),
+            TTFT_TARGET,
+            "x",
+            at_most=True,
+            details={"ttft_p50_ms": ttft, "decode_step_p50_ms": step, "router_hop_p50_ms": hop},
+        )
+    }
+    if config.peers:
+        verdicts[f"chat_{config.streams}_streams_vs_generate_per_request"] = goal(
+            dig(result, "concurrent", "ratio_vs_generate_per_request"),
+            PEER_THROUGHPUT_TARGET,
+            "x tokens/s",
+        )
+    return verdicts

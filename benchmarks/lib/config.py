@@ -1,0 +1,109 @@
+"""Settings every suite declares the same way (pydantic, unknown fields refused, frozen, smoke
+sizes applied on `--quick`), the served suites' cluster settings and their command-line options."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from deployments.config import CLUSTER_SERVE_ENV, PROJECT_ROOT
+
+Provider = Literal["cpu", "auto", "cuda"]
+Ingress = Literal["proxy", "direct", "haproxy"]
+
+# Ray Serve 2.60's ingress switches, read by the controller and proxies at start.
+INGRESS_ENV: Mapping[Ingress, Mapping[str, str]] = {
+    "proxy": {},
+    "direct": {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"},
+    "haproxy": {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"},
+}
+
+# Ray Serve's transport switches as shipped (deployments.config.CLUSTER_SERVE_ENV), or Serve's
+# own defaults for comparison.
+ServeSwitches = Literal["shipped", "serve-defaults"]
+SERVE_SWITCHES_ENV: Mapping[ServeSwitches, Mapping[str, str]] = {
+    "shipped": {},  # benchmarks.lib.cluster starts every cluster with CLUSTER_SERVE_ENV
+    "serve-defaults": {name: "0" for name in CLUSTER_SERVE_ENV},
+}
+
+
+class BenchConfig(BaseModel):
+    """A suite's settings. `QUICK` holds the smoke sizes `--quick` applies; `from_args` reads
+    the options every suite shares, a suite's own fields come as keywords (and win over the
+    quick sizes: `--quick --coldstart-cycles 3` runs 3 cycles)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    QUICK: ClassVar[Mapping[str, Any]] = {}
+
+    models_dir: Path
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, **fields: Any) -> Self:
+        # Absolute: replicas do not start in our directory.
+        values: dict[str, Any] = {"models_dir": Path(args.models_dir).resolve()}
+        if args.quick:
+            values.update(cls.QUICK)
+        return cls(**(values | fields))
+
+
+class ServedBenchConfig(BenchConfig):
+    """A suite that deploys serve_config.yaml's application on a private Ray + Serve."""
+
+    serve_config: Path = PROJECT_ROOT / "serve_config.yaml"
+    ray_num_cpus: int = Field(default=4, ge=1)
+    deploy_timeout_s: float = Field(default=600, gt=0)
+    ingress: Ingress = "proxy"
+    router_replicas: int | None = Field(default=None, ge=1, description="None: as shipped")
+    serve_switches: ServeSwitches = "shipped"
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, **fields: Any) -> Self:
+        served = {
+            "ingress": args.ingress,
+            "router_replicas": args.router_replicas,
+            "serve_switches": args.serve_switches,
+        }
+        return super().from_args(args, **(served | fields))
+
+
+class PeeredBenchConfig(ServedBenchConfig):
+    """A served suite whose figure has a peer baseline: what a user would deploy instead, in the
+    same cluster, measured in rounds alternating with ours."""
+
+    peers: bool = Field(default=True, description="deploy and measure the peer baseline too")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, **fields: Any) -> Self:
+        return super().from_args(args, **({"peers": not args.no_peers} | fields))
+
+
+def add_served_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of every suite that runs our application on a cluster."""
+    group = parser.add_argument_group("served suites (embeddings, chat, router, router_cpu)")
+    group.add_argument(
+        "--ingress",
+        choices=sorted(INGRESS_ENV),
+        default="proxy",
+        help="Serve's Python proxy, direct ingress, or direct ingress + HAProxy",
+    )
+    group.add_argument(
+        "--router-replicas",
+        type=int,
+        default=None,
+        help="router replicas (default: serve_config.yaml's)",
+    )
+    group.add_argument(
+        "--serve-switches",
+        choices=sorted(SERVE_SWITCHES_ENV),
+        default="shipped",
+        help="the shipped gRPC transport switches, or Ray Serve's defaults",
+    )
+    group.add_argument(
+        "--no-peers",
+        action="store_true",
+        help="measure ours only: skip the peer baselines (embeddings, chat)",
+    )

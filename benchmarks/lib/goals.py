@@ -1,0 +1,65 @@
+"""The goal record every suite reports (`goals` in its JSON, gathered by `benchmarks.run` under
+`<suite>.<goal>`): a measured value next to its target, met or not; a value that could not be
+measured is a miss that says why."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NotRequired, TypedDict
+
+UNMEASURED = "not measured: counts as a miss"
+
+
+class GoalRecord(TypedDict):
+    value: float | None
+    target: float
+    unit: str
+    at_most: bool  # the value must stay at or under the target (a cost); else reach it
+    met: bool
+    missing: NotRequired[str]  # why the value is None
+    note: NotRequired[str]  # how to read the value
+    details: NotRequired[dict[str, Any]]  # what the value is made of
+
+
+def goal(
+    value: float | None,
+    target: float,
+    unit: str,
+    *,
+    at_most: bool = False,
+    missing: str = UNMEASURED,
+    note: str | None = None,
+    details: Mapping[str, Any] | None = None,
+) -> GoalRecord:
+    met = value is not None and (value <= target if at_most else value >= target)
+    record = GoalRecord(
+        value=None if value is None else round(value, 4),
+        target=target,
+        unit=unit,
+        at_most=at_most,
+        met=met,
+    )
+    if value is None:
+        record["missing"] = missing
+    if note is not None:
+        record["note"] = note
+    if details is not None:
+        record["details"] = dict(details)
+    return record
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """numerator / denominator to 3 decimals; None when either side was not measured."""
+    if numerator is None or not denominator:
+        return None
+    return round(numerator / denominator, 3)
+
+
+def dig(tree: Mapping[str, Any], *path: str) -> Any:
+    """`tree[path[0]][path[1]]...`, or None where a step is missing (a part that failed)."""
+    node: Any = tree
+    for key in path:
+        if not isinstance(node, Mapping) or key not in node:
+            return None
+        node = node[key]
+    return node
