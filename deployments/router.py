@@ -1,7 +1,8 @@
 """The router's Ray Serve deployment, the only HTTP ingress: it holds the model handles, builds the
 services and the FastAPI app once (`deployments.api.app.make_app`), and keeps fault drills in sync
-across router replicas. The request path lives in `deployments.api` (routes) and
-`deployments.serving` (services): route -> service -> edge -> model handle.
+across router replicas. The request path lives in `deployments.api` (routes),
+`deployments.serving` (services) and `deployments.edge` (dispatch): route -> service -> dispatch
+-> model handle (docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from deployments.edge.calls import as_serving_error
 from deployments.errors import (
     InternalServerError,
     InvalidRequestError,
@@ -22,7 +23,6 @@ from deployments.errors import (
     ServingError,
 )
 from deployments.protocol import request_error_from_validation
-from deployments.serving.calls import as_serving_error
 
 ErrorBody = Callable[[ServingError], dict[str, Any]]
 

@@ -9,7 +9,7 @@ from sse_starlette import EventSourceResponse
 
 from deployments.api.errors import ErrorBody
 from deployments.api.responses import json_text
-from deployments.serving.calls import as_serving_error
+from deployments.edge.calls import as_serving_error
 
 DONE = "[DONE]"
 PING_S = 15

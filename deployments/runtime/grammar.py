@@ -18,7 +18,7 @@ import numpy as np
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 from deployments.errors import InvalidRequestError
-from deployments.runtime.sampling_params import JSON_OPTIONS
+from deployments.runtime.sampling_params import JSON_OPTIONS, GrammarSpec
 
 # The order in which the closing path prefers tokens, inside a JSON string and outside one: the
 # end of the sequence, then close what is open, then the shortest values. Tokens not listed rank
@@ -72,6 +72,11 @@ class GrammarCompiler:
             table[list(self.eos_token_ids)] = 0
             self._closing_ranks[key] = table
         return self._closing_ranks[key]
+
+    def compile(self, spec: GrammarSpec) -> GrammarConstraint:
+        if spec.kind == "lark":
+            return self.lark(str(spec.source), spec.param, spec.end_text, spec.repeat_text)
+        return self.json_schema(spec.source)
 
     def json_schema(self, schema: Mapping[str, Any] | None) -> GrammarConstraint:
         """Text that is one JSON value valid against `schema` (None: any JSON object)."""

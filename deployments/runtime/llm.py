@@ -189,7 +189,7 @@ class LLMRuntime:
                 SamplingState(params, self.vocab_size, prompt, seed_offset=index),
                 queue=queue,
                 index=index,
-                constraint=grammar.compile(self.grammar_compiler) if grammar else None,
+                constraint=self.grammar_compiler.compile(grammar) if grammar else None,
                 keep_special_tokens=options.keep_special_tokens,
                 streams=streams,
             )

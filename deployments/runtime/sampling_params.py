@@ -9,12 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from deployments.errors import InvalidRequestError
-
-if TYPE_CHECKING:  # the compiled side of a grammar lives with llguidance, on the replica
-    from deployments.runtime.grammar import GrammarCompiler, GrammarConstraint
 
 # max_tokens when a request sets none (and the context has room for it).
 DEFAULT_MAX_NEW_TOKENS = 256
@@ -120,11 +117,6 @@ class GrammarSpec:
     param: str = "response_format"  # the request field an invalid grammar is blamed on
     end_text: str = ""  # Lark: the text that ends it, where it may also repeat ...
     repeat_text: str = ""  # ... this text (see GrammarCompiler.closing_rank)
-
-    def compile(self, compiler: GrammarCompiler) -> GrammarConstraint:
-        if self.kind == "lark":
-            return compiler.lark(str(self.source), self.param, self.end_text, self.repeat_text)
-        return compiler.json_schema(self.source)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from deployments.edge import EdgeTrace
+from deployments.edge.trace import EdgeTrace
 from deployments.security import Reservation
 
 T = TypeVar("T")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from deployments.edge.dispatch import EdgeDispatcher
 from deployments.serving.admission import Admission
 from deployments.serving.caching import CachedAnswers
-from deployments.serving.edge_calls import EdgeCalls
 from deployments.serving.models import ModelCatalogue
 
 
@@ -15,4 +15,4 @@ class ModelService:
     catalogue: ModelCatalogue
     admission: Admission
     cached: CachedAnswers
-    edge: EdgeCalls
+    edge: EdgeDispatcher

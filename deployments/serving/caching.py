@@ -1,44 +1,47 @@
-"""The response cache in front of a service call: a hit is answered by the nearest colo, a miss is
-made and stored; `x-edge-cache` (on the trace) says which."""
+"""The response cache in front of a model call: a service looks its request up first; a hit is
+answered by the nearest colo, a miss is made and stored; `x-edge-cache` (on the trace) says
+which."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any
 
 from pydantic import BaseModel
 
 from deployments.cache import ResponseCache
-from deployments.edge import EdgeTrace
-from deployments.observability import RequestTelemetry
+from deployments.edge.trace import EdgeTrace
 from deployments.serving.context import RequestContext
-from deployments.serving.edge_calls import EdgeCalls
 
-T = TypeVar("T")
+
+@dataclass(frozen=True)
+class CacheLookup:
+    """One request's look into the cache: the answer found (`hit`), or where a new one goes."""
+
+    hit: Any | None
+    _cache: ResponseCache | None = None
+    _key: str | None = None  # None: not cached (bypassed, or not cacheable)
+
+    def store(self, answer: Any, trace: EdgeTrace) -> None:
+        """Keep the answer just made for the next same request; its trace says MISS."""
+        if self._cache is not None and self._key is not None:
+            self._cache.put(self._key, answer)
+            trace.cache = "MISS"
+
+
+NOT_CACHED = CacheLookup(None)
 
 
 @dataclass(frozen=True)
 class CachedAnswers:
     cache: ResponseCache
-    edge: EdgeCalls
 
-    async def get_or_make(
-        self,
-        endpoint: str,
-        model: str,
-        request: BaseModel,
-        ctx: RequestContext,
-        telemetry: RequestTelemetry,
-        make: Callable[[], Awaitable[tuple[T, EdgeTrace]]],
-    ) -> tuple[T, EdgeTrace]:
-        if ctx.cache_bypass:
-            return await make()
+    def lookup(
+        self, endpoint: str, request: BaseModel, ctx: RequestContext, cacheable: bool = True
+    ) -> CacheLookup:
+        """The cached answer to `request` for this key, if any; neither looked up nor stored when
+        the client bypasses the cache or the request is not `cacheable`."""
+        if ctx.cache_bypass or not cacheable:
+            return NOT_CACHED
         key = self.cache.key(endpoint, request, ctx.key_id)
-        cached: T | None = self.cache.get(key)
-        if cached is not None:
-            return cached, await self.edge.from_cache(model, ctx, telemetry)
-        answer, trace = await make()
-        self.cache.put(key, answer)
-        trace.cache = "MISS"
-        return answer, trace
+        return CacheLookup(self.cache.get(key), self.cache, key)

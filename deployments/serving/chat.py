@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-from deployments.edge import EdgeTrace
+from deployments.edge.calls import CallResult, HandleCall
+from deployments.edge.trace import EdgeTrace
 from deployments.observability import RequestTelemetry
 from deployments.protocol import (
     ChatCompletion,
@@ -23,24 +24,13 @@ from deployments.protocol import (
     chat_messages_as_dicts,
     created_timestamp,
 )
-from deployments.runtime.chat_features import ChatFeatures
 from deployments.runtime.outputs import Completion, GenerationChunk
-from deployments.runtime.sampling_params import SamplingParams
 from deployments.security import ModerationGate, metered_stream
-from deployments.servers.base import Reply
 from deployments.serving.admission import chat_features
 from deployments.serving.answer import Answer
 from deployments.serving.base import ModelService
 from deployments.serving.context import RequestContext
 from deployments.serving.models import ServedModel
-
-# An opened stream: its first reply (proof the colo answered) and the generator of the rest.
-OpenedStream = tuple[Reply[GenerationChunk], Any]
-T = TypeVar("T")
-
-
-def _is_reply(result: Any) -> Reply[Any]:
-    return result  # type: ignore[no-any-return]
 
 
 def is_deterministic(chat: ChatCompletionRequest) -> bool:
@@ -102,18 +92,18 @@ class ChatService(ModelService):
         model = self._begin(chat, telemetry)
         messages, params, quota = self.admission.admit_chat(chat, ctx.principal)
         features = chat_features(chat)
+        call = HandleCall("complete_choices", (messages, params, ctx.traceparent, features))
         used_tokens = 0
         try:
-
-            async def generate() -> tuple[ChatCompletion, EdgeTrace]:
-                return await self._generate(model, messages, params, features, ctx, telemetry)
-
-            if use_cache and is_deterministic(chat):
-                completion, trace = await self.cached.get_or_make(
-                    "chat", model.name, chat, ctx, telemetry, generate
-                )
+            cached = self.cached.lookup(
+                "chat", chat, ctx, cacheable=use_cache and is_deterministic(chat)
+            )
+            if cached.hit is not None:
+                completion, trace = cached.hit, await self.edge.nearest(model.name, ctx, telemetry)
             else:
-                completion, trace = await generate()
+                result, trace = await self._checked_dispatch(model, messages, ctx, telemetry, call)
+                completion = await self._completion(model, result.reply.value)
+                cached.store(completion, trace)
             usage = completion.usage
             used_tokens = usage.total_tokens
             telemetry.usage(
@@ -125,30 +115,14 @@ class ChatService(ModelService):
             quota.settle(used_tokens)
         return Answer.of(completion, trace, quota)
 
-    async def _generate(
-        self,
-        model: ServedModel,
-        messages: list[dict[str, Any]],
-        params: SamplingParams,
-        features: ChatFeatures,
-        ctx: RequestContext,
-        telemetry: RequestTelemetry,
-    ) -> tuple[ChatCompletion, EdgeTrace]:
-        reply, trace = await self._checked_call(
-            model,
-            messages,
-            ctx,
-            telemetry,
-            lambda handle: handle.complete_choices.remote(
-                messages, params, ctx.traceparent, features
-            ),
-        )
-        choices: list[Completion] = list(reply.value)
+    async def _completion(self, model: ServedModel, choices: list[Completion]) -> ChatCompletion:
+        """The answer of the model's choices, each passed through the output gate if it applies."""
+        choices = list(choices)
         if self.gate.applies_to(model.name):
             for i, done in enumerate(choices):
                 text, finish = await self.gate.filter_output(done.text, done.finish_reason)
                 choices[i] = dataclasses.replace(done, text=text, finish_reason=finish)
-        return chat_completion(model.name, choices), trace
+        return chat_completion(model.name, choices)
 
     async def stream(
         self, chat: ChatCompletionRequest, ctx: RequestContext, telemetry: RequestTelemetry
@@ -159,75 +133,48 @@ class ChatService(ModelService):
         model = self._begin(chat, telemetry)
         messages, params, quota = self.admission.admit_chat(chat, ctx.principal)
         features = chat_features(chat)
+        call = HandleCall("stream", (messages, params, ctx.traceparent, features), stream=True)
         try:
-            (first, stream), trace = await self._checked_call(
-                model,
-                messages,
-                ctx,
-                telemetry,
-                lambda handle: self._open_stream(
-                    handle, messages, params, features, ctx.traceparent
-                ),
-                reply_of=lambda opened: opened[0],
-                refused=lambda opened: opened[1].cancel(),
-            )
+            opened, trace = await self._checked_dispatch(model, messages, ctx, telemetry, call)
         except BaseException:
             quota.settle(0)
             raise
-        chunks = _rest(first, stream, features.n)
+        chunks = _rest(opened, features.n)
         if self.gate.applies_to(model.name):
             chunks = self.gate.guard_stream(chunks, features.n)
         return Answer.of(metered_stream(_observed(chunks, telemetry), quota), trace, quota)
 
-    async def _checked_call(
+    async def _checked_dispatch(
         self,
         model: ServedModel,
         messages: list[dict[str, Any]],
         ctx: RequestContext,
         telemetry: RequestTelemetry,
-        call: Callable[[Any], Awaitable[T]],
-        reply_of: Callable[[T], Reply[Any]] = _is_reply,
-        refused: Callable[[T], None] = lambda _: None,
-    ) -> tuple[T, EdgeTrace]:
-        """`call` on the model's handle through the edge, started while the gate checks the
-        input (the check overlaps the hop to the model and its prefill); its result comes back
-        only once the input passed. A refused input cancels the call, or `refused` frees what it
-        already opened, and the 400 is raised whatever the call did."""
-        generation = self.edge.call(model.name, ctx, telemetry, call, reply_of=reply_of)
+        call: HandleCall,
+    ) -> tuple[CallResult, EdgeTrace]:
+        """`call` through the edge, started while the gate checks the input (the check overlaps
+        the hop to the model and its prefill); its result comes back only once the input passed.
+        A refused input cancels the call, or closes the stream it already opened, and the 400 is
+        raised whatever the call did."""
+        dispatching = self.edge.dispatch(model.name, ctx, call, telemetry)
         if not self.gate.applies_to(model.name):
-            return await generation
-        started = asyncio.ensure_future(generation)
+            return await dispatching
+        started = asyncio.ensure_future(dispatching)
         try:
             await self.gate.check_input(messages)
         except BaseException:
             if not started.done():
                 started.cancel()
             elif not started.cancelled() and started.exception() is None:
-                refused(started.result()[0])
+                started.result()[0].close()
             raise
         return await started
 
-    @staticmethod
-    async def _open_stream(
-        handle: Any,
-        messages: list[dict[str, Any]],
-        params: SamplingParams,
-        features: ChatFeatures,
-        traceparent: str | None,
-    ) -> OpenedStream:
-        stream = handle.options(stream=True).stream.remote(messages, params, traceparent, features)
-        try:
-            return await stream.__anext__(), stream
-        except BaseException:
-            stream.cancel()
-            raise
 
-
-async def _rest(
-    first: Reply[GenerationChunk], stream: Any, choices: int
-) -> AsyncIterator[GenerationChunk]:
-    """The stream's chunks until each of its `choices` finished."""
-    chunk = first.value
+async def _rest(opened: CallResult, choices: int) -> AsyncIterator[GenerationChunk]:
+    """The stream's chunks, from the first one the edge waited for, until each of its `choices`
+    finished."""
+    chunk = opened.reply.value
     unfinished = choices
     try:
         while True:
@@ -236,9 +183,9 @@ async def _rest(
                 unfinished -= 1
                 if not unfinished:
                     return
-            chunk = (await stream.__anext__()).value
+            chunk = (await opened.rest.__anext__()).value
     finally:
-        stream.cancel()  # the client left or the stream ended: free the model's slot
+        opened.close()  # the client left or the stream ended: free the model's slot
 
 
 async def _observed(

@@ -1,5 +1,5 @@
 """The served models, looked up by name and task (their handles, one per region, are the
-edge's: deployments.edge.RegionPools)."""
+edge's: deployments.edge.pools.RegionPools)."""
 
 from __future__ import annotations
 

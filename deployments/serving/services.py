@@ -9,7 +9,9 @@ from typing import Any
 
 from deployments.cache import ResponseCache
 from deployments.config import AppConfig
-from deployments.edge import EdgeDispatcher, RegionPools
+from deployments.edge.calls import HandleCall
+from deployments.edge.dispatch import EdgeDispatcher
+from deployments.edge.pools import RegionPools
 from deployments.observability import RouterObservability
 from deployments.observability.recent_traffic import RecentTraffic
 from deployments.security import KeyStore, ModerationGate, RateLimiter
@@ -20,11 +22,9 @@ from deployments.security.gate_classifier import (
 )
 from deployments.serving.admission import Admission
 from deployments.serving.caching import CachedAnswers
-from deployments.serving.calls import resolve
 from deployments.serving.chat import ChatService
 from deployments.serving.dashboard import DashboardService, RegionsSource, TrafficShare
 from deployments.serving.drills import FaultDrills
-from deployments.serving.edge_calls import EdgeCalls
 from deployments.serving.models import (
     DeploymentState,
     DeploymentStates,
@@ -52,9 +52,8 @@ class RouterServices:
     async def readiness(self) -> dict[str, Any]:
         states = await self.deployment_states()
         ready = self.catalogue.readiness(states, self.pools.last_cold_start)
-        pool = (
-            await resolve(self.warm_pool.describe.remote()) if self.warm_pool is not None else None
-        )
+        # A failing call raises to the route's error handler, which maps it like a model call's.
+        pool = await self.warm_pool.describe.remote() if self.warm_pool is not None else None
         return {**ready, "warm_pool": pool}
 
 
@@ -110,15 +109,15 @@ def build_services(
         control=control,
         after_cold_start=(lambda: warm_pool.top_up.remote()) if warm_pool is not None else None,
     )
-    dispatcher: EdgeDispatcher[Any] = EdgeDispatcher(
+    edge = EdgeDispatcher(
         network,
         edge_config.region_map(),
         pools,
-        router.failover_attempts,
-        edge_config.routing.max_extra_rtt_ms,
+        max_attempts=router.failover_attempts,
+        deadline_s=router.request_timeout_s,
+        max_extra_rtt_ms=edge_config.routing.max_extra_rtt_ms,
     )
-    edge = EdgeCalls(dispatcher, router.request_timeout_s)
-    cached = CachedAnswers(ResponseCache(router.cache), edge)
+    cached = CachedAnswers(ResponseCache(router.cache))
     security = config.security
     admission = Admission(RateLimiter(clock=clock, share=rate_limit_share), security.request_limits)
     gate_config = security.moderation_gate
@@ -127,8 +126,8 @@ def build_services(
         """The moderation deployment, called directly (not via a colo), in a region where it is
         warm if there is one."""
         handle = pools.serving_handle(gate_config.moderation_model)
-        reply = await resolve(handle.classify.remote(texts))
-        return [result.flagged for result in reply.value]
+        result = await HandleCall("classify", (texts,)).run(handle)
+        return [verdict.flagged for verdict in result.reply.value]
 
     in_router = (  # the config names a served moderation model whenever the gate is on
         in_router_classifier(

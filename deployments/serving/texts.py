@@ -3,12 +3,9 @@ model's handle; the key's tokens are settled in a `finally` however the request 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
-from pydantic import BaseModel
-
-from deployments.edge import EdgeTrace
+from deployments.edge.calls import HandleCall
 from deployments.observability import RequestTelemetry
 from deployments.protocol import (
     EmbeddingList,
@@ -20,59 +17,25 @@ from deployments.protocol import (
 )
 from deployments.protocol.models import Task
 from deployments.runtime.encoder_outputs import EmbeddingResult
-from deployments.servers.base import Reply
+from deployments.security import Reservation
 from deployments.serving.answer import Answer
 from deployments.serving.base import ModelService
 from deployments.serving.context import RequestContext
 from deployments.serving.models import ServedModel
 
-T = TypeVar("T")
-# A model call on the deployment handle of the region the edge picked: (handle, texts, request).
-ModelCall = Callable[[Any, list[str], RequestContext], Awaitable[Reply[Any]]]
-
 
 class TextService(ModelService):
-    """One text task's request path; subclasses name the task and how to call and count it."""
+    """A text task's services; subclasses name the task."""
 
     task: ClassVar[Task]
 
-    async def _serve(
-        self,
-        model_name: str,
-        texts: list[str],
-        ctx: RequestContext,
-        telemetry: RequestTelemetry,
-        call: ModelCall,
-        shape: Callable[[ServedModel, Any], T],
-        tokens_of: Callable[[T], int | None],
-        cache_request: BaseModel | None = None,
-    ) -> Answer[T]:
-        """`shape` makes the answer of the model's reply; `tokens_of` counts what it used (None:
-        the model does not count, the estimate stands); `cache_request`, if given, keys the
-        cache."""
+    def _admit(
+        self, model_name: str, texts: list[str], ctx: RequestContext, telemetry: RequestTelemetry
+    ) -> tuple[ServedModel, Reservation]:
+        """The model (404, or 400 for another task) and the key's reservation for the texts."""
         telemetry.request(task=self.task, model=model_name, prompt=texts)
         model = self.catalogue.get(model_name, self.task)
-        quota = self.admission.admit_texts(texts, ctx.principal)
-        used_tokens = 0
-        try:
-
-            async def make() -> tuple[T, EdgeTrace]:
-                reply, trace = await self.edge.call(
-                    model.name, ctx, telemetry, lambda handle: call(handle, texts, ctx)
-                )
-                return shape(model, reply.value), trace
-
-            if cache_request is None:
-                answer, trace = await make()
-            else:
-                answer, trace = await self.cached.get_or_make(
-                    self.task, model.name, cache_request, ctx, telemetry, make
-                )
-            counted = tokens_of(answer)
-            used_tokens = quota.reserved_tokens if counted is None else counted
-        finally:
-            quota.settle(used_tokens)
-        return Answer.of(answer, trace, quota)
+        return model, self.admission.admit_texts(texts, ctx.principal)
 
 
 class EmbeddingService(TextService):
@@ -81,97 +44,92 @@ class EmbeddingService(TextService):
     async def create(
         self, body: EmbeddingRequest, ctx: RequestContext, telemetry: RequestTelemetry
     ) -> Answer[EmbeddingList]:
-        """OpenAI's embeddings; the replica checks `dimensions` before it runs the model."""
-
-        def shape(model: ServedModel, result: EmbeddingResult) -> EmbeddingList:
-            return EmbeddingList(
-                result.vectors, model.name, result.total_tokens, body.encoding_format
-            )
-
-        answer = await self._serve(
-            body.model,
-            body.texts,
-            ctx,
-            telemetry,
-            lambda handle, texts, ctx: handle.embed.remote(texts, ctx.traceparent, body.dimensions),
-            shape,
-            lambda response: response.prompt_tokens,
-            cache_request=body,
-        )
-        telemetry.usage(input_tokens=answer.value.prompt_tokens)
-        return answer
+        """OpenAI's embeddings, cached; the replica checks `dimensions` before it runs the
+        model."""
+        model, quota = self._admit(body.model, body.texts, ctx, telemetry)
+        call = HandleCall("embed", (body.texts, ctx.traceparent, body.dimensions))
+        used_tokens = 0
+        try:
+            cached = self.cached.lookup(self.task, body, ctx)
+            if cached.hit is not None:
+                embeddings, trace = cached.hit, await self.edge.nearest(model.name, ctx, telemetry)
+            else:
+                result, trace = await self.edge.dispatch(model.name, ctx, call, telemetry)
+                vectors: EmbeddingResult = result.reply.value
+                embeddings = EmbeddingList(
+                    vectors.vectors, model.name, vectors.total_tokens, body.encoding_format
+                )
+                cached.store(embeddings, trace)
+            used_tokens = embeddings.prompt_tokens
+        finally:
+            quota.settle(used_tokens)
+        telemetry.usage(input_tokens=embeddings.prompt_tokens)
+        return Answer.of(embeddings, trace, quota)
 
     async def embed(
-        self, model: str, texts: list[str], ctx: RequestContext, telemetry: RequestTelemetry
+        self, model_name: str, texts: list[str], ctx: RequestContext, telemetry: RequestTelemetry
     ) -> Answer[EmbeddingResult]:
         """The vectors themselves, uncached (the Workers-AI API)."""
-        answer = await self._serve(
-            model,
-            texts,
-            ctx,
-            telemetry,
-            lambda handle, texts, ctx: handle.embed.remote(texts, ctx.traceparent),
-            lambda model, result: result,
-            lambda result: result.total_tokens,
-        )
-        telemetry.usage(input_tokens=answer.value.total_tokens)
-        return answer
+        model, quota = self._admit(model_name, texts, ctx, telemetry)
+        call = HandleCall("embed", (texts, ctx.traceparent))
+        used_tokens = 0
+        try:
+            result, trace = await self.edge.dispatch(model.name, ctx, call, telemetry)
+            vectors: EmbeddingResult = result.reply.value
+            used_tokens = vectors.total_tokens
+        finally:
+            quota.settle(used_tokens)
+        telemetry.usage(input_tokens=vectors.total_tokens)
+        return Answer.of(vectors, trace, quota)
 
 
 class ModerationService(TextService):
+    """The moderation model reports no token counts: a request is charged its estimate."""
+
     task = "moderation"
 
     async def create(
         self, body: ModerationRequest, ctx: RequestContext, telemetry: RequestTelemetry
     ) -> Answer[ModerationCreateResponse]:
         """OpenAI's moderations, cached."""
-
-        def shape(model: ServedModel, results: list[Any]) -> ModerationCreateResponse:
-            return ModerationCreateResponse(
-                id=moderation_id(), model=model.name, results=verdicts(results)
-            )
-
-        answer = await self._serve(
-            body.model,
-            body.texts,
-            ctx,
-            telemetry,
-            _classify,
-            shape,
-            _uncounted,
-            cache_request=body,
-        )
-        _report_flags(answer.value.results, telemetry)
-        return answer
+        model, quota = self._admit(body.model, body.texts, ctx, telemetry)
+        call = HandleCall("classify", (body.texts, ctx.traceparent))
+        used_tokens = 0
+        try:
+            cached = self.cached.lookup(self.task, body, ctx)
+            if cached.hit is not None:
+                response, trace = cached.hit, await self.edge.nearest(model.name, ctx, telemetry)
+            else:
+                result, trace = await self.edge.dispatch(model.name, ctx, call, telemetry)
+                response = ModerationCreateResponse(
+                    id=moderation_id(), model=model.name, results=verdicts(result.reply.value)
+                )
+                cached.store(response, trace)
+            used_tokens = quota.reserved_tokens
+        finally:
+            quota.settle(used_tokens)
+        _report_flags(response.results, telemetry)
+        return Answer.of(response, trace, quota)
 
     async def classify(
-        self, model: str, texts: list[str], ctx: RequestContext, telemetry: RequestTelemetry
+        self, model_name: str, texts: list[str], ctx: RequestContext, telemetry: RequestTelemetry
     ) -> Answer[list[Moderation]]:
         """One verdict per text, uncached (the Workers-AI API)."""
-        answer = await self._serve(
-            model,
-            texts,
-            ctx,
-            telemetry,
-            _classify,
-            lambda model, results: verdicts(results),
-            _uncounted,
-        )
-        _report_flags(answer.value, telemetry)
-        return answer
+        model, quota = self._admit(model_name, texts, ctx, telemetry)
+        call = HandleCall("classify", (texts, ctx.traceparent))
+        used_tokens = 0
+        try:
+            result, trace = await self.edge.dispatch(model.name, ctx, call, telemetry)
+            results = verdicts(result.reply.value)
+            used_tokens = quota.reserved_tokens
+        finally:
+            quota.settle(used_tokens)
+        _report_flags(results, telemetry)
+        return Answer.of(results, trace, quota)
 
 
 def verdicts(results: list[Any]) -> list[Moderation]:
     return [Moderation.from_scores(r.category_scores, r.categories) for r in results]
-
-
-def _classify(handle: Any, texts: list[str], ctx: RequestContext) -> Awaitable[Reply[Any]]:
-    return handle.classify.remote(texts, ctx.traceparent)  # type: ignore[no-any-return]
-
-
-def _uncounted(answer: Any) -> None:
-    """The moderation model reports no token counts: the request is charged its estimate."""
-    return None
 
 
 def _report_flags(results: list[Moderation], telemetry: RequestTelemetry) -> None:

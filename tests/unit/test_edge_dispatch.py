@@ -1,22 +1,28 @@
 """EdgeDispatcher with fake region handles: where a request is served, what wakes, what spills,
-what fails over, and what the shared state is told (no Ray)."""
+what fails over, and what the shared state is told (no Ray). Time is a manual clock: a test moves
+it past a deadline or a loss check instead of sleeping."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from deployments.edge import EdgeDispatcher, RegionPools
+from deployments.edge.calls import CallResult, HandleCall
+from deployments.edge.clock import ManualEdgeClock
+from deployments.edge.dispatch import LOST_CHECK_S, EdgeDispatcher
+from deployments.edge.pools import RegionPools
+from deployments.edge.trace import EdgeTrace
 from deployments.errors import (
     InvalidRequestError,
     OverloadedError,
     QueueFullError,
     RegionFaultError,
 )
+from deployments.observability import RequestTelemetry
 from deployments.servers.base import Reply
 from edge_sim.config import EdgeConfig
 from edge_sim.geo import CountryCentroids
@@ -32,6 +38,15 @@ REGIONS = {
 }
 TOKYO = {"x-client-geo": "35.68,139.69"}
 FRANKFURT = {"x-client-geo": "50.11,8.68"}
+COMPLETE = HandleCall("complete")
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where the request's client is, as the dispatcher reads it off a RequestContext."""
+
+    location_headers: dict[str, str] = field(default_factory=dict)
+    client_ip: str | None = None
 
 
 class FakeMethod:
@@ -49,10 +64,31 @@ class FakeRegion:
     def __init__(self, name: str):
         self.name = name
         self.calls: list[str] = []
+        self.options_asked: list[dict[str, Any]] = []  # handle.options(...) made of this one
         self.behaviour: Callable[[str], Any] = lambda method: _ok(name)
+
+    def options(self, **options: Any) -> FakeRegion:
+        self.options_asked.append(options)
+        return self
 
     def __getattr__(self, method: str) -> FakeMethod:
         return FakeMethod(self, method)
+
+
+class FakeStream:
+    """A DeploymentResponseGenerator: `first` replies (or raises `error`), then ends."""
+
+    def __init__(self, first: str, error: Exception | None = None):
+        self.first, self.error = first, error
+        self.cancelled = False
+
+    async def __anext__(self) -> Reply[str]:
+        if self.error is not None:
+            raise self.error
+        return await _ok(self.first)
+
+    def cancel(self) -> None:
+        self.cancelled = True
 
 
 async def _ok(region: str, ready_at: float = 0.0) -> Reply[str]:
@@ -63,23 +99,49 @@ async def _raise(error: BaseException) -> Any:
     raise error
 
 
+async def _hang(method: str) -> Any:
+    await asyncio.Event().wait()  # a region that never answers
+
+
+async def turns_until(condition: Callable[[], Any], turns: int = 100) -> None:
+    """Let the event loop run until `condition` holds (a bounded number of turns, no time)."""
+    for _ in range(turns):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the condition never held")
+
+
+async def let_run(turns: int = 20) -> None:
+    for _ in range(turns):
+        await asyncio.sleep(0)
+
+
 class Rig:
-    def __init__(self, running: dict[str, int], max_attempts: int = 3):
+    def __init__(self, running: dict[str, int], max_attempts: int = 3, deadline_s: float = 5.0):
         config = EdgeConfig.from_mapping({"regions": REGIONS, "latency": {"real_delay_scale": 0}})
+        self.clock = ManualEdgeClock()
         self.handles = {region: FakeRegion(region) for region in REGIONS}
         self.pool_top_ups = 0  # the warm pool asked to replace a worker a cold start took
+        self.topped_up = asyncio.Event()
         self.pools = RegionPools(
             {MODEL: self.handles},
             config.region_policy,
             default_cold_start_ms=3000.0,
+            clock=self.clock,
             after_cold_start=self._top_up_pool,
         )
         self.pools.snapshot = BoardSnapshot(
             {MODEL: {r: PoolView(running=n) for r, n in running.items()}}, {}
         )
         network = EdgeNetwork(config, centroids=CountryCentroids({}))
-        self.dispatcher: EdgeDispatcher[Reply[str]] = EdgeDispatcher(
-            network, config.region_map(), self.pools, max_attempts
+        self.dispatcher = EdgeDispatcher(
+            network,
+            config.region_map(),
+            self.pools,
+            max_attempts=max_attempts,
+            deadline_s=deadline_s,
+            clock=self.clock,
         )
         self.reported: list[Outcome] = []
         original = self.pools.report
@@ -92,15 +154,13 @@ class Rig:
 
     def _top_up_pool(self) -> None:
         self.pool_top_ups += 1
+        self.topped_up.set()
 
-    async def send(self, headers: dict[str, str], deadline_s: float = 5.0):
+    async def send(
+        self, headers: dict[str, str], call: HandleCall = COMPLETE
+    ) -> tuple[CallResult, EdgeTrace]:
         return await self.dispatcher.dispatch(
-            MODEL,
-            headers,
-            None,
-            lambda handle: handle.complete.remote(),
-            reply_of=lambda reply: reply,
-            deadline_s=deadline_s,
+            MODEL, Origin(headers), call, RequestTelemetry.disabled()
         )
 
 
@@ -111,8 +171,8 @@ WARM = PoolView(running=1)
 def test_all_warm_serves_from_the_nearest_region_and_says_so() -> None:
     rig = Rig(ALL_WARM)
     for headers, region, colo in ((TOKYO, "ap", "NRT"), (FRANKFURT, "eu", "FRA")):
-        reply, trace = asyncio.run(rig.send(headers))
-        assert reply.value == region
+        result, trace = asyncio.run(rig.send(headers))
+        assert result.reply.value == region and result.rest is None
         headers_out = trace.headers()
         assert headers_out["x-edge-region"] == region and headers_out["x-edge-colo"] == colo
         assert headers_out["x-edge-route-reason"] == "nearest"
@@ -122,15 +182,15 @@ def test_all_warm_serves_from_the_nearest_region_and_says_so() -> None:
 def test_cold_nearest_is_detoured_to_a_warm_region_and_really_woken() -> None:
     rig = Rig({"eu": 1, "us": 0, "ap": 0})
 
-    async def go():
+    async def go() -> tuple[CallResult, EdgeTrace]:
         result = await rig.send(TOKYO)
         await asyncio.sleep(0)  # let the wake task send its call
         assert rig.pool_top_ups == 0
-        await asyncio.sleep(0.01)  # and have it answered: ap's replica took a warm worker
+        await asyncio.wait_for(rig.topped_up.wait(), 5)  # answered: ap's replica took a worker
         return result
 
-    reply, trace = asyncio.run(go())
-    assert reply.value == "eu" and trace.reason == "warm"
+    result, trace = asyncio.run(go())
+    assert result.reply.value == "eu" and trace.reason == "warm"
     assert rig.handles["ap"].calls == ["wake"]  # a real call that queues until a replica runs
     assert rig.pool_top_ups == 1
     assert trace.rtt_ms > 100  # the detour's extra RTT is acted out and reported
@@ -139,13 +199,24 @@ def test_cold_nearest_is_detoured_to_a_warm_region_and_really_woken() -> None:
 def test_back_pressure_spills_to_the_next_region_and_is_not_a_failure() -> None:
     rig = Rig(ALL_WARM)
     rig.handles["ap"].behaviour = lambda method: _raise(QueueFullError("full"))
-    reply, trace = asyncio.run(rig.send(TOKYO))
-    assert reply.value != "ap" and trace.reason == "spillover"
+    result, trace = asyncio.run(rig.send(TOKYO))
+    assert result.reply.value != "ap" and trace.reason == "spillover"
     assert [o.kind for o in rig.reported] == ["saturated", "ok"]
     assert rig.pools.pools(MODEL)["ap"].saturated  # the next request skips it at once
     _, trace = asyncio.run(rig.send(TOKYO))
     assert trace.reason == "spillover" and rig.handles["ap"].calls == ["complete"]
     assert trace.failed_regions == ()  # back-pressure is not a failure
+
+
+def test_a_full_region_is_skipped_for_the_policy_s_hold_then_tried_again() -> None:
+    rig = Rig(ALL_WARM)
+    rig.handles["ap"].behaviour = lambda method: _raise(QueueFullError("full"))
+    asyncio.run(rig.send(TOKYO))
+    rig.clock.advance(rig.pools.policy.saturation_hold_s)
+    assert not rig.pools.pools(MODEL)["ap"].saturated
+    rig.handles["ap"].behaviour = lambda method: _ok("ap")
+    result, trace = asyncio.run(rig.send(TOKYO))
+    assert result.reply.value == "ap" and trace.reason == "nearest"
 
 
 def test_every_region_full_is_a_503_with_retry_after_and_no_failure() -> None:
@@ -161,8 +232,8 @@ def test_every_region_full_is_a_503_with_retry_after_and_no_failure() -> None:
 def test_a_replica_error_fails_over_and_counts_against_that_region() -> None:
     rig = Rig(ALL_WARM)
     rig.handles["ap"].behaviour = lambda method: _raise(RegionFaultError("down"))
-    reply, trace = asyncio.run(rig.send(TOKYO))
-    assert reply.value != "ap" and trace.reason == "failover"
+    result, trace = asyncio.run(rig.send(TOKYO))
+    assert result.reply.value != "ap" and trace.reason == "failover"
     assert trace.headers()["x-edge-failover"].startswith("ap,")
     assert rig.reported[0] == Outcome(MODEL, "ap", "failed")
     assert (trace.failed_regions, trace.skipped_colos) == (("ap",), ())  # what metrics count
@@ -173,8 +244,8 @@ def test_a_dead_actor_is_mapped_and_failed_over() -> None:
 
     rig = Rig(ALL_WARM)
     rig.handles["ap"].behaviour = lambda method: _raise(ActorDiedError())
-    reply, _ = asyncio.run(rig.send(TOKYO))
-    assert reply.value != "ap"
+    result, _ = asyncio.run(rig.send(TOKYO))
+    assert result.reply.value != "ap"
     assert rig.reported[0].kind == "failed"
 
 
@@ -187,12 +258,20 @@ def test_a_client_error_is_not_failed_over_nor_counted() -> None:
 
 
 def test_a_hung_region_gets_its_share_of_the_deadline_then_the_next_answers() -> None:
-    rig = Rig(ALL_WARM)
-    rig.handles["ap"].behaviour = lambda method: asyncio.sleep(60)
-    started = time.monotonic()
-    reply, trace = asyncio.run(rig.send(TOKYO, deadline_s=0.6))
-    assert reply.value != "ap" and trace.reason == "failover"
-    assert time.monotonic() - started < 0.6
+    rig = Rig(ALL_WARM, deadline_s=0.6)  # three attempts: 0.2 s each while none answers
+    rig.handles["ap"].behaviour = _hang
+
+    async def go() -> tuple[CallResult, EdgeTrace]:
+        sending = asyncio.ensure_future(rig.send(TOKYO))
+        await turns_until(lambda: rig.handles["ap"].calls)
+        rig.clock.advance(0.15)
+        await let_run()
+        assert not sending.done()  # within its share: still waiting on ap
+        rig.clock.advance(0.1)  # past ap's share, well before the deadline
+        return await asyncio.wait_for(sending, 5)
+
+    result, trace = asyncio.run(go())
+    assert result.reply.value != "ap" and trace.reason == "failover"
     assert rig.reported[0] == Outcome(MODEL, "ap", "failed")
 
 
@@ -207,55 +286,70 @@ def test_every_region_failing_is_the_last_error() -> None:
 
 def test_a_cold_start_is_measured_and_reported() -> None:
     rig = Rig({})  # all cold: the nearest region serves and waits for its replica
-    rig.handles["ap"].behaviour = lambda method: _ok("ap", ready_at=time.time() + 1.5)
+    rig.handles["ap"].behaviour = lambda method: _ok("ap", ready_at=rig.clock.unix() + 1.5)
     _, trace = asyncio.run(rig.send(TOKYO))
     assert trace.region == "ap" and trace.reason == "nearest"
-    assert trace.cold_start_ms is not None and trace.cold_start_ms > 1000
+    assert trace.cold_start_ms == pytest.approx(1500.0)
     assert trace.headers()["x-edge-cold-start"] == "1"
     assert rig.reported[0].cold_start_ms == trace.cold_start_ms
-    assert rig.pools.last_cold_start[MODEL]["wait_ms"] == trace.cold_start_ms
+    record = rig.pools.last_cold_start[MODEL]
+    assert record["wait_ms"] == trace.cold_start_ms and record["at_unix"] == rig.clock.unix()
     assert rig.pool_top_ups == 1
-    rig.handles["ap"].behaviour = lambda method: _ok("ap", ready_at=time.time() - 1.0)
+    rig.handles["ap"].behaviour = lambda method: _ok("ap", ready_at=rig.clock.unix() - 1.0)
     asyncio.run(rig.send(TOKYO))  # its replica was ready before the request: warm, no top-up
     assert rig.pool_top_ups == 1
 
 
 def test_a_cache_hit_is_answered_by_the_entry_colo_for_its_home_region() -> None:
     rig = Rig(ALL_WARM)
-    trace = asyncio.run(rig.dispatcher.nearest(MODEL, TOKYO, None))
-    assert (trace.colo, trace.region) == ("NRT", "ap")
+    trace = asyncio.run(rig.dispatcher.nearest(MODEL, Origin(TOKYO), RequestTelemetry.disabled()))
+    assert (trace.colo, trace.region, trace.cache) == ("NRT", "ap", "HIT")
     assert all(not handle.calls for handle in rig.handles.values())
 
 
-def test_an_attempt_whose_region_loses_its_replicas_fails_over_at_once() -> None:
+def test_an_attempt_whose_region_loses_its_replicas_fails_over_at_its_next_look() -> None:
     """A killed node: Serve holds the request for a replica that cannot be placed; once the
     shared state shows the region without replicas, the request moves on."""
-    rig = Rig(ALL_WARM)
-    rig.handles["ap"].behaviour = lambda method: asyncio.sleep(60)
+    rig = Rig(ALL_WARM, deadline_s=30.0)  # ap's share: 10 s
+    rig.handles["ap"].behaviour = _hang
 
-    async def go():
-        sending = asyncio.ensure_future(rig.send(TOKYO, deadline_s=30.0))
-        await asyncio.sleep(0.3)
+    async def go() -> tuple[CallResult, EdgeTrace]:
+        sending = asyncio.ensure_future(rig.send(TOKYO))
+        await turns_until(lambda: rig.handles["ap"].calls)
+        rig.clock.advance(LOST_CHECK_S)  # a look: ap still there
+        await let_run()
+        assert not sending.done()
         rig.pools.snapshot = BoardSnapshot({MODEL: {"eu": WARM, "us": WARM}}, {})  # ap: gone
-        return await sending
+        rig.clock.advance(LOST_CHECK_S)  # the next look sees it
+        return await asyncio.wait_for(sending, 5)
 
-    started = time.monotonic()
-    reply, trace = asyncio.run(go())
-    assert reply.value != "ap" and trace.reason == "failover"
-    assert time.monotonic() - started < 2.0  # not the 10 s share of the deadline
+    result, trace = asyncio.run(go())
+    assert result.reply.value != "ap" and trace.reason == "failover"
     assert rig.reported[0] == Outcome(MODEL, "ap", "failed")
+    assert rig.clock.now() == pytest.approx(2 * LOST_CHECK_S)  # not the 10 s share
 
 
 def test_a_cold_region_waiting_for_its_first_replica_is_not_lost() -> None:
     rig = Rig({})  # all cold: the request waits on the nearest region's cold start
 
-    async def slow_start(method: str) -> Reply[str]:
-        await asyncio.sleep(0.6)
-        return await _ok("ap")
+    async def go() -> tuple[CallResult, EdgeTrace]:
+        replica_ready = asyncio.Event()
 
-    rig.handles["ap"].behaviour = slow_start
-    reply, trace = asyncio.run(rig.send(TOKYO))
-    assert reply.value == "ap" and trace.reason == "nearest"
+        async def cold_start(method: str) -> Reply[str]:
+            await replica_ready.wait()
+            return await _ok("ap")
+
+        rig.handles["ap"].behaviour = cold_start
+        sending = asyncio.ensure_future(rig.send(TOKYO))
+        await turns_until(lambda: rig.handles["ap"].calls)
+        rig.clock.advance(4 * LOST_CHECK_S)  # four looks at a region with no replica yet
+        await let_run()
+        assert not sending.done()
+        replica_ready.set()
+        return await asyncio.wait_for(sending, 5)
+
+    result, trace = asyncio.run(go())
+    assert result.reply.value == "ap" and trace.reason == "nearest"
 
 
 def test_a_colo_drilled_to_fail_passes_the_request_to_the_next_colo() -> None:
@@ -263,7 +357,7 @@ def test_a_colo_drilled_to_fail_passes_the_request_to_the_next_colo() -> None:
 
     rig = Rig(ALL_WARM)
     rig.dispatcher.network.set_fault("NRT", ColoFault(error_rate=1.0))
-    reply, trace = asyncio.run(rig.send(TOKYO))
+    _, trace = asyncio.run(rig.send(TOKYO))
     assert trace.colo != "NRT" and trace.reason == "failover"
     assert trace.headers()["x-edge-failover"].startswith("NRT,")
     assert rig.reported == [Outcome(MODEL, trace.region, "ok")]  # no region blamed
@@ -283,13 +377,74 @@ def test_with_one_region_a_failed_attempt_is_retried_there() -> None:
 
     handle.behaviour = first_fails
     pools = RegionPools({MODEL: {"default": handle}}, config.region_policy, 3000.0)
-    dispatcher: EdgeDispatcher[Reply[str]] = EdgeDispatcher(
-        EdgeNetwork(config, centroids=CountryCentroids({})), config.region_map(), pools, 3
+    dispatcher = EdgeDispatcher(
+        EdgeNetwork(config, centroids=CountryCentroids({})),
+        config.region_map(),
+        pools,
+        max_attempts=3,
+        deadline_s=5.0,
     )
-    reply, trace = asyncio.run(
-        dispatcher.dispatch(
-            MODEL, TOKYO, None, lambda h: h.complete.remote(), lambda r: r, deadline_s=5.0
-        )
+    result, trace = asyncio.run(
+        dispatcher.dispatch(MODEL, Origin(TOKYO), COMPLETE, RequestTelemetry.disabled())
     )
-    assert reply.value == "default" and trace.reason == "failover"
+    assert result.reply.value == "default" and trace.reason == "failover"
     assert trace.headers()["x-edge-failover"] == "default,default"
+
+
+# ---- streams ------------------------------------------------------------------------------------
+
+STREAM = HandleCall("stream", ("hi",), stream=True)
+
+
+def test_a_stream_runs_on_the_region_s_streaming_handle_made_once() -> None:
+    rig = Rig(ALL_WARM)
+    streams = []
+
+    def opens(method: str) -> FakeStream:
+        streams.append(FakeStream("first chunk"))
+        return streams[-1]
+
+    rig.handles["ap"].behaviour = opens
+    for _ in range(3):
+        result, trace = asyncio.run(rig.send(TOKYO, STREAM))
+        assert result.reply.value == "first chunk" and result.rest is streams[-1]
+        assert trace.region == "ap"
+    assert rig.handles["ap"].options_asked == [{"stream": True}]  # cached, not one per request
+    result.close()
+    assert streams[-1].cancelled and not streams[0].cancelled
+
+
+def test_a_stream_failing_before_its_first_reply_is_cancelled_and_failed_over() -> None:
+    rig = Rig(ALL_WARM)
+    broken = FakeStream("never", error=RegionFaultError("down"))
+    rig.handles["ap"].behaviour = lambda method: broken
+    rig.handles["eu"].behaviour = lambda method: FakeStream("from eu")
+    result, trace = asyncio.run(rig.send(TOKYO, STREAM))
+    assert broken.cancelled  # its slot freed
+    assert result.reply.value == "from eu" and trace.reason == "failover"
+    assert rig.reported[0] == Outcome(MODEL, "ap", "failed")
+
+
+# ---- the manual clock ---------------------------------------------------------------------------
+
+
+def test_the_manual_clock_fires_due_timers_in_order_each_at_its_time() -> None:
+    clock = ManualEdgeClock(unix_start_s=1000.0)
+    fired: list[tuple[str, float]] = []
+
+    def note(name: str) -> Callable[[], None]:
+        return lambda: fired.append((name, clock.now()))
+
+    def chain() -> None:
+        clock.call_later(0.5, note("chained"))
+
+    clock.call_later(2.0, note("late"))
+    clock.call_later(1.0, chain)
+    clock.call_later(1.5, note("cancelled")).cancel()
+    clock.advance(1.9)
+    assert fired == [("chained", 1.5)]
+    clock.advance(0.1)
+    assert fired == [("chained", 1.5), ("late", 2.0)]
+    assert (clock.now(), clock.unix()) == (2.0, 1002.0)
+    with pytest.raises(ValueError):
+        clock.advance(-1)

@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 
 from deployments.api.body_limit import BodyLimitMiddleware
 from deployments.api.errors import ErrorShapes, install_error_handler
+from deployments.edge.calls import as_serving_error
 from deployments.errors import (
     InternalServerError,
     ModelNotFoundError,
@@ -21,7 +22,6 @@ from deployments.errors import (
     ServingError,
 )
 from deployments.protocol import EmbeddingRequest
-from deployments.serving.calls import as_serving_error
 
 LIMIT = 2048
 SECRET = "do-not-leak-4f1c"  # what a bug's exception says; a client must never see it

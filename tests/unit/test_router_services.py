@@ -257,7 +257,7 @@ def test_when_every_colo_fails_the_error_is_a_503():
     services = services_for(no_gate(), handles)
     with pytest.raises(OverloadedError):
         run(services.chat.complete(chat(), context(), telemetry()))
-    assert len(handles["glm"].complete.calls) == services.chat.edge.dispatcher.max_attempts
+    assert len(handles["glm"].complete.calls) == services.chat.edge.max_attempts
 
 
 # ---- streams ------------------------------------------------------------------------------------

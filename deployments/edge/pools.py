@@ -1,0 +1,165 @@
+"""This router replica's side of the shared region state: the handles of every (model, region)
+pool, edge-control's latest snapshot of their replicas, and what this replica saw since."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from deployments.edge.calls import Handle
+from deployments.edge.clock import EdgeClock, SystemClock
+from edge_sim.region_board import BoardSnapshot, Outcome, OutcomeKind
+from edge_sim.regions import PoolView, RegionPolicy
+
+log = logging.getLogger("ray.serve")
+SYNC_INTERVAL_S = 0.5
+FIRST_SYNC_TIMEOUT_S = 3.0
+
+
+class RegionPools:
+    """The handle of every (model, region) pool (and its streaming form, made once), the latest
+    snapshot from edge-control, and this replica's outcomes since (they go to edge-control on the
+    next sync; its own back-pressure counts at once)."""
+
+    def __init__(
+        self,
+        handles: Mapping[str, Mapping[str, Handle]],
+        policy: RegionPolicy,
+        default_cold_start_ms: float,
+        control: Any = None,
+        clock: EdgeClock | None = None,
+        after_cold_start: Callable[[], None] | None = None,
+    ):
+        """after_cold_start: called once a cold start has been served or a woken pool has its
+        replica (which took a warm pool worker: the pool is asked to replace it now, not at its
+        next check)."""
+        self.handles = {model: dict(by_region) for model, by_region in handles.items()}
+        # Ray Serve LLM's lesson: one handle per model and option set (each costs the controller).
+        self._stream_handles: dict[tuple[str, str], Handle] = {}
+        self.policy = policy
+        self._default_cold_start_ms = default_cold_start_ms
+        self._control = control
+        self._clock = clock or SystemClock()
+        self.snapshot = BoardSnapshot({}, {})
+        self._synced = asyncio.Event() if control is not None else None
+        self._full_until: dict[tuple[str, str], float] = {}
+        self._outcomes: list[Outcome] = []
+        self._wakes: dict[tuple[str, str], asyncio.Task[Any]] = {}
+        self._syncer: asyncio.Task[None] | None = None
+        self.last_cold_start: dict[str, dict[str, Any]] = {}
+        self._after_cold_start = after_cold_start
+
+    def handle(self, model: str, region: str, stream: bool = False) -> Handle:
+        """The pool's handle; with `stream`, its streaming form (made on first use, then kept)."""
+        if not stream:
+            return self.handles[model][region]
+        key = (model, region)
+        streaming = self._stream_handles.get(key)
+        if streaming is None:
+            streaming = self._stream_handles[key] = self.handles[model][region].options(stream=True)
+        return streaming
+
+    def serving_handle(self, model: str) -> Handle:
+        """A handle for calls outside the edge (the moderation gate's): a warm region's if any,
+        so a check never waits on a cold start another region could spare."""
+        regions = self.handles[model]
+        warm = [r for r in regions if self.snapshot.pool(model, r).warm]
+        return regions[warm[0] if warm else next(iter(regions))]
+
+    def pools(self, model: str) -> dict[str, PoolView]:
+        now = self._clock.now()
+        views = {}
+        for region in self.handles[model]:
+            view = self.snapshot.pool(model, region)
+            if self._full_until.get((model, region), 0.0) > now and not view.saturated:
+                view = PoolView(view.running, view.ejected, saturated=True)
+            views[region] = view
+        return views
+
+    def lost(self, model: str, region: str, was_warm: bool) -> bool:
+        """Has the region become unusable since an attempt started there?"""
+        view = self.snapshot.pool(model, region)
+        return view.ejected or (was_warm and not view.warm)
+
+    def cold_start_ms(self, model: str) -> float:
+        return self.snapshot.cold_start_ms.get(model, self._default_cold_start_ms)
+
+    def report(
+        self, model: str, region: str, kind: OutcomeKind, cold_ms: float | None = None
+    ) -> None:
+        """How an attempt went; back-pressure also marks the pool full here at once."""
+        if kind == "saturated":
+            self._full_until[(model, region)] = self._clock.now() + self.policy.saturation_hold_s
+        if self._control is not None:
+            self._outcomes.append(Outcome(model, region, kind, cold_ms))
+
+    def note_cold_start(self, model: str, record: dict[str, Any]) -> None:
+        """A request of `model` waited for a replica to start: `record` is /readyz's account."""
+        self.last_cold_start[model] = record
+        if self._after_cold_start is not None:
+            self._after_cold_start()
+
+    def wake(self, model: str, region: str) -> None:
+        """Send the cold pool one request that queues until Serve has started a replica for it
+        (Serve scales a deployment up from zero for queued requests); one at a time per pool."""
+        key = (model, region)
+        if key in self._wakes and not self._wakes[key].done():
+            return
+        handle = self.handle(model, region)
+        task = asyncio.get_running_loop().create_task(
+            asyncio.wait_for(_await(handle.wake.remote()), self.policy.wake_timeout_s)
+        )
+        task.add_done_callback(self._woken)
+        self._wakes[key] = task
+
+    def _woken(self, task: asyncio.Task[Any]) -> None:
+        """A wake answered: its replica has started (on a warm pool worker, which to replace)."""
+        _quietly(task)
+        if not task.cancelled() and task.exception() is None and self._after_cold_start:
+            self._after_cold_start()
+
+    # ---- sharing with edge-control ------------------------------------------------------------
+
+    async def ready(self) -> None:
+        """Start syncing with edge-control if not yet; the first request waits for one snapshot
+        (FIRST_SYNC_TIMEOUT_S at most), so it routes from real state."""
+        if self._control is None or self._synced is None:
+            return
+        if self._syncer is None or self._syncer.done():
+            self._syncer = asyncio.get_running_loop().create_task(self._sync_forever())
+        if not self._synced.is_set():
+            try:
+                await asyncio.wait_for(self._synced.wait(), FIRST_SYNC_TIMEOUT_S)
+            except TimeoutError:
+                log.warning("no region state from edge-control yet: routing by distance")
+
+    async def sync(self) -> None:
+        """Hand edge-control this replica's outcomes; take every pool's state in return."""
+        outcomes, self._outcomes = self._outcomes, []
+        try:
+            self.snapshot = await self._control.sync.remote(outcomes)
+        except BaseException:
+            self._outcomes[:0] = outcomes  # reported on the next sync instead
+            raise
+        if self._synced is not None:
+            self._synced.set()
+
+    async def _sync_forever(self) -> None:
+        while True:
+            try:
+                await self.sync()
+            except Exception:  # noqa: BLE001 - a missed sync is retried; routing goes on
+                log.warning("region sync with edge-control failed", exc_info=True)
+            await asyncio.sleep(SYNC_INTERVAL_S)
+
+
+async def _await(response: Awaitable[Any]) -> Any:
+    return await response
+
+
+def _quietly(task: asyncio.Task[Any]) -> None:
+    """A wake request that failed or timed out says nothing: the next detour wakes again."""
+    if not task.cancelled():
+        task.exception()
