@@ -19,8 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from deployments.ray_ext.serve_status import ReplicaCounts, running_replicas
-from deployments.ray_ext.serve_targets import target_replicas
+from deployments.ray_ext.serve_details import DeploymentReader, DeploymentReplicas
 from edge_sim.clock import Clock
 from edge_sim.faults import ColoFault
 from edge_sim.network import EdgeNetwork
@@ -97,18 +96,10 @@ class PollPacer:
         return self.interval_s > self.fast_s
 
 
-def read_running() -> ReplicaCounts:
-    """Serve's RUNNING replicas per deployment of this replica's application (public API)."""
+def _app_name() -> str:
     from ray import serve
 
-    return running_replicas(serve.get_replica_context().app_name)
-
-
-def read_targets() -> Mapping[str, int]:
-    """The controller's target replicas per deployment of this replica's application."""
-    from ray import serve
-
-    return target_replicas(serve.get_replica_context().app_name)
+    return serve.get_replica_context().app_name
 
 
 class ServeView:
@@ -123,15 +114,13 @@ class ServeView:
         self,
         pools: Pools,
         board: RegionBoard,
-        read_running: Callable[[], ReplicaCounts] = read_running,
-        read_targets: Callable[[], Mapping[str, int]] = read_targets,
+        read: Callable[[], Mapping[str, DeploymentReplicas]],
         clock: Clock = time.monotonic,
         pacer: PollPacer | None = None,
     ) -> None:
         self._pools = pools
         self._board = board
-        self._read_running = read_running
-        self._read_targets = read_targets
+        self._read = read
         self._clock = clock
         self.pacer = pacer or PollPacer()
         self.polled = asyncio.Event()  # set by the first good read
@@ -141,17 +130,19 @@ class ServeView:
         self._traffic = False
         self.read_at: float | None = None
         self.failed_reads = 0
-        self.errors: dict[str, str] = {}  # what is failing now ("replicas", "targets") -> error
+        self.error: str | None = None  # the last read's, while reads fail
 
-    async def refresh(self, with_targets: bool = False) -> bool:
-        """Read Serve now (and the targets, when asked); True when the replicas read differ from
-        the last good read or some are starting or stopping. Never raises: a failure is logged
-        and the last good view stays."""
+    async def refresh(self) -> bool:
+        """Read Serve now; True when the replicas read differ from the last good read or some
+        of the pools' replicas are starting or stopping. Never raises: a failure is logged and
+        the last good view stays."""
         async with self._reading:
-            busy = await self._read_replicas()
-            if with_targets:
-                await self._read_wanted()
-            return busy
+            try:
+                deployments = await asyncio.to_thread(self._read)
+            except Exception as exc:  # noqa: BLE001 - any failure to read Serve: keep the view
+                self._failed(exc)
+                return False
+            return self._update(deployments)
 
     async def run(self) -> None:
         """Read forever, paced by `pacer`; `note_traffic` cuts an idle wait short."""
@@ -169,65 +160,47 @@ class ServeView:
             self._wake.set()
 
     def describe(self) -> dict[str, Any]:
-        now = self._clock()
         return {
-            "age_s": None if self.read_at is None else round(now - self.read_at, 3),
+            "age_s": None if self.read_at is None else round(self._clock() - self.read_at, 3),
             "failed_reads": self.failed_reads,
-            "errors": dict(self.errors),
+            "error": self.error,
         }
 
-    async def _read_replicas(self) -> bool:
-        try:
-            counts = await asyncio.to_thread(self._read_running)
-        except Exception as exc:  # noqa: BLE001 - any failure of Serve's read: keep the last view
-            self._failed("replicas", exc)
-            return False
-        running = {
-            (model, region): counts.running.get(name, 0)
+    def _update(self, deployments: Mapping[str, DeploymentReplicas]) -> bool:
+        absent = DeploymentReplicas(running=0, target=0, settling=False)  # not (yet) deployed
+        pools = {
+            (model, region): deployments.get(name, absent)
             for model, by_region in self._pools.items()
             for region, name in by_region.items()
         }
-        mine = {name for by_region in self._pools.values() for name in by_region.values()}
+        running = {key: pool.running for key, pool in pools.items()}
+        targets = {key: pool.target for key, pool in pools.items()}
+        wanted = {k: t for k, t in targets.items() if t is not None}
         changed = self._running is not None and running != self._running
-        busy = changed or bool(counts.settling & mine)
         self._running = running
-        self._board.set_replicas(running)
+        # Targets unknown (read by serve.status()): the last ones known stay.
+        self._board.set_replicas(running, wanted if len(wanted) == len(targets) else None)
         self.read_at = self._clock()
-        self.errors.pop("replicas", None)
+        self.error = None
         self.polled.set()
-        return busy
+        return changed or any(pool.settling for pool in pools.values())
 
-    async def _read_wanted(self) -> None:
-        try:
-            targets = await asyncio.to_thread(self._read_targets)
-        except Exception as exc:  # noqa: BLE001 - the admin view keeps the last targets read
-            self._failed("targets", exc)
-            return
-        wanted = {
-            (model, region): targets.get(name, 0)
-            for model, by_region in self._pools.items()
-            for region, name in by_region.items()
-        }
-        self._board.set_replicas(self._running or {}, wanted)
-        self.errors.pop("targets", None)
-
-    def _failed(self, what: str, exc: Exception) -> None:
+    def _failed(self, exc: Exception) -> None:
         self.failed_reads += 1
-        first = what not in self.errors
-        self.errors[what] = f"{type(exc).__name__}: {exc}"
+        first = self.error is None
+        self.error = f"{type(exc).__name__}: {exc}"
         # At warning level once per run of failures: the controller may be down a while.
         log.log(
             logging.WARNING if first else logging.DEBUG,
-            "edge-control: reading Serve's %s failed; keeping the last good view",
-            what,
+            "edge-control: reading Serve's replicas failed; keeping the last good view",
             exc_info=first,
         )
 
 
 class EdgeControl:
     """A Ray Serve deployment (one replica). `clock` is monotonic (health, pacing, staleness);
-    `wall_clock` is unix time, which every replica shares (fault windows); `read_running` and
-    `read_targets` read Serve (blocking; run in a worker thread)."""
+    `wall_clock` is unix time, which every replica shares (fault windows); `read_serve` reads
+    Serve's deployments (blocking; run in a worker thread)."""
 
     def __init__(
         self,
@@ -236,8 +209,7 @@ class EdgeControl:
         default_cold_start_ms: float = 3000.0,
         clock: Clock = time.monotonic,
         wall_clock: Clock = time.time,
-        read_running: Callable[[], ReplicaCounts] = read_running,
-        read_targets: Callable[[], Mapping[str, int]] = read_targets,
+        read_serve: Callable[[], Mapping[str, DeploymentReplicas]] | None = None,
     ) -> None:
         self._pools = pools or {}
         regions = sorted({r for by_region in self._pools.values() for r in by_region})
@@ -250,7 +222,9 @@ class EdgeControl:
         )
         self._clock = clock
         self._wall_clock = wall_clock
-        self.serve = ServeView(self._pools, self._board, read_running, read_targets, clock)
+        self.serve = ServeView(
+            self._pools, self._board, read_serve or DeploymentReader(_app_name), clock
+        )
         self._colo_faults = FaultStore(wall_clock)
         self._region_faults = FaultStore(wall_clock)
         self._poller: asyncio.Task[None] | None = None
@@ -300,9 +274,7 @@ class EdgeControl:
         # A read stuck on a restarting controller must not hold the admin answer: past the
         # timeout the last good view is shown (the read goes on and lands on the board).
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(
-                asyncio.shield(self.serve.refresh(with_targets=True)), ADMIN_READ_TIMEOUT_S
-            )
+            await asyncio.wait_for(asyncio.shield(self.serve.refresh()), ADMIN_READ_TIMEOUT_S)
         now = self._wall_clock()
         serve_view = self.serve.describe()
         described = self._board.describe()

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from deployments.edge_control import EdgeControl, PollPacer, ServeView, apply_snapshot
-from deployments.ray_ext.serve_status import ReplicaCounts
+from deployments.ray_ext.serve_details import DeploymentReplicas
 from edge_sim.clock import ManualClock
 from edge_sim.config import EdgeConfig
 from edge_sim.faults import ColoFault
@@ -168,30 +168,27 @@ PICKLE_RACE = ValueError(
 
 
 class FakeServe:
-    """Serve's two reads as edge-control makes them, from state a test sets; an error set here
+    """Serve's deployments as edge-control reads them, from state a test sets; an error set here
     is raised by the next reads (as the live controller's did)."""
 
     def __init__(self) -> None:
         self.running = {"glm-eu": 1, "glm-ap": 0}
-        self.targets = {"glm-eu": 1, "glm-ap": 0}
-        self.settling: frozenset[str] = frozenset()
-        self.replicas_error: Exception | None = None
-        self.targets_error: Exception | None = None
+        self.targets: dict[str, int | None] = {"glm-eu": 1, "glm-ap": 0}
+        self.settling: set[str] = set()
+        self.error: Exception | None = None
         self.reads = 0
 
-    def read_running(self) -> ReplicaCounts:
+    def read(self) -> Mapping[str, DeploymentReplicas]:
         self.reads += 1
-        if self.replicas_error is not None:
-            raise self.replicas_error
-        return ReplicaCounts(dict(self.running), self.settling)
-
-    def read_targets(self) -> Mapping[str, int]:
-        if self.targets_error is not None:
-            raise self.targets_error
-        return dict(self.targets)
+        if self.error is not None:
+            raise self.error
+        return {
+            name: DeploymentReplicas(running, self.targets[name], name in self.settling)
+            for name, running in self.running.items()
+        }
 
     def readers(self) -> dict[str, Any]:
-        return {"read_running": self.read_running, "read_targets": self.read_targets}
+        return {"read_serve": self.read}
 
 
 def pools(described: list[dict[str, Any]]) -> dict[str, tuple[int, int, bool]]:
@@ -216,23 +213,22 @@ def test_a_failing_read_of_serve_keeps_the_last_good_view_for_routers_and_admins
         assert warm.pool("glm", "eu").warm and not warm.pool("glm", "ap").warm
         assert pools(await control.regions()) == {"eu": (1, 1, True), "ap": (0, 0, False)}
 
-        # Serve answers with the error seen live, then the ap pool scales up meanwhile.
-        serve.replicas_error = serve.targets_error = PICKLE_RACE
+        # Serve answers with the error seen live, while the ap pool scales up meanwhile.
+        serve.error = PICKLE_RACE
         serve.running, serve.targets = {"glm-eu": 1, "glm-ap": 1}, {"glm-eu": 1, "glm-ap": 1}
         clock.advance(7.0)
         described = await control.regions()  # no error reaches the admin
         assert pools(described) == {"eu": (1, 1, True), "ap": (0, 0, False)}
         view = described[0]["serve_view"]
-        assert view["age_s"] == 7.0 and view["failed_reads"] >= 2
-        assert set(view["errors"]) == {"replicas", "targets"}
-        assert "not registered for pickle by value" in view["errors"]["replicas"]
+        assert view["age_s"] == 7.0 and view["failed_reads"] >= 1
+        assert "not registered for pickle by value" in view["error"]
         still = await control.sync([Outcome("glm", "eu", "ok")])
         assert still.pool("glm", "eu").warm and not still.pool("glm", "ap").warm
 
-        serve.replicas_error = serve.targets_error = None  # Serve answers again
+        serve.error = None  # Serve answers again
         described = await control.regions()
         assert pools(described) == {"eu": (1, 1, True), "ap": (1, 1, True)}
-        assert described[0]["serve_view"]["errors"] == {}
+        assert described[0]["serve_view"]["error"] is None
         assert (await control.sync([])).pool("glm", "ap").warm
 
     asyncio.run(go())
@@ -240,7 +236,7 @@ def test_a_failing_read_of_serve_keeps_the_last_good_view_for_routers_and_admins
 
 def test_with_serve_failing_from_the_start_every_pool_reads_cold_and_nothing_raises():
     serve = FakeServe()
-    serve.replicas_error = serve.targets_error = RuntimeError("no Serve client in this process")
+    serve.error = RuntimeError("no Serve client in this process")
     control = EdgeControl(POOLS, **serve.readers())
     described = asyncio.run(control.regions())
     assert pools(described) == {"eu": (0, 0, False), "ap": (0, 0, False)}
@@ -249,7 +245,7 @@ def test_with_serve_failing_from_the_start_every_pool_reads_cold_and_nothing_rai
 
 def view(serve: FakeServe, pacer: PollPacer | None = None) -> ServeView:
     board = RegionBoard(["glm"], ["ap", "eu"], RegionPolicy(), 3000.0, ManualClock())
-    return ServeView(POOLS, board, serve.read_running, serve.read_targets, ManualClock(), pacer)
+    return ServeView(POOLS, board, serve.read, ManualClock(), pacer)
 
 
 def test_a_read_is_busy_when_replicas_changed_or_are_settling():
@@ -261,11 +257,12 @@ def test_a_read_is_busy_when_replicas_changed_or_are_settling():
         busy.append(await watched.refresh())  # the same replicas
         serve.running = {"glm-eu": 1, "glm-ap": 1}
         busy.append(await watched.refresh())  # one more
-        serve.settling = frozenset({"glm-ap"})
+        serve.settling = {"glm-ap"}
         busy.append(await watched.refresh())  # a replica still starting or stopping
-        serve.settling = frozenset({"router"})
+        serve.running["router"], serve.targets["router"] = 2, 2
+        serve.settling = {"router"}
         busy.append(await watched.refresh())  # settling, but not one of the pools
-        serve.settling, serve.replicas_error = frozenset(), PICKLE_RACE
+        serve.settling, serve.error = set(), PICKLE_RACE
         busy.append(await watched.refresh())  # failed: nothing learnt
         return busy
 
@@ -314,5 +311,18 @@ def test_traffic_reported_by_a_router_cuts_an_idle_wait_short():
         await pacer.paced(2)
         assert serve.reads == 2 and pacer.waits == [3600.0, 1800.0]  # read now, then fast
         poller.cancel()
+
+    asyncio.run(go())
+
+
+def test_a_read_without_targets_keeps_the_last_targets_known():
+    serve = FakeServe()
+    control = EdgeControl(POOLS, **serve.readers())
+
+    async def go() -> None:
+        assert pools(await control.regions()) == {"eu": (1, 1, True), "ap": (0, 0, False)}
+        # The fallback read (serve.status()) tells replicas but not targets.
+        serve.running, serve.targets = {"glm-eu": 2, "glm-ap": 0}, {"glm-eu": None, "glm-ap": None}
+        assert pools(await control.regions()) == {"eu": (2, 1, True), "ap": (0, 0, False)}
 
     asyncio.run(go())
