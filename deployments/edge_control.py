@@ -2,8 +2,11 @@
 
 - Routers call `sync(outcomes)` about twice a second: they hand over how their requests went
   (real failures, back-pressure, cold starts) and get back one snapshot of every region's pool:
-  RUNNING replicas as Serve reports them (`ServeView`), health, back-pressure marks, measured
-  cold starts. `snapshot()` gives them the colo fault drills.
+  RUNNING replicas as Serve reports them, health, back-pressure marks, measured cold starts.
+  `snapshot()` gives them the colo fault drills.
+- `ServeView` reads Serve's replicas per deployment (`deployments.ray_ext.serve_details`) every
+  0.5 s while they change or routers report traffic, less often while all is still; a failed read
+  keeps the last good view.
 - Model replicas long-poll `region_faults(region, version)`: a region drill reaches the replicas
   themselves, which then fail the requests that reach them, so routers see real errors.
 - Recent traffic: each router replica publishes its last minutes here, so the dashboard shows all
