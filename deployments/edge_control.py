@@ -2,8 +2,11 @@
 
 - Routers call `sync(outcomes)` about twice a second: they hand over how their requests went
   (real failures, back-pressure, cold starts) and get back one snapshot of every region's pool:
-  RUNNING replicas as Serve's controller reports them (polled here, at most ~0.5 s old), health,
-  back-pressure marks, measured cold starts. `snapshot()` gives them the colo fault drills.
+  RUNNING replicas as Serve reports them, health, back-pressure marks, measured cold starts.
+  `snapshot()` gives them the colo fault drills.
+- `ServeView` reads Serve's replicas per deployment (`deployments.ray_ext.serve_details`) every
+  0.5 s while they change or routers report traffic, less often while all is still; a failed read
+  keeps the last good view.
 - Model replicas long-poll `region_faults(region, version)`: a region drill reaches the replicas
   themselves, which then fail the requests that reach them, so routers see real errors.
 - Recent traffic: each router replica publishes its last minutes here, so the dashboard shows all
@@ -16,8 +19,10 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from deployments.ray_ext.serve_details import DeploymentReader, DeploymentReplicas
 from edge_sim.clock import Clock
 from edge_sim.faults import ColoFault
 from edge_sim.network import EdgeNetwork
@@ -25,8 +30,10 @@ from edge_sim.region_board import BoardSnapshot, Outcome, RegionBoard
 from edge_sim.regions import RegionPolicy
 
 SYNC_INTERVAL_S = 0.5
-SERVE_POLL_INTERVAL_S = 0.5
+SERVE_POLL_INTERVAL_S = 0.5  # while replicas change, start or stop, or routers report traffic
+SERVE_IDLE_POLL_INTERVAL_S = 4.0  # the slowest poll, reached by doubling while all is still
 FIRST_POLL_TIMEOUT_S = 2.0
+ADMIN_READ_TIMEOUT_S = 2.0  # the admin view waits this long for a fresh read of Serve
 FAULT_POLL_TIMEOUT_S = 30.0  # a replica's long poll returns at least this often
 TRAFFIC_STALE_S = 10.0  # a replica that stopped publishing this long ago is gone
 
@@ -34,19 +41,21 @@ log = logging.getLogger("ray.serve")
 
 FaultEntries = dict[str, list[dict[str, Any]]]  # id -> [{"fault": ColoFault json, "set_at": unix}]
 Pools = dict[str, dict[str, str]]  # model -> region -> Serve deployment name
+PoolCounts = dict[tuple[str, str], int]  # (model, region) -> replicas
 
 
 class FaultStore:
     """Admin-set faults per id (colo or region) with their wall-clock start, and a version that
     wakes long-polling readers on every change."""
 
-    def __init__(self) -> None:
+    def __init__(self, wall_clock: Clock = time.time) -> None:
         self.entries: FaultEntries = {}
         self.version = 0
+        self._wall_clock = wall_clock
         self._changed = asyncio.Event()
 
     def set(self, key: str, fault: dict[str, Any]) -> int:
-        self.entries[key] = [{"fault": fault, "set_at": time.time()}]
+        self.entries[key] = [{"fault": fault, "set_at": self._wall_clock()}]
         return self._bump()
 
     def clear(self, key: str) -> int:
@@ -68,8 +77,133 @@ class FaultStore:
         return self.version
 
 
+class PollPacer:
+    """How long edge-control waits before its next read of Serve: `fast_s` while replicas change
+    or settle, or routers report traffic; twice as long after each read where none of that
+    happened, up to `idle_s`. A read that failed counts as nothing having happened."""
+
+    def __init__(
+        self, fast_s: float = SERVE_POLL_INTERVAL_S, idle_s: float = SERVE_IDLE_POLL_INTERVAL_S
+    ) -> None:
+        if not 0 < fast_s <= idle_s:
+            raise ValueError(f"poll intervals need 0 < fast_s <= idle_s, got {fast_s}, {idle_s}")
+        self.fast_s, self.idle_s = fast_s, idle_s
+        self.interval_s = fast_s
+
+    def after_read(self, busy: bool) -> float:
+        self.interval_s = self.fast_s if busy else min(self.idle_s, self.interval_s * 2)
+        return self.interval_s
+
+    @property
+    def idle(self) -> bool:
+        return self.interval_s > self.fast_s
+
+
+def _app_name() -> str:
+    from ray import serve
+
+    return serve.get_replica_context().app_name
+
+
+class ServeView:
+    """Edge-control's copy of Serve's replicas per (model, region), kept on the board.
+
+    One read at a time, in a worker thread (Serve's calls block). A read that fails leaves the
+    board as the last good read left it, so a busy or restarting controller never turns into a
+    500 nor flips a region warm or cold; `describe()` tells its age and the last error.
+    """
+
+    def __init__(
+        self,
+        pools: Pools,
+        board: RegionBoard,
+        read: Callable[[], Mapping[str, DeploymentReplicas]],
+        clock: Clock = time.monotonic,
+        pacer: PollPacer | None = None,
+    ) -> None:
+        self._pools = pools
+        self._board = board
+        self._read = read
+        self._clock = clock
+        self.pacer = pacer or PollPacer()
+        self.polled = asyncio.Event()  # set by the first good read
+        self._reading = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._running: PoolCounts | None = None
+        self._traffic = False
+        self.read_at: float | None = None
+        self.failed_reads = 0
+        self.error: str | None = None  # the last read's, while reads fail
+
+    async def refresh(self) -> bool:
+        """Read Serve now; True when the replicas read differ from the last good read or some
+        of the pools' replicas are starting or stopping. Never raises: a failure is logged and
+        the last good view stays."""
+        async with self._reading:
+            try:
+                deployments = await asyncio.to_thread(self._read)
+            except Exception as exc:  # noqa: BLE001 - any failure to read Serve: keep the view
+                self._failed(exc)
+                return False
+            return self._update(deployments)
+
+    async def run(self) -> None:
+        """Read forever, paced by `pacer`; `note_traffic` cuts an idle wait short."""
+        while True:
+            busy = await self.refresh() or self._traffic
+            self._traffic = False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.pacer.after_read(busy))
+            self._wake.clear()
+
+    def note_traffic(self) -> None:
+        """Routers reported requests: read at the fast pace again, from now."""
+        self._traffic = True
+        if self.pacer.idle:
+            self._wake.set()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "age_s": None if self.read_at is None else round(self._clock() - self.read_at, 3),
+            "failed_reads": self.failed_reads,
+            "error": self.error,
+        }
+
+    def _update(self, deployments: Mapping[str, DeploymentReplicas]) -> bool:
+        absent = DeploymentReplicas(running=0, target=0, settling=False)  # not (yet) deployed
+        pools = {
+            (model, region): deployments.get(name, absent)
+            for model, by_region in self._pools.items()
+            for region, name in by_region.items()
+        }
+        running = {key: pool.running for key, pool in pools.items()}
+        targets = {key: pool.target for key, pool in pools.items()}
+        wanted = {k: t for k, t in targets.items() if t is not None}
+        changed = self._running is not None and running != self._running
+        self._running = running
+        # Targets unknown (read by serve.status()): the last ones known stay.
+        self._board.set_replicas(running, wanted if len(wanted) == len(targets) else None)
+        self.read_at = self._clock()
+        self.error = None
+        self.polled.set()
+        return changed or any(pool.settling for pool in pools.values())
+
+    def _failed(self, exc: Exception) -> None:
+        self.failed_reads += 1
+        first = self.error is None
+        self.error = f"{type(exc).__name__}: {exc}"
+        # At warning level once per run of failures: the controller may be down a while.
+        log.log(
+            logging.WARNING if first else logging.DEBUG,
+            "edge-control: reading Serve's replicas failed; keeping the last good view",
+            exc_info=first,
+        )
+
+
 class EdgeControl:
-    """A Ray Serve deployment (one replica)."""
+    """A Ray Serve deployment (one replica). `clock` is monotonic (health, pacing, staleness);
+    `wall_clock` is unix time, which every replica shares (fault windows); `read_serve` reads
+    Serve's deployments (blocking; run in a worker thread)."""
 
     def __init__(
         self,
@@ -77,6 +211,8 @@ class EdgeControl:
         policy: dict[str, Any] | None = None,
         default_cold_start_ms: float = 3000.0,
         clock: Clock = time.monotonic,
+        wall_clock: Clock = time.time,
+        read_serve: Callable[[], Mapping[str, DeploymentReplicas]] | None = None,
     ) -> None:
         self._pools = pools or {}
         regions = sorted({r for by_region in self._pools.values() for r in by_region})
@@ -87,10 +223,14 @@ class EdgeControl:
             default_cold_start_ms,
             clock,
         )
-        self._colo_faults = FaultStore()
-        self._region_faults = FaultStore()
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self.serve = ServeView(
+            self._pools, self._board, read_serve or DeploymentReader(_app_name), clock
+        )
+        self._colo_faults = FaultStore(wall_clock)
+        self._region_faults = FaultStore(wall_clock)
         self._poller: asyncio.Task[None] | None = None
-        self._polled = asyncio.Event()
         self._traffic: dict[str, tuple[float, dict[str, Any]]] = {}
 
     # ---- routers ------------------------------------------------------------------------------
@@ -98,11 +238,13 @@ class EdgeControl:
     async def sync(self, outcomes: list[Outcome]) -> BoardSnapshot:
         """Take a router's outcomes since its last sync; give it every region's pool state."""
         self._keep_polling()
-        if not self._polled.is_set():
+        if outcomes:
+            self.serve.note_traffic()
+        if not self.serve.polled.is_set():
             # Right after a (re)start nothing is known yet: "all cold" would send requests to
             # cold regions that a warm one could serve. Wait for Serve's state, briefly.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._polled.wait(), FIRST_POLL_TIMEOUT_S)
+                await asyncio.wait_for(self.serve.polled.wait(), FIRST_POLL_TIMEOUT_S)
         self._board.report(outcomes)
         return self._board.snapshot()
 
@@ -129,10 +271,15 @@ class EdgeControl:
         return self._region_faults.clear(region)
 
     async def regions(self) -> list[dict[str, Any]]:
-        """The admin view: per region and model, replicas running/wanted, health, faults."""
+        """The admin view: per region and model, replicas running/wanted, health, faults, and how
+        fresh the view of Serve is (a failed read shows the last good one, never an error)."""
         self._keep_polling()
-        await self._poll_serve(with_targets=True)
-        now = time.time()
+        # A read stuck on a restarting controller must not hold the admin answer: past the
+        # timeout the last good view is shown (the read goes on and lands on the board).
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.serve.refresh()), ADMIN_READ_TIMEOUT_S)
+        now = self._wall_clock()
+        serve_view = self.serve.describe()
         described = self._board.describe()
         for region in described:
             region["faults"] = [
@@ -140,14 +287,15 @@ class EdgeControl:
                 for entry in self._region_faults.entries.get(region["region"], [])
                 if fault_window(entry, now)[1] > now
             ]
+            region["serve_view"] = serve_view
         return described
 
     async def report_traffic(self, replica_id: str, snapshot: dict[str, Any]) -> None:
-        self._traffic[replica_id] = (time.monotonic(), snapshot)
+        self._traffic[replica_id] = (self._clock(), snapshot)
 
     async def traffic(self) -> dict[str, dict[str, Any]]:
         """The latest snapshot of every router replica still publishing, by replica id."""
-        oldest = time.monotonic() - TRAFFIC_STALE_S
+        oldest = self._clock() - TRAFFIC_STALE_S
         self._traffic = {r: entry for r, entry in self._traffic.items() if entry[0] >= oldest}
         return {replica: snapshot for replica, (_, snapshot) in self._traffic.items()}
 
@@ -162,52 +310,7 @@ class EdgeControl:
 
     def _keep_polling(self) -> None:
         if self._poller is None or self._poller.done():
-            self._poller = asyncio.get_running_loop().create_task(self._poll_forever())
-
-    async def _poll_forever(self) -> None:
-        while True:
-            try:
-                await self._poll_serve()
-            except Exception:  # noqa: BLE001 - the controller may be busy; the next poll retries
-                log.warning("edge-control: reading Serve's status failed", exc_info=True)
-            await asyncio.sleep(SERVE_POLL_INTERVAL_S)
-
-    async def _poll_serve(self, with_targets: bool = False) -> None:
-        running, wanted = await asyncio.to_thread(read_replicas, self._pools, with_targets)
-        self._board.set_replicas(running, wanted if with_targets else None)
-        self._polled.set()
-
-
-def read_replicas(
-    pools: Pools, with_targets: bool
-) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
-    """RUNNING (and, when asked, target) replicas per (model, region), from Serve's controller."""
-    from ray import serve
-    from ray.serve.context import _get_global_client
-    from ray.serve.schema import ReplicaState
-
-    app = serve.get_replica_context().app_name
-    deployments = serve.status().applications[app].deployments
-    running, wanted = {}, {}
-    for model, by_region in pools.items():
-        for region, name in by_region.items():
-            status = deployments.get(name)
-            running[(model, region)] = (
-                status.replica_states.get(ReplicaState.RUNNING, 0) if status else 0
-            )
-    if with_targets:
-        import ray
-
-        client = _get_global_client()
-        if client is None:  # only inside a Serve replica, which always has one
-            raise RuntimeError("no Serve client in this process")
-        controller = client._controller
-        details = ray.get(controller.get_serve_instance_details.remote())
-        listed = details["applications"][app]["deployments"]
-        for model, by_region in pools.items():
-            for region, name in by_region.items():
-                wanted[(model, region)] = listed.get(name, {}).get("target_num_replicas", 0)
-    return running, wanted
+            self._poller = asyncio.get_running_loop().create_task(self.serve.run())
 
 
 def fault_window(entry: dict[str, Any], now: float) -> tuple[float, float]:

@@ -21,8 +21,9 @@ from ray.serve.schema import ReplicaState
 from deployments.api.app import make_app
 from deployments.config import AppConfig
 from deployments.observability import RouterObservability
+from deployments.ray_ext.router_metrics import sample_queue_before_push_at_zero
+from deployments.ray_ext.serve_status import serve_status
 from deployments.security import KeyStore
-from deployments.serve_patches import sample_queue_before_push_at_zero
 from deployments.serving.models import DeploymentState
 from deployments.serving.services import build_services
 
@@ -39,7 +40,7 @@ def _router_replicas() -> int:
 
 async def _deployment_states() -> dict[str, DeploymentState]:
     """The model deployments of this application, as Ray Serve's controller reports them."""
-    status = await asyncio.to_thread(serve.status)
+    status = await asyncio.to_thread(serve_status)  # serve.status, in one thread at a time
     deployments = status.applications[serve.get_replica_context().app_name].deployments
     return {
         name: DeploymentState(

@@ -3,10 +3,11 @@ already imported, so a model replica started from zero takes one instead of a ne
 
 How it works (Ray 2.60, measured: README "Operating it"):
 - Each node's raylet is asked (its `PrestartWorkers` gRPC, which Ray's Python API does not
-  expose) for fresh workers of no job, with the model replicas' runtime_env and a keep-alive,
-  so the raylet's idle-worker reaper leaves them alone. A fresh worker fits any job's actor whose
-  runtime_env is the same (the raylet compares a hash of it); a worker that ran a task does not
-  (it is then an actor-less worker of that job), which is why a warm-up *task* cannot do this.
+  expose: `deployments.ray_ext.raylet`) for fresh workers of no job, with the model replicas'
+  runtime_env and a keep-alive, so the raylet's idle-worker reaper leaves them alone. A fresh
+  worker fits any job's actor whose runtime_env is the same (the raylet compares a hash of it);
+  a worker that ran a task does not (it is then an actor-less worker of that job), which is why
+  a warm-up *task* cannot do this.
 - The runtime_env carries Ray's worker setup hook, `deployments.warm_pool.preload`, which each
   such worker runs before it takes work: Ray Serve's replica machinery, ONNX Runtime, tokenizers
   and our model servers are imported while the worker idles, not while a request waits.
@@ -36,17 +37,16 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from deployments.ray_ext.raylet import RayletClient, missing_rpcs
+from deployments.ray_ext.worker_setup import SERVE_REPLICA_MODULE, setup_hook_env_var
+
 logger = logging.getLogger("ray.serve")
 
-# Ray's environment variable for the worker setup hook (ray_constants.WORKER_PROCESS_SETUP_HOOK_
-# ENV_VAR): in an actor's runtime_env, Ray 2.60 turns no `worker_process_setup_hook` field into it
-# (only ray.init does), so the app's runtime_env sets the variable itself.
-SETUP_HOOK_ENV_VAR = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
 SETUP_HOOK = "deployments.warm_pool.preload"
 
 # What a model replica imports before its __init__ runs, heaviest first.
 PRELOAD_MODULES: tuple[str, ...] = (
-    "ray.serve._private.replica",
+    SERVE_REPLICA_MODULE,
     "onnxruntime",
     "onnx",  # a chat runtime rewrites its graph's head at load (runtime/next_token_graph.py)
     "tokenizers",
@@ -73,7 +73,8 @@ def preload(modules: Sequence[str] = PRELOAD_MODULES) -> None:
 def warm_runtime_env(runtime_env: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """`runtime_env` with the preload hook added: the replicas' and the pool's runtime_env."""
     env = dict(runtime_env or {})
-    env["env_vars"] = {**dict(env.get("env_vars") or {}), SETUP_HOOK_ENV_VAR: SETUP_HOOK}
+    # Set as a variable: Ray turns no runtime_env field into it here (ray_ext.worker_setup).
+    env["env_vars"] = {**dict(env.get("env_vars") or {}), setup_hook_env_var(): SETUP_HOOK}
     return env
 
 
@@ -115,54 +116,6 @@ def nodes_with_cpus() -> list[NodeAddress]:
         for node in ray.nodes()
         if node.get("Alive") and node.get("Resources", {}).get("CPU", 0) > 0
     ]
-
-
-class RayletClient:
-    """The two raylet RPCs the pool needs, over Ray's own (token-authenticated) gRPC channel."""
-
-    def __init__(self, address: str, timeout_s: float = 10.0):
-        from ray._private.grpc_utils import init_grpc_channel
-        from ray.core.generated import node_manager_pb2_grpc
-
-        self._stub = node_manager_pb2_grpc.NodeManagerServiceStub(init_grpc_channel(address))
-        self._timeout_s = timeout_s
-
-    def fresh_idle_workers(self) -> list[int]:
-        """Pids of the node's registered workers that no job has used yet: no actor, no task."""
-        from ray.core.generated import common_pb2, node_manager_pb2
-
-        reply = self._stub.GetNodeStats(
-            node_manager_pb2.GetNodeStatsRequest(include_memory_info=False),
-            timeout=self._timeout_s,
-        )
-        return [
-            stats.pid
-            for stats in reply.core_workers_stats
-            if _is_nil(stats.actor_id)
-            and _is_nil(stats.job_id)
-            and stats.num_executed_tasks == 0
-            and stats.worker_type == common_pb2.WorkerType.WORKER
-        ]
-
-    def prestart(self, count: int, runtime_env: str, keep_alive_s: int) -> None:
-        """Ask for `count` new workers of no job, with `runtime_env` (serialized JSON)."""
-        from ray.core.generated import common_pb2, node_manager_pb2
-        from ray.core.generated.runtime_environment_pb2 import RuntimeEnvInfo
-
-        self._stub.PrestartWorkers(
-            node_manager_pb2.PrestartWorkersRequest(
-                language=common_pb2.Language.PYTHON,
-                runtime_env_info=RuntimeEnvInfo(serialized_runtime_env=runtime_env),
-                keep_alive_duration_secs=keep_alive_s,
-                num_workers=count,
-            ),
-            timeout=self._timeout_s,
-        )
-
-
-def _is_nil(binary_id: bytes) -> bool:
-    """Ray's nil ids are all 0xff bytes (a worker no job or actor has claimed)."""
-    return not binary_id or binary_id == b"\xff" * len(binary_id)
 
 
 class NodePool:
@@ -241,7 +194,8 @@ class PoolKeeper:
 class WarmPool:
     """The Ray Serve deployment (one replica, no CPU): a `PoolKeeper` round every
     `check_interval_s` in a thread (its RPCs block), with the runtime_env it runs in itself -
-    exactly the string the model replicas get, which is what the raylet compares."""
+    exactly the string the model replicas get, which is what the raylet compares. On a Ray
+    without the raylet RPCs it needs, it says so and keeps no workers: replicas start as usual."""
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         import ray
@@ -250,9 +204,13 @@ class WarmPool:
         runtime_env = ray.get_runtime_context().get_runtime_env_string() or "{}"
         self.keeper = PoolKeeper(self.config, runtime_env)
         self.failed_rounds = 0
+        self.unavailable = missing_rpcs()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="warm-pool", daemon=True)
-        self._thread.start()
+        if self.unavailable is None:
+            self._thread.start()
+        else:
+            logger.warning("warm pool off: %s", self.unavailable)
 
     def _run(self) -> None:
         while True:
@@ -269,8 +227,11 @@ class WarmPool:
         self._wake.set()
 
     async def describe(self) -> dict[str, Any]:
-        return {**self.keeper.describe(), "failed_rounds": self.failed_rounds}
+        described = {**self.keeper.describe(), "failed_rounds": self.failed_rounds}
+        if self.unavailable is not None:
+            described["unavailable"] = self.unavailable
+        return described
 
     async def check_health(self) -> None:
-        if not self._thread.is_alive():
+        if self.unavailable is None and not self._thread.is_alive():
             raise RuntimeError("the warm pool's top-up thread died")

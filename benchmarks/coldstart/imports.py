@@ -10,9 +10,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from deployments.config import PROJECT_ROOT
+from deployments.ray_ext.worker_setup import SERVE_REPLICA_MODULE as SERVE_REPLICA
 
-# Every Serve replica imports this before it deserialises the deployment class.
-SERVE_REPLICA = "ray.serve._private.replica"
 # Each layer is timed on top of the previous ones, in a fresh interpreter each time.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ray", ()),

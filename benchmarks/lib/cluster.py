@@ -14,11 +14,10 @@ from typing import Any
 
 import ray
 from ray import serve
-from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]
-from ray.serve.context import _get_global_client
 from ray.serve.schema import ApplicationStatus, DeploymentStatus, ServeDeploySchema
 
 from deployments.config import CLUSTER_SERVE_ENV
+from deployments.ray_ext.driver import deploy_applications, reload_driver_auth
 from edgectl.local_cluster import LocalCluster, running, wait_until
 
 log = logging.getLogger(__name__)
@@ -47,7 +46,7 @@ def serve_cluster(
     try:
         with running(num_cpus=num_cpus, env=env) as cluster:
             os.environ.update({key: cluster.env[key] for key in DRIVER_ENV})
-            _reload_ray_auth()
+            reload_driver_auth()
             ray.init(address=cluster.gcs_address, log_to_driver=False)
             try:
                 serve.start(
@@ -63,16 +62,9 @@ def serve_cluster(
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        _reload_ray_auth()
+        reload_driver_auth()
         signal.signal(signal.SIGTERM, previous_handler)
         log.info("private Ray stopped")
-
-
-def _reload_ray_auth() -> None:
-    """Ray reads RAY_AUTH_MODE and the token once, when imported (before our cluster existed);
-    re-read them as Ray's own `_enable_token_auth` does, or the driver connects without a token."""
-    Config.initialize("")
-    AuthenticationTokenLoader.instance().reset_cache()
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
@@ -96,11 +88,8 @@ def apply_applications(
     log.info("deploying %s", ", ".join(names))
     started = time.monotonic()
     # serve.run would give every deployment a new random code version (a restart); the config
-    # path is the one ops use, and the private client is how `serve run config.yaml` reaches it.
-    client = _get_global_client()
-    if client is None:
-        raise RuntimeError("Serve is not running on this cluster")
-    client.deploy_apps(schema)
+    # path is the one ops use.
+    deploy_applications(schema)
     wait_until(lambda: _all_running(names), timeout_s, f"applications {names} to be RUNNING")
     log.info("running after %.1fs", time.monotonic() - started)
 

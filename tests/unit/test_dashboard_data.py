@@ -228,10 +228,10 @@ def test_world_outline_from_countryinfo_shapes():
 class FakeControl:
     """The edge-control deployment's handle, calling a real EdgeControl in this process."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock) -> None:
         from deployments.edge_control import EdgeControl
 
-        self.control = EdgeControl()
+        self.control = EdgeControl(clock=clock)
         for name in ("report_traffic", "traffic"):
             setattr(self, name, _Remote(getattr(self.control, name)))
 
@@ -241,14 +241,13 @@ class _Remote:
         self.remote = method
 
 
-def test_router_replicas_share_their_traffic_through_edge_control(monkeypatch):
+def test_router_replicas_share_their_traffic_through_edge_control():
     import asyncio
 
-    from deployments import edge_control
     from deployments.serving.dashboard import TrafficShare
 
-    control = FakeControl()
     clock = Clock()
+    control = FakeControl(clock)
     replicas = [TrafficShare(RecentTraffic(clock=clock), control, f"r{i}") for i in range(2)]
     replicas[0].recent.record(outcome())
     replicas[1].recent.record(outcome(colo="SIN"))
@@ -265,5 +264,5 @@ def test_router_replicas_share_their_traffic_through_edge_control(monkeypatch):
     assert rows == {"LHR": 2, "SIN": 1}
 
     # A replica that stops publishing drops out after a while.
-    monkeypatch.setattr(edge_control.time, "monotonic", lambda: 1e12)
+    clock.now += 60
     assert asyncio.run(control.control.traffic()) == {}

@@ -17,9 +17,9 @@ from pydantic import ValidationError
 
 from benchmarks.coldstart.warm_pool import NO_POOL_ROUTE, no_warm_pool_application
 from deployments.config import PROJECT_ROOT, check_serve_config, parse_app_config
+from deployments.ray_ext.worker_setup import SETUP_HOOK_ENV_VAR
 from deployments.warm_pool import (
     SETUP_HOOK,
-    SETUP_HOOK_ENV_VAR,
     NodeAddress,
     NodePool,
     PoolKeeper,

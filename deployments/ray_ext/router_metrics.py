@@ -1,4 +1,4 @@
-"""Ray Serve 2.60 fixes applied in the processes that hold our deployment handles (the router).
+"""A Ray Serve 2.60 fix applied in the processes that hold our deployment handles (the router).
 
 Cold-start report at zero replicas. A handle whose deployment has no replica pushes its
 autoscaling metrics to the controller the moment a request queues (`RouterMetricsManager.
@@ -10,6 +10,10 @@ zero queued requests and decides only after the next sample *and* the next perio
 that push makes the report carry the request: the controller decides in its next loop. And the
 push is sent even while a periodic one is still unanswered (Serve skips it then, to spare a busy
 controller; one report per cold start costs it nothing and the controller keeps the freshest).
+
+No public API serves: when and what a handle reports is inside Serve's private
+`RouterMetricsManager`, with no option or hook; so its method is wrapped here, once per process,
+and only where it still has the methods and attributes relied on (else nothing is changed).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""deployments.serve_patches against Ray Serve's real RouterMetricsManager (no Ray started): what
-a handle reports to the controller when a request queues at zero replicas."""
+"""deployments.ray_ext.router_metrics against Ray Serve's real RouterMetricsManager (no Ray
+started): what a handle reports to the controller when a request queues at zero replicas."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from ray.serve._private.utils import decompress_metric_report
 from ray.serve.config import AutoscalingConfig
 from ray.util import metrics
 
-from deployments.serve_patches import sample_queue_before_push_at_zero
+from deployments.ray_ext.router_metrics import sample_queue_before_push_at_zero
 
 TAGS = ("deployment", "application", "handle", "actor_id")
 
