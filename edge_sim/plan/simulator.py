@@ -155,6 +155,10 @@ class SimulationResult:
         return self.pools[(model, region)].replica_s * self.cost_per_replica_s.get(model, 1.0)
 
 
+def _routing_state(views: Mapping[str, PoolView]) -> dict[str, tuple[bool, bool, bool]]:
+    return {region: (v.warm, v.ejected, v.saturated) for region, v in views.items()}
+
+
 _READY, _TICK, _SYNC, _OUTAGE, _POLICY, _TIMER = range(6)
 
 
@@ -485,7 +489,10 @@ class Simulator:
             for region in regions:
                 views[region] = board.pool(model, region)
             cold_ms = board.cold_start_ms(model)
-            if views != self._views[model] or cold_ms != self._cold_ms.get(model):
+            # plan_regions reads a view's warm, ejected and saturated only (not the count).
+            if _routing_state(views) != _routing_state(self._views[model]) or cold_ms != (
+                self._cold_ms.get(model)
+            ):
                 self._views[model] = views
                 self._cold_ms[model] = cold_ms
                 self._plan_cache[self._model_index[model]].clear()

@@ -168,6 +168,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "edge plan") -> int:
             RegionOutage(region=r, start_s=float(s), duration_s=float(d))
             for r, s, d in (_fields(o, "--outage", 3) for o in args.outage)
         ]
+        unknown = sorted({o.region for o in outages} - set(world.region_names))
+        if unknown:
+            raise ValueError(
+                f"--outage: unknown regions {unknown}; known: {', '.join(world.region_names)}"
+            )
         bursts = [
             Burst(start_s=float(s), duration_s=float(d), factor=float(f))
             for s, d, f in (_fields(b, "--burst", 3) for b in args.burst)
