@@ -35,6 +35,7 @@ SUITES: dict[str, str] = {
     "peers": "benchmarks.peers",
     "structured": "benchmarks.structured",
     "regions": "benchmarks.regions",
+    "plan": "benchmarks.plan_scale",
 }
 
 LOG_FORMAT = "%(asctime)s %(name)s: %(message)s"

@@ -181,6 +181,7 @@ class RecordedRequest:
     latency_ms: float | None
     cold_start: bool
     colo: str
+    cold_start_ms: float | None = None
 
 
 def read_loadtest_records(
@@ -202,6 +203,9 @@ def read_loadtest_records(
                         latency_ms=float(row["latency_ms"]) if row["latency_ms"] else None,
                         cold_start=row.get("cold_start", "") in ("1", "True", "true"),
                         colo=row.get("colo", ""),
+                        cold_start_ms=float(row["cold_start_ms"])
+                        if row.get("cold_start_ms")
+                        else None,
                     )
                 )
             except (KeyError, ValueError) as error:
