@@ -98,7 +98,7 @@ def prewarm_comparison(requests: float, shape: str) -> dict[str, Any]:
         SimSettings(measure_from_s=DAY_S),
     )
     zero, ahead, warm = (totals(result) for _, result in runs)
-    out = {"trace": shape, "requests_per_day": requests / 2}
+    out: dict[str, Any] = {"trace": shape, "requests_per_day": requests / 2}
     for name, figures in (("scale_to_zero", zero), ("predictive", ahead), ("always_warm", warm)):
         out[name] = {
             "cold_starts": figures["cold_starts"],

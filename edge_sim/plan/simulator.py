@@ -24,7 +24,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from heapq import heappop, heappush, heapreplace
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -219,7 +219,7 @@ class Simulator:
         self._events: list[tuple[float, int, int, object]] = []
         self._seq = 0
         self._tick_pending = self._sync_pending = False
-        self._hot = {}
+        self._hot: dict[_Pool, None] = {}
         # Serve's controller samples every deployment's metrics on one beat.
         self._tick_s = min(p.spec.autoscaling_config.metrics_interval_s for p in pools.values())
         self._dirty: dict[str, set[str]] = {m: set(regions) for m in models}
@@ -404,23 +404,23 @@ class Simulator:
             at, _, kind, payload = heapq.heappop(events)
             self._now = at
             if kind == _READY:
-                pool, ready_at = payload  # type: ignore[misc]
-                self._ready(pool, ready_at)
+                ready_pool, ready_at = cast(tuple[_Pool, float], payload)
+                self._ready(ready_pool, ready_at)
             elif kind == _TICK:
-                self._tick(payload)  # type: ignore[arg-type]
+                self._tick(cast(int, payload))
             elif kind == _TIMER:
-                pool, token = payload  # type: ignore[misc]
-                if not pool.hot and token == pool.timer_token:
-                    pool.scaler.skipped_idle(at, self._tick_s, include_now=False)
-                    self._tick_pool(pool, at)
+                idle_pool, token = cast(tuple[_Pool, int], payload)
+                if not idle_pool.hot and token == idle_pool.timer_token:
+                    idle_pool.scaler.skipped_idle(at, self._tick_s, include_now=False)
+                    self._tick_pool(idle_pool, at)
             elif kind == _SYNC:
                 self._sync_pending = False
                 self._sync(at)
             elif kind == _OUTAGE:
-                region, down = payload  # type: ignore[misc]
-                for pool in self._pools.values():
-                    if pool.region == region:
-                        pool.down = down
+                region, down = cast(tuple[str, bool], payload)
+                for outage_pool in self._pools.values():
+                    if outage_pool.region == region:
+                        outage_pool.down = down
             elif kind == _POLICY:
                 assert self._policy is not None
                 floors = self._policy.floors(at, dict(demand))

@@ -5,8 +5,8 @@ The trace: kimi (at zero, back to zero 3 s after idle) primed once, idle past it
 delay, then a 4 requests/s burst. The planner runs the cluster's own serve_config.yaml with the
 cold-start time measured in this run (a parameter from measurement, as `--cold-start` is).
 Tolerances, stated: scale-ups from zero equal within 1; requests that met a cold start within
-max(2, 50%) of the live count; warm p50 within 3x of the live one or 250 ms (the planner's
-service time is the quiet machine's; this one is shared)."""
+max(2, 50%) of the live count; p50 within 3x of the live one or 250 ms (the planner's service
+time is the quiet machine's; this one is shared)."""
 
 from __future__ import annotations
 
@@ -77,7 +77,8 @@ def test_planner_replays_a_live_burst_within_tolerance(serve_cluster, tmp_path):
     assert waits, "the live run met no measured cold start"
     config = load_serve_config(serve_cluster.config_path)
     world = World(config.edge, trace.origins)
-    settings = config.settings(cold_start_s={"kimi": median(waits) / 1000}, service_sigma=0)
+    # The longest wait is a whole cold start (later requests of the burst wait for less of it).
+    settings = config.settings(cold_start_s={"kimi": max(waits) / 1000}, service_sigma=0)
     result = Simulator(world, config.specs, settings).run(trace)
     (region,) = world.region_names
     planned = result.pools[("kimi", region)]
@@ -88,8 +89,8 @@ def test_planner_replays_a_live_burst_within_tolerance(serve_cluster, tmp_path):
         planned.cold,
         len(live_cold),
     )
-    live_warm_p50 = median(r.latency_ms for r in live if r.ok and not r.cold_start and r.latency_ms)
+    live_p50 = median(r.latency_ms for r in live if r.ok and r.latency_ms is not None)
     planned_p50 = percentile_ms(planned.histogram, 50)
     assert planned_p50 is not None
-    assert planned_p50 <= max(3 * live_warm_p50, live_warm_p50 + 250)
-    assert live_warm_p50 <= max(3 * planned_p50, planned_p50 + 250)
+    assert planned_p50 <= max(3 * live_p50, live_p50 + 250), (planned_p50, live_p50)
+    assert live_p50 <= max(3 * planned_p50, planned_p50 + 250), (planned_p50, live_p50)
