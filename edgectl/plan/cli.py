@@ -130,10 +130,10 @@ def parse_policy(text: str, config: ServePlanConfig) -> Policy:
             if not config.keep_warm:
                 raise ValueError("the config has no KeepWarm schedule")
             schedules = config.keep_warm
-            start = datetime(2026, 1, 5, tzinfo=UTC)  # a Monday
+            monday = datetime(2026, 1, 5, tzinfo=UTC)  # a Monday
             return Policy(
                 "schedule",
-                floor=lambda world, trace: KeepWarmFloor(schedules, start),
+                floor=lambda world, trace: KeepWarmFloor(schedules, monday),
                 description="the config's KeepWarm windows (t=0: a Monday 00:00 UTC)",
             )
     except ValueError as error:

@@ -84,13 +84,19 @@ def test_planner_replays_a_live_burst_within_tolerance(serve_cluster, tmp_path):
     planned = result.pools[("kimi", region)]
 
     live_starts = _live_starts_from_zero(out / "replicas.csv", "kimi")
+    live_p50 = median(r.latency_ms for r in live if r.ok and r.latency_ms is not None)
+    planned_p50 = percentile_ms(planned.histogram, 50)
+    # One line for the record (pytest -s): what was compared.
+    print(
+        f"plan vs live: starts from zero {planned.scale_from_zero} vs {live_starts}, cold "
+        f"{planned.cold} vs {len(live_cold)} of {len(live)}, p50 {planned_p50} vs {live_p50} ms, "
+        f"cold start {max(waits):.0f} ms"
+    )
     assert abs(planned.scale_from_zero - live_starts) <= 1, (planned.timeline, live_starts)
     assert abs(planned.cold - len(live_cold)) <= max(2, 0.5 * len(live_cold)), (
         planned.cold,
         len(live_cold),
     )
-    live_p50 = median(r.latency_ms for r in live if r.ok and r.latency_ms is not None)
-    planned_p50 = percentile_ms(planned.histogram, 50)
     assert planned_p50 is not None
     assert planned_p50 <= max(3 * live_p50, live_p50 + 250), (planned_p50, live_p50)
     assert live_p50 <= max(3 * planned_p50, planned_p50 + 250), (planned_p50, live_p50)
