@@ -3,10 +3,11 @@
 
 The trace: kimi (at zero, back to zero 3 s after idle) primed once, idle past its scale-to-zero
 delay, then a 4 requests/s burst. The planner runs the cluster's own serve_config.yaml with the
-cold-start time measured in this run (a parameter from measurement, as `--cold-start` is).
-Tolerances, stated: scale-ups from zero equal within 1; requests that met a cold start within
-max(2, 50%) of the live count; p50 within 3x of the live one or 250 ms (the planner's service
-time is the quiet machine's; this one is shared)."""
+cold-start and service times measured in this run (parameters from measurement, as
+`--cold-start` and `--service-ms` are). Tolerances, stated: scale-ups from zero equal within 1;
+requests that met a cold start within max(2, 50%) of the live count; the p50 of every request
+(cold and warm, so the cold share and the queue behind a starting replica count) within 3x of
+the live one or 250 ms."""
 
 from __future__ import annotations
 
@@ -77,8 +78,14 @@ def test_planner_replays_a_live_burst_within_tolerance(serve_cluster, tmp_path):
     assert waits, "the live run met no measured cold start"
     config = load_serve_config(serve_cluster.config_path)
     world = World(config.edge, trace.origins)
-    # The longest wait is a whole cold start (later requests of the burst wait for less of it).
-    settings = config.settings(cold_start_s={"kimi": max(waits) / 1000}, service_sigma=0)
+    # Both times are parameters measured in this run, as `--cold-start`/`--service-ms` are: the
+    # longest wait is a whole cold start (later requests of the burst wait for less of it), and
+    # the warm requests' median is this machine's service time now (on a shared 2-core machine
+    # it moved from ~60 ms to seconds between two runs; the planner cannot know the load).
+    warm_ms = median(r.latency_ms for r in live if r.ok and not r.cold_start and r.latency_ms)
+    settings = config.settings(
+        cold_start_s={"kimi": max(waits) / 1000}, service_ms={"kimi": warm_ms}, service_sigma=0
+    )
     result = Simulator(world, config.specs, settings).run(trace)
     (region,) = world.region_names
     planned = result.pools[("kimi", region)]
