@@ -106,8 +106,8 @@ def relative_rate(spec: TraceSpec, local_hour: np.ndarray) -> np.ndarray:
     floor = spec.trough_ratio
     if spec.shape == "diurnal":
         # A cosine day: 1 at peak_hour, trough_ratio twelve hours away.
-        wave = 0.5 + 0.5 * np.cos(2 * math.pi * (local_hour - spec.peak_hour) / 24.0)
-        return floor + (1.0 - floor) * wave
+        daily = 0.5 + 0.5 * np.cos(2 * math.pi * (local_hour - spec.peak_hour) / 24.0)
+        return floor + (1.0 - floor) * daily
     start, end = spec.office_hours
     inside = (local_hour >= start) & (local_hour < end)
     if end <= start:  # office hours past midnight
