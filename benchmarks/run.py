@@ -39,6 +39,7 @@ SUITES: dict[str, str] = {
     "regions": "benchmarks.regions",
     "security": "benchmarks.security",
     "structured": "benchmarks.structured",
+    "plan": "benchmarks.plan_scale",
 }
 
 LOG_FORMAT = "%(asctime)s %(name)s: %(message)s"

@@ -29,6 +29,7 @@ WATCH_EVERY_S = 2.0
 PASS_THROUGH = {
     "check": "check a Serve config file before `serve deploy` (python -m deployments.config)",
     "loadtest": "open-loop load test with a report (python -m edgectl.loadtest)",
+    "plan": "capacity planner: replay a trace offline (python -m edgectl.plan)",
     "export": "build model directories from checkpoints (python -m deployments.export)",
     "k8s": "render or --check the RayService manifest (python -m deployments.k8s)",
 }
@@ -141,6 +142,10 @@ def _pass_through(command: str, rest: list[str]) -> int:
         if rest and not rest[0].startswith("-"):
             rest = ["--scenario", *rest]
         return loadtest(rest, prog="edge loadtest")
+    if command == "plan":
+        from edgectl.plan.cli import main as plan
+
+        return plan(rest, prog="edge plan")
     if command == "check":
         from deployments.config import main as check
 

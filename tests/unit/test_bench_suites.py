@@ -42,7 +42,7 @@ def test_every_suite_parses_its_quick_form_and_says_if_it_needs_ray(suites) -> N
         assert callable(module.run), name
         assert isinstance(module.NEEDS_RAY, bool), name
     # The ones the unit tests can run whole.
-    assert {n for n, m in suites.items() if not m.NEEDS_RAY} == {"runtime", "structured"}
+    assert {n for n, m in suites.items() if not m.NEEDS_RAY} == {"runtime", "structured", "plan"}
 
 
 def _settings_classes() -> list[type[BenchConfig]]:

@@ -68,9 +68,9 @@ def test_help_lists_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None
         main(["--help"])
     assert exited.value.code == 0
     text = capsys.readouterr().out
-    for command in ("check", "status", "drill", "loadtest", "export", "k8s"):
+    for command in ("check", "status", "drill", "loadtest", "plan", "export", "k8s"):
         assert command in text
-    assert set(PASS_THROUGH) == {"check", "loadtest", "export", "k8s"}
+    assert set(PASS_THROUGH) == {"check", "loadtest", "plan", "export", "k8s"}
 
 
 @pytest.mark.parametrize(
@@ -231,3 +231,10 @@ def test_drill_exit_codes_say_whose_mistake_it_was() -> None:
     code, text = drill("down", "FRA", router=router, key="")
     assert code == 2 and "EDGE_ADMIN_KEY" in text
     assert not [c for c in router.calls if c[0] != "GET"]  # nothing was set by any of them
+
+
+def test_plan_passes_through_to_the_planner(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", "--help"])
+    assert exited.value.code == 0
+    assert "usage: edge plan" in capsys.readouterr().out

@@ -1,0 +1,5 @@
+import sys
+
+from edgectl.plan.cli import main
+
+sys.exit(main())

@@ -1,0 +1,70 @@
+"""The planner at scale, quick: 100k requests of a day over 300 colos and 20 regions (the full
+day of ten million, with its time and memory, is benchmarks/plan_scale.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from edge_sim.plan.autoscaler import AutoscalingSpec, PoolSpec
+from edge_sim.plan.simulator import SimSettings, Simulator
+from edge_sim.plan.summary import totals
+from edge_sim.plan.trace import TraceSpec, generate
+from edge_sim.plan.world import synthetic_world
+from edgectl.plan.cli import main as plan_main
+
+MODELS = {"glm": 1.0, "kimi": 1.0, "embedding": 2.0, "moderation": 2.0}
+
+
+def test_quick_day_over_300_colos_and_20_regions_accounts_for_every_request():
+    world = synthetic_world(300, 20, seed=0)
+    spec = PoolSpec(
+        autoscaling_config=AutoscalingSpec(
+            min_replicas=0,
+            initial_replicas=0,
+            max_replicas=2,
+            target_ongoing_requests=8,
+            upscale_delay_s=2,
+            downscale_delay_s=120,
+            downscale_to_zero_delay_s=300,
+            look_back_period_s=2,
+            metrics_interval_s=0.5,
+        ),  # fmt: skip
+        max_ongoing_requests=16,
+        max_queued_requests=64,
+    )
+    trace = generate(TraceSpec(requests=100_000, model_shares=MODELS, seed=1), world.origins)
+    result = Simulator(world, dict.fromkeys(MODELS, spec), SimSettings()).run(trace)
+    figures = totals(result)
+    assert abs(figures["arrivals"] - 100_000) < 2_000
+    assert figures["served"] + figures["sheds"] == figures["arrivals"]
+    assert len(result.regions) == 20 and len(result.pools) == 80
+    # Every region serves; routing decisions are reused while the snapshot holds.
+    assert all(result.requests_timeline[i].sum() > 0 for i in range(20))
+    assert figures["route_cache_hits"] > 0
+    assert 0 < figures["cold_starts"] < figures["served"]
+    # Per-request outcomes are folded into counters: nothing grows with the request count.
+    assert all(len(stats.histogram) == len(result.pools[("glm", "ams")].histogram)
+               for stats in result.pools.values())  # fmt: skip
+
+
+def test_edge_plan_help_shows_a_worked_example(capsys):
+    try:
+        plan_main(["--help"])
+    except SystemExit as done:
+        assert done.code == 0
+    text = capsys.readouterr().out
+    assert "worked example" in text and "edge plan --colos 300 --regions 20" in text
+
+
+def test_edge_plan_writes_a_report_and_refuses_an_unknown_region(tmp_path: Path, capsys):
+    out = tmp_path / "plan"
+    code = plan_main(
+        ["--requests", "3000", "--hours", "6", "--policy", "config", "--policy", "min:1",
+         "--outage", "eu:3600:600", "--out", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    report = (out / "report.md").read_text()
+    assert "| eu | glm |" in report and "min 1" in report
+    assert (out / "replicas_over_time.png").stat().st_size > 1000
+    assert plan_main(["--outage", "mars:1:1", "--out", str(out)]) == 2
+    assert "unknown regions ['mars']" in capsys.readouterr().err
