@@ -88,7 +88,7 @@ def _secret(name: str, string_data: dict[str, str]) -> dict[str, Any]:
 def example_secrets() -> dict[str, dict[str, Any]]:
     """File name -> an example Secret. Applied as they are, they fail closed: an empty Ray token
     stops Ray from starting, a key file with no key stops the router, no admin key means no
-    admin API. The README's `kubectl create secret` commands make real ones."""
+    admin API. The `kubectl create secret` commands of docs/kubernetes.md make real ones."""
     return {
         "ray-token-secret.yaml": _secret(RAY_TOKEN.secret, {RAY_TOKEN.key: ""}),
         "api-keys-secret.yaml": _secret(

@@ -198,7 +198,7 @@ class InMemoryMetricsBackend:
 
 @dataclass(frozen=True)
 class MetricSpec:
-    """One metric as documented in deployments/observability/README.md."""
+    """One metric as documented in docs/observability.md."""
 
     kind: MetricKind
     name: str
