@@ -64,7 +64,7 @@ serve: install models
 	@echo "Router: http://127.0.0.1:8000  (OpenAI SDK: base_url=http://127.0.0.1:8000/v1; docs: /docs)"
 	RAY_SERVE_USE_GRPC_BY_DEFAULT=1 $(VENV)/bin/serve run $(SERVE_CONFIG)
 
-# The README's picture of /dashboard, taken from a running router (`EDGE_ADMIN_KEY=... make serve`)
+# The picture of /dashboard in docs/, from a running router (`EDGE_ADMIN_KEY=... make serve`)
 # with the system's headless Chromium (apt-get install chromium).
 DASHBOARD_URL ?= http://127.0.0.1:8000
 dashboard-screenshot: install-dev

@@ -36,8 +36,8 @@ Accelerator = Literal["auto", "cpu", "gpu"]
 APP_DEPLOYMENTS = ("router", "edge-control", "warm-pool")
 
 
-# Ray Serve switches measured by `--suite peers` (README, "Performance against what users would
-# run instead"): requests go from the proxy to the router and from every handle to its replicas
+# Ray Serve switches measured by the benchmarks' peer comparison (docs/performance.md, "Ray
+# Serve's switches"): requests go from the proxy to the router and from every handle to its replicas
 # over gRPC, not Ray actor calls. Serve reads it where each process starts, and a handle keeps the
 # transport of the process that built the application (Serve's build task), so it belongs in the
 # cluster's environment, not a replica's runtime_env: `make serve`, the k8s containers and the

@@ -1,7 +1,7 @@
 """Warm worker pool: a few idle Ray worker processes per node, started ahead with the replica code
 already imported, so a model replica started from zero takes one instead of a new process.
 
-How it works (Ray 2.60, measured: README "Operating it"):
+How it works (Ray 2.60, measured: docs/operating.md, "Cold starts"):
 - Each node's raylet is asked (its `PrestartWorkers` gRPC, which Ray's Python API does not
   expose: `deployments.ray_ext.raylet`) for fresh workers of no job, with the model replicas'
   runtime_env and a keep-alive, so the raylet's idle-worker reaper leaves them alone. A fresh

@@ -1,7 +1,7 @@
 """A Ray cluster on this machine that we start and alone stop: its own temp dir, free ports, and
 each node's processes in a process group of their own, so stopping it (or killing one node, a
 real node failure) never touches another Ray on the same machine. Used by the integration tests
-and the benchmarks; driven with the same CLI the README gives operators (`ray start`, `serve`)."""
+and the benchmarks; driven with the CLI docs/operating.md gives operators (`ray start`, `serve`)."""
 
 from __future__ import annotations
 

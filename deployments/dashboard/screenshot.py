@@ -1,7 +1,7 @@
 """`python -m deployments.dashboard.screenshot`: a picture of a running router's /dashboard,
 taken with the system's headless Chromium (as the browser tests do) after sending a little
 traffic from a few places and starting two short drills, so the map has something to show.
-`make dashboard-screenshot` writes the README's docs/dashboard.png this way."""
+`make dashboard-screenshot` writes docs/dashboard.png (in docs/observability.md) this way."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from deployments.runtime.session import SessionConfig, open_session
 # vector a little, so its bar is on direction only (one-word inputs are its worst case, ~0.99).
 FP32_MIN_COSINE = 0.9999
 FP32_ATOL = 1e-4
-FUSED_MIN_COSINE = 0.999  # issue 14's bar for the fused graph; measured: 0.99999+ (same as plain)
+FUSED_MIN_COSINE = 0.999  # the bar for the fused graph; measured: 0.99999+ (same as plain)
 INT8_MIN_COSINE = 0.98
 PARITY_CORPUS_LINES = 60  # of corpus/english.txt, added to VERIFY_SENTENCES: the parity set
 

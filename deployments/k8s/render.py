@@ -69,7 +69,7 @@ def render(sources: RenderSources) -> dict[str, str]:
     for name, secret in example_secrets().items():
         manifests[f"{EXAMPLES}/{name}"] = (
             generated_header("deployments/k8s/secrets.py")
-            + "# An EXAMPLE of the shape: make the real one with the README's `kubectl create"
-            " secret`.\n" + dump_yaml(secret)
+            + "# An EXAMPLE of the shape: make the real one with docs/kubernetes.md's `kubectl"
+            " create secret`.\n" + dump_yaml(secret)
         )
     return manifests

@@ -97,8 +97,8 @@ def _secret(name: str, string_data: dict[str, str]) -> dict[str, Any]:
 def example_secrets() -> dict[str, dict[str, Any]]:
     """File name -> an example Secret. Applied as they are, they fail closed: an empty Ray token
     stops Ray from starting, a key file with no key stops the router, no admin key means no
-    admin API, an empty Redis password is refused by a Redis that requires one. The README's
-    `kubectl create secret` commands make real ones."""
+    admin API, an empty Redis password is refused by a Redis that requires one. The `kubectl
+    create secret` commands of docs/kubernetes.md make real ones."""
     return {
         "ray-token-secret.yaml": _secret(RAY_TOKEN.secret, {RAY_TOKEN.key: ""}),
         "redis-password-secret.yaml": _secret(REDIS_PASSWORD.secret, {REDIS_PASSWORD.key: ""}),

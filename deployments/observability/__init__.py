@@ -1,4 +1,4 @@
-"""Traces, metrics and access logs of the router and the model replicas (issue 7); README.md here
+"""Traces, metrics and access logs of the router and the model replicas; docs/observability.md
 lists the metric names. Nothing in this package imports Ray until a Ray metric is made."""
 
 from deployments.observability.access_log import (

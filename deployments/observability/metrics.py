@@ -55,7 +55,7 @@ GEN_AI_TOKEN_BUCKETS = (
 # Tags Ray Serve fills in itself inside a replica; using one as ours is an error there.
 @dataclass(frozen=True)
 class MetricSpec:
-    """One metric as documented in deployments/observability/README.md."""
+    """One metric as documented in docs/observability.md."""
 
     kind: MetricKind
     name: str

@@ -1,14 +1,14 @@
 """A Ray Serve 2.60 fix applied in the processes that hold our deployment handles (the router).
 
-Cold-start report at zero replicas. A handle whose deployment has no replica pushes its
-autoscaling metrics to the controller the moment a request queues (`RouterMetricsManager.
+Cold-start report at zero replicas. A handle whose deployment has no replica pushes its autoscaling
+metrics to the controller the moment a request queues (`RouterMetricsManager.
 wrap_queued_request`), so the controller scales up at once. But the report it pushes is the
 handle's sampled time series, sampled every `look_back_period_s * 0.2` (at most every
 `metrics_interval_s`); the request that just queued is in no sample yet, so the controller reads
-zero queued requests and decides only after the next sample *and* the next periodic push:
-0.3-0.7 s measured at load 5 on 2 cores (README, "Operating it"). Sampling the queue just before
-that push makes the report carry the request: the controller decides in its next loop. And the
-push is sent even while a periodic one is still unanswered (Serve skips it then, to spare a busy
+zero queued requests and decides only after the next sample *and* the next periodic push: 0.3-0.7 s
+measured at load 5 on 2 cores (docs/operating.md, "Cold starts"). Sampling the queue just before
+that push makes the report carry the request: the controller decides in its next loop. And the push
+is sent even while a periodic one is still unanswered (Serve skips it then, to spare a busy
 controller; one report per cold start costs it nothing and the controller keeps the freshest).
 
 No public API serves: when and what a handle reports is inside Serve's private

@@ -210,7 +210,7 @@ class KeyStore:
         if refusal is not None:
             message = (
                 f"refusing to start: {refusal}; give it keys ({API_KEYS_FILE_ENV} from the API "
-                "keys Secret, see the README's Kubernetes section) or set security.allow_open: true"
+                "keys Secret, see docs/kubernetes.md) or set security.allow_open: true"
             )
             log.error(message)
             raise KeyConfigError(message)

@@ -1,5 +1,5 @@
 """One local Ray cluster + the real serve_config.yaml (scaled down) per test session, driven with
-the same commands the README gives ops: `ray start --head`, `serve deploy`, `serve status`.
+the same commands docs/operating.md gives ops: `ray start --head`, `serve deploy`, `serve status`.
 The fixture owns only the cluster it started: another Ray on the machine is left alone."""
 
 from __future__ import annotations

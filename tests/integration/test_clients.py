@@ -1,5 +1,5 @@
 """Code written for OpenAI or Workers AI, run unchanged against the router: the official `openai`
-and `cloudflare` SDKs and `langchain-openai`, as their users call them (issue 13)."""
+and `cloudflare` SDKs and `langchain-openai`, as their users call them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The ops workflow from the README: edit serve_config.yaml, `serve deploy` it on the running
+"""The ops workflow of docs/operating.md: edit serve_config.yaml, `serve deploy` it on the running
 cluster; healthy replicas of unchanged models keep running and no request is dropped."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The Kubernetes manifests in k8s/: valid against KubeRay's own CRD schemas, shaped as the
-README promises (GPU work on the GPU group only, scale to zero, read-only models, token auth),
+docs describe (GPU work on the GPU group only, scale to zero, read-only models, token auth),
 and never drifting from serve_config.yaml and the templates. Their security: test_k8s_security."""
 
 from __future__ import annotations

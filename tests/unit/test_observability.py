@@ -663,7 +663,7 @@ def test_ray_serve_metrics_accept_our_definitions_outside_ray():
 
 
 def test_metric_names_follow_prometheus_conventions_and_are_documented():
-    readme = (REPO / "deployments" / "observability" / "README.md").read_text()
+    readme = (REPO / "docs" / "observability.md").read_text()
     for name, spec in {**ROUTER_METRICS, **MODEL_METRICS}.items():
         assert name.startswith(("edge_", "gen_ai_"))
         assert (spec.kind == "counter") == name.endswith("_total")

@@ -1,4 +1,4 @@
-"""The routes real clients call (issue 13), on fake model handles (no Ray): Cloudflare's
+"""The routes real clients call, on fake model handles (no Ray): Cloudflare's
 account-scoped Workers AI paths with catalogue names, the OpenAI-compatible paths under them,
 models/search, model retrieval, legacy completions and the x-ignored-fields header."""
 
