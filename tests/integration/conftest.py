@@ -4,8 +4,11 @@ The fixture owns only the cluster it started: another Ray on the machine is left
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -141,3 +144,42 @@ def serve_cluster(
         yield cluster
     finally:
         ray.stop()
+
+
+def kimi_burst_after_idle(
+    cluster: ServeCluster,
+    out: Path,
+    *,
+    duration_s: float,
+    replicas_every_s: float,
+    extra: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The load tester's cold-start scenario as an operator runs it, on kimi: at zero, primed
+    once, idle past its scale-to-zero delay, then a 4 requests/s burst. Its summary.json."""
+    wait_until(lambda: cluster.running_replicas("kimi") == 0, 90, "kimi at zero replicas")
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edgectl.loadtest",
+            "--scenario=burst-after-idle",
+            f"--url={cluster.base_url}",
+            f"--out={out}",
+            "--models=kimi",
+            f"--api-key={USER_KEY}",
+            "--warm-s=1",
+            f"--idle-s={KIMI_TO_ZERO_S + 12}",
+            "--rate=4",
+            f"--duration-s={duration_s}",
+            "--max-tokens=4",
+            f"--replicas-every-s={replicas_every_s}",
+            "--no-progress",
+            *extra,
+        ],
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return dict(json.loads((out / "summary.json").read_text()))

@@ -12,12 +12,9 @@ the live one or 250 ms."""
 from __future__ import annotations
 
 import csv
-import json
-import subprocess
-import sys
 from statistics import median
 
-from conftest import KIMI_TO_ZERO_S, USER_KEY, wait_until
+from conftest import kimi_burst_after_idle
 
 from edge_sim.plan.simulator import Simulator
 from edge_sim.plan.stats import percentile_ms
@@ -41,34 +38,10 @@ def _live_starts_from_zero(replicas_csv, deployment: str) -> int:
 
 
 def test_planner_replays_a_live_burst_within_tolerance(serve_cluster, tmp_path):
-    wait_until(lambda: serve_cluster.running_replicas("kimi") == 0, 90, "kimi at zero replicas")
     out = tmp_path / "live"
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "edgectl.loadtest",
-            "--scenario=burst-after-idle",
-            f"--url={serve_cluster.base_url}",
-            f"--out={out}",
-            "--models=kimi",
-            f"--api-key={USER_KEY}",
-            "--warm-s=1",
-            f"--idle-s={KIMI_TO_ZERO_S + 12}",
-            "--rate=4",
-            "--duration-s=6",
-            "--max-tokens=4",
-            "--replicas-every-s=0.5",
-            "--no-progress",
-            "--workers-share=0",
-        ],  # fmt: skip
-        env=serve_cluster.env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    summary = kimi_burst_after_idle(
+        serve_cluster, out, duration_s=6, replicas_every_s=0.5, extra=["--workers-share=0"]
     )
-    assert run.returncode == 0, run.stderr[-3000:]
-    summary = json.loads((out / "summary.json").read_text())
     assert summary["requests"]["errors"] == 0
 
     positions = {r.name: (r.lat, r.lon) for r in DEFAULT_REGIONS}

@@ -5,33 +5,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from edge_sim.plan.autoscaler import AutoscalingSpec, PoolSpec
+from benchmarks.plan_scale import MODELS, SHIPPED
 from edge_sim.plan.simulator import SimSettings, Simulator
 from edge_sim.plan.summary import totals
 from edge_sim.plan.trace import TraceSpec, generate
 from edge_sim.plan.world import synthetic_world
 from edgectl.plan.cli import main as plan_main
 
-MODELS = {"glm": 1.0, "kimi": 1.0, "embedding": 2.0, "moderation": 2.0}
-
 
 def test_quick_day_over_300_colos_and_20_regions_accounts_for_every_request():
     world = synthetic_world(300, 20, seed=0)
-    spec = PoolSpec(
-        autoscaling_config=AutoscalingSpec(
-            min_replicas=0,
-            initial_replicas=0,
-            max_replicas=2,
-            target_ongoing_requests=8,
-            upscale_delay_s=2,
-            downscale_delay_s=120,
-            downscale_to_zero_delay_s=300,
-            look_back_period_s=2,
-            metrics_interval_s=0.5,
-        ),  # fmt: skip
-        max_ongoing_requests=16,
-        max_queued_requests=64,
-    )
+    spec = SHIPPED  # what the scale benchmark plans with
     trace = generate(TraceSpec(requests=100_000, model_shares=MODELS, seed=1), world.origins)
     result = Simulator(world, dict.fromkeys(MODELS, spec), SimSettings()).run(trace)
     figures = totals(result)
