@@ -1,5 +1,6 @@
 """Shared fixtures: where the embedded default models live (built on demand); a real headless
-Chromium (Debian's) driven by Playwright, and where tests write their artefacts."""
+Chromium (Debian's) driven by Playwright, and where tests write their artefacts; Redis and
+PostgreSQL servers of the test's own (Debian's binaries, edgectl.local_services)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 # The system's Chromium (`apt-get install chromium`): Playwright never downloads a browser here.
 from deployments.dashboard.screenshot import CHROMIUM, CHROMIUM_ARGS
+from edgectl.local_services import PostgresServer, RedisServer, ServiceUnavailable
 
 REPO = Path(__file__).resolve().parent.parent
 ARTEFACTS = Path(os.environ.get("EDGE_TEST_ARTEFACTS", REPO / "test-artefacts"))
@@ -27,6 +29,41 @@ def _no_browser_reason() -> str | None:
     return None
 
 
+def _missing(reason: str) -> None:
+    """Skip where the machine lacks what a test needs; under CI=true that is a failure, so CI
+    never passes without running such tests (.ci/run installs what they need)."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"cannot run in CI: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A redis-server of this test's own: its temp dir, a free port, a password; removed after."""
+    try:
+        server = RedisServer.start()
+    except ServiceUnavailable as missing:
+        _missing(str(missing))
+    try:
+        yield server
+    finally:
+        server.remove()
+
+
+@pytest.fixture
+def postgres_server() -> Iterator[PostgresServer]:
+    """A PostgreSQL cluster of this test's own (initdb in a temp dir, a free port, database and
+    role `edge`); stopped and removed after."""
+    try:
+        server = PostgresServer.start()
+    except ServiceUnavailable as missing:
+        _missing(str(missing))
+    try:
+        yield server
+    finally:
+        server.remove()
+
+
 @pytest.fixture
 def chromium() -> Iterator[Any]:
     """A headless Chromium. Skipped with its reason where there is none; under CI=true that
@@ -35,9 +72,7 @@ def chromium() -> Iterator[Any]:
     would trip over."""
     reason = _no_browser_reason()
     if reason is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"browser tests cannot run in CI: {reason}")
-        pytest.skip(reason)
+        _missing(f"browser tests: {reason}")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
