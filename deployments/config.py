@@ -100,6 +100,9 @@ class RouterConfig(_Strict):
 class AppConfig(_Strict):
     accelerator: Accelerator = "auto"
     models_dir: str = "models"
+    # Where the gateway keeps state that outlives a process (its SQLite files by default);
+    # relative: under the project root, like models_dir.
+    data_dir: str = Field(default="data", min_length=1)
     models: dict[str, ModelConfig]
     router: RouterConfig = RouterConfig()
     edge: EdgeConfig = Field(default_factory=EdgeConfig)
@@ -162,6 +165,11 @@ class AppConfig(_Strict):
             for model in self.models
             for region in self.edge.region_names
         }
+
+    def data_path(self, *parts: str) -> Path:
+        """A file or folder under data_dir (relative data_dir: under the project root)."""
+        root = Path(self.data_dir)
+        return (root if root.is_absolute() else PROJECT_ROOT / root).joinpath(*parts)
 
     def model_path(self, name: str) -> Path:
         """model_dir under models_dir; a relative models_dir is under the project root, so the
