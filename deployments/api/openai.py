@@ -95,7 +95,8 @@ async def openai_chunks(
     chat: ChatCompletionRequest, chunks: AsyncIterator[GenerationChunk]
 ) -> AsyncIterator[str]:
     """`chat.completion.chunk` events: per choice the assistant role first, then the text (with
-    its tokens' logprobs if asked), the tool calls with the last chunk, then the usage if the
+    its tokens' logprobs if asked); a choice's tool calls as OpenAI streams them (each call's
+    head, then its argument fragments) before the chunk that finishes it; then the usage if the
     client asked for it."""
     chunk_id, created = chat_completion_id(), created_timestamp()
 
@@ -109,11 +110,17 @@ async def openai_chunks(
     last: GenerationChunk | None = None
     async for chunk in chunks:
         last = chunk
-        calls = [ChoiceDeltaToolCall.from_call(i, c) for i, c in enumerate(chunk.tool_calls)]
-        delta = ChoiceDelta(
-            content=chunk.text if chunk.text or not calls else None, tool_calls=calls or None
-        )
         logprobs = ChoiceLogprobs.from_tokens(chunk.logprobs) if chat.logprobs else None
+        if chunk.tool_calls:
+            if chunk.text:
+                yield event([ChunkChoice(index=chunk.index, delta=ChoiceDelta(content=chunk.text))])
+            for number, call in enumerate(chunk.tool_calls):
+                for piece in ChoiceDeltaToolCall.deltas_of(number, call):
+                    delta = ChoiceDelta(tool_calls=[piece])
+                    yield event([ChunkChoice(index=chunk.index, delta=delta)])
+            delta = ChoiceDelta()
+        else:
+            delta = ChoiceDelta(content=chunk.text)
         choice = ChunkChoice(
             index=chunk.index, delta=delta, logprobs=logprobs, finish_reason=chunk.finish_reason
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, ClassVar, Self
 
 from pydantic import (
     AfterValidator,
@@ -15,7 +15,9 @@ from pydantic import (
     Field,
     ModelWrapValidatorHandler,
     PrivateAttr,
+    SerializerFunctionWrapHandler,
     ValidationInfo,
+    model_serializer,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -159,9 +161,21 @@ class OpenAIRequest(LenientModel):
 
 
 class ResponseModel(BaseModel):
-    """A body we build ourselves: a misspelt field is our bug, so it fails loudly."""
+    """A body we build ourselves: a misspelt field is our bug, so it fails loudly. A field named
+    in `omitted_when_none` is left out rather than written as null: the vendors' schemas have
+    such a field as a value or nothing (a stream delta's `role`, an event's `usage`)."""
 
     model_config = ConfigDict(extra="forbid")
+    omitted_when_none: ClassVar[frozenset[str]] = frozenset()
+
+    @model_serializer(mode="wrap")
+    def _omit_nones(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if self.omitted_when_none and isinstance(data, dict):
+            for name in self.omitted_when_none:
+                if name in data and data[name] is None:
+                    del data[name]
+        return data
 
 
 class Usage(ResponseModel):

@@ -132,7 +132,10 @@ class CompletionChoice(ResponseModel):
 
 
 class Completion(ResponseModel):
-    """A whole answer, or (streamed) one `data:` event, as OpenAI sends both."""
+    """A whole answer, or (streamed) one `data:` event, as OpenAI sends both; an event has a
+    `usage` only when it is the usage event."""
+
+    omitted_when_none = frozenset({"usage"})
 
     id: str
     object: Literal["text_completion"] = "text_completion"
@@ -140,7 +143,6 @@ class Completion(ResponseModel):
     model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None
-    system_fingerprint: str | None = None
 
 
 def completion_id() -> str:

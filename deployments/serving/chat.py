@@ -102,7 +102,7 @@ class ChatService(ModelService):
                 completion, trace = cached.hit, await self.edge.nearest(model.name, ctx, telemetry)
             else:
                 result, trace = await self._checked_dispatch(model, messages, ctx, telemetry, call)
-                completion = await self._completion(model, result.reply.value)
+                completion = await self._completion(model, chat.model, result.reply.value)
                 cached.store(completion, trace)
             usage = completion.usage
             used_tokens = usage.total_tokens
@@ -115,14 +115,17 @@ class ChatService(ModelService):
             quota.settle(used_tokens)
         return Answer.of(completion, trace, quota)
 
-    async def _completion(self, model: ServedModel, choices: list[Completion]) -> ChatCompletion:
-        """The answer of the model's choices, each passed through the output gate if it applies."""
+    async def _completion(
+        self, model: ServedModel, asked_as: str, choices: list[Completion]
+    ) -> ChatCompletion:
+        """The answer of the model's choices, each passed through the output gate if it applies,
+        named as the client asked for the model (its name or an alias), as a stream's chunks are."""
         choices = list(choices)
         if self.gate.applies_to(model.name):
             for i, done in enumerate(choices):
                 text, finish = await self.gate.filter_output(done.text, done.finish_reason)
                 choices[i] = dataclasses.replace(done, text=text, finish_reason=finish)
-        return chat_completion(model.name, choices)
+        return chat_completion(asked_as, choices)
 
     async def stream(
         self, chat: ChatCompletionRequest, ctx: RequestContext, telemetry: RequestTelemetry

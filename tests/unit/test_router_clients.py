@@ -27,7 +27,8 @@ def test_workers_ai_run_with_a_catalogue_name(client: TestClient, prefix: str) -
     assert answer.status_code == 200, answer.text
     body = answer.json()
     assert body["success"] is True and body["errors"] == []
-    assert body["result"]["response"] == "hello from the fake model"
+    # by its catalogue name, the record's shape: OpenAI's chat.completion
+    assert body["result"]["choices"][0]["message"]["content"] == "hello from the fake model"
     embedded = client.post(
         f"{prefix}/run/@cf/sentence-transformers/all-minilm-l6-v2",
         json={"text": ["a", "b"]},
