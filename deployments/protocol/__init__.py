@@ -23,6 +23,7 @@ from deployments.protocol.chat_response import (
     ChunkChoice,
     FinishReason,
     FunctionCall,
+    PromptTokenLogprob,
     TopLogprob,
 )
 from deployments.protocol.common import (
@@ -101,6 +102,7 @@ __all__ = [
     "ModerationCreateResponse",
     "ModerationRequest",
     "OpenAIRequest",
+    "PromptTokenLogprob",
     "ResponseFormat",
     "ResponseModel",
     "StreamOptions",

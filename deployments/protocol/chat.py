@@ -281,6 +281,13 @@ class ChatCompletionRequest(OpenAIRequest):
     repetition_penalty: float = Field(
         default=1.0, gt=0.0, le=2.0, description="Extension: 1 is off."
     )
+    prompt_logprobs: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_TOP_LOGPROBS,
+        description="Extension (vLLM's): the prompt's own tokens' logprobs, with this many "
+        "alternatives each, in the answer's `prompt_logprobs`.",
+    )
 
     _check_unsupported = field_validator(
         "audio",

@@ -50,6 +50,32 @@ class ChoiceLogprobs(ResponseModel):
         )
 
 
+class PromptTokenLogprob(ResponseModel):
+    """Extension (vLLM's `prompt_logprobs`): a prompt token and its logprob given the tokens
+    before it; null for the first, which nothing precedes."""
+
+    token: str
+    bytes: list[int] | None
+    logprob: float | None
+    top_logprobs: list[TopLogprob]
+
+    @classmethod
+    def from_tokens(cls, tokens: Sequence[Any]) -> list[PromptTokenLogprob]:
+        """From the engine's prompt token records (`token`, `token_bytes`, `logprob`, `top`)."""
+        return [
+            cls(
+                token=t.token,
+                bytes=list(t.token_bytes),
+                logprob=t.logprob,
+                top_logprobs=[
+                    TopLogprob(token=a.token, bytes=list(a.token_bytes), logprob=a.logprob)
+                    for a in t.top_logprobs
+                ],
+            )
+            for t in tokens
+        ]
+
+
 class FunctionCall(ResponseModel):
     name: str
     arguments: str
@@ -85,12 +111,15 @@ class Choice(ResponseModel):
 
 
 class ChatCompletion(ResponseModel):
+    omitted_when_none = frozenset({"prompt_logprobs"})
+
     id: str
     object: Literal["chat.completion"] = "chat.completion"
     created: int
     model: str
     choices: list[Choice]
     usage: Usage
+    prompt_logprobs: list[PromptTokenLogprob] | None = None  # only when asked (extension)
 
 
 class ChoiceDelta(ResponseModel):

@@ -19,6 +19,7 @@ from deployments.protocol import (
     ChatCompletionRequest,
     Choice,
     ChoiceLogprobs,
+    PromptTokenLogprob,
     Usage,
     chat_completion_id,
     chat_messages_as_dicts,
@@ -52,6 +53,7 @@ def chat_choice(done: Completion) -> Choice:
 
 
 def chat_completion(model: str, choices: list[Completion]) -> ChatCompletion:
+    prompt_logprobs = choices[0].prompt_logprobs
     return ChatCompletion(
         id=chat_completion_id(),
         created=created_timestamp(),
@@ -60,6 +62,9 @@ def chat_completion(model: str, choices: list[Completion]) -> ChatCompletion:
         usage=Usage.from_counts(
             choices[0].prompt_tokens, sum(c.completion_tokens for c in choices)
         ),
+        prompt_logprobs=None
+        if prompt_logprobs is None
+        else PromptTokenLogprob.from_tokens(prompt_logprobs),
     )
 
 

@@ -26,6 +26,7 @@ from schema_contracts import (
     problems,
     sse_events,
 )
+from test_router_clients import EchoingChatHandle
 
 from deployments.api.app import make_app
 from deployments.runtime.outputs import Completion, GenerationChunk, TokenLogprob, ToolCall
@@ -216,6 +217,28 @@ COMPLETION = openai_validator("CreateCompletionResponse")
 def test_a_legacy_completion_is_valid(rich: TestClient, body: dict[str, Any]):
     answer = post(rich, "/v1/completions", {"model": "glm", **body}).json()
     assert_valid(COMPLETION, answer, "a completion")
+
+
+def test_prompt_lists_and_echoed_logprobs_are_valid_but_for_the_first_tokens_null():
+    body = {"model": "glm", "prompt": ["a b", "c d e"], "n": 2, "echo": True, "logprobs": 2}
+    with client_for(glm=EchoingChatHandle()) as client:
+        answer = post(client, "/v1/completions", body).json()
+        events = streamed(client, "/v1/completions", {**body, "stream": True})
+    # Stricter than the service: the spec has no null in `token_logprobs` or `top_logprobs`,
+    # yet OpenAI's echoed prompt starts with a null for its first token, which nothing precedes
+    # (`"token_logprobs": [null, -5.6045575, ...]` in the events quoted at
+    # community.openai.com/t/completion-finish-reason-is-missing-when-stream-true/90526).
+    assert len(answer["choices"]) == 4
+    for number, body_or_event in enumerate([answer, *events]):
+        for choice in body_or_event["choices"]:
+            logprobs = choice["logprobs"]
+            if logprobs and logprobs["token_logprobs"][:1] == [None]:
+                assert logprobs["top_logprobs"][0] is None
+                assert choice["text"].startswith(tuple(body["prompt"]))  # an echoed prompt
+                logprobs["token_logprobs"][0], logprobs["top_logprobs"][0] = 0.0, {}
+            if choice["finish_reason"] is None and number > 0:
+                choice["finish_reason"] = "stop"  # null until it ends, as above
+        assert_valid(COMPLETION, body_or_event, f"answer or event {number}, but for those")
 
 
 @pytest.mark.parametrize(
