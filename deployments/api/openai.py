@@ -12,7 +12,8 @@ from fastapi import APIRouter, Depends, Response
 from deployments.api.caller import Caller, caller_of
 from deployments.api.errors import openai_error_body
 from deployments.api.responses import ignored_fields_header, json_response
-from deployments.api.streaming import event_stream
+from deployments.api.streaming import OpenedStream, held_event_stream
+from deployments.edge.waiting import ColdStartNotice
 from deployments.observability import RequestTelemetry
 from deployments.protocol import (
     ChatCompletion,
@@ -31,6 +32,7 @@ from deployments.protocol import (
     Usage,
     chat_completion_id,
     created_timestamp,
+    rejects_if_busy,
 )
 from deployments.protocol.completions import (
     Completion,
@@ -41,6 +43,7 @@ from deployments.protocol.completions import (
 )
 from deployments.runtime.outputs import GenerationChunk
 from deployments.serving.answer import Answer
+from deployments.serving.context import RequestContext
 from deployments.serving.services import RouterServices
 
 
@@ -62,11 +65,16 @@ def openai_routes(services: RouterServices) -> APIRouter:
     @routes.post("/v1/chat/completions", response_model=ChatCompletion)
     async def chat_completions(body: ChatCompletionRequest, caller: Authenticated) -> Response:
         ignored = ignored_fields_header(body)
+        ctx, telemetry = caller.context.rejecting_if_busy(rejects_if_busy(body)), caller.telemetry
         if body.stream:
-            stream = await services.chat.stream(body, caller.context, caller.telemetry)
-            events = openai_chunks(body, stream.value)
-            return event_stream(events, openai_error_body, {**stream.headers, **ignored})
-        answer = await services.chat.complete(body, caller.context, caller.telemetry)
+            notice = ColdStartNotice()
+
+            async def opening() -> OpenedStream:
+                stream = await services.chat.stream(body, ctx, telemetry, notice)
+                return openai_chunks(body, stream.value), stream.headers
+
+            return await held_event_stream(opening(), notice, openai_error_body, ignored)
+        answer = await services.chat.complete(body, ctx, telemetry)
         return json_response(answer.value, {**answer.headers, **ignored})
 
     @routes.post("/v1/completions", response_model=Completion)
@@ -77,9 +85,14 @@ def openai_routes(services: RouterServices) -> APIRouter:
         ctx, telemetry = caller.context, caller.telemetry
         chats = [body.as_chat(prompt) for prompt in body.prompts]
         if body.stream:
-            streams = await _opened_streams(services, chats, caller)
-            events = completion_chunks(body, [stream.value for stream in streams], telemetry)
-            return event_stream(events, openai_error_body, {**streams[-1].headers, **ignored})
+            notice = ColdStartNotice()
+
+            async def opening() -> OpenedStream:
+                streams = await _opened_streams(services, chats, ctx, telemetry, notice)
+                events = completion_chunks(body, [stream.value for stream in streams], telemetry)
+                return events, streams[-1].headers
+
+            return await held_event_stream(opening(), notice, openai_error_body, ignored)
         answers = await asyncio.gather(
             *(services.chat.complete(chat, ctx, telemetry) for chat in chats)
         )
@@ -145,14 +158,18 @@ async def openai_chunks(
 
 
 async def _opened_streams(
-    services: RouterServices, chats: list[ChatCompletionRequest], caller: Caller
+    services: RouterServices,
+    chats: list[ChatCompletionRequest],
+    ctx: RequestContext,
+    telemetry: RequestTelemetry,
+    notice: ColdStartNotice,
 ) -> list[Answer[AsyncIterator[GenerationChunk]]]:
     """Every prompt's stream, opened before the first byte (so a failure still has its status);
     they generate side by side. If one cannot open, those already open are closed."""
     opened: list[Answer[AsyncIterator[GenerationChunk]]] = []
     try:
         for chat in chats:
-            opened.append(await services.chat.stream(chat, caller.context, caller.telemetry))
+            opened.append(await services.chat.stream(chat, ctx, telemetry, notice))
     except BaseException:
         for answer in opened:
             await cast(AsyncGenerator[GenerationChunk, None], answer.value).aclose()

@@ -29,6 +29,7 @@ from deployments.protocol.chat_response import (
 from deployments.protocol.common import (
     LenientModel,
     OpenAIRequest,
+    RequestOptions,
     ResponseModel,
     Usage,
     Utf8Str,
@@ -38,6 +39,7 @@ from deployments.protocol.common import (
     json_ready,
     make_id,
     moderation_id,
+    rejects_if_busy,
 )
 from deployments.protocol.embeddings import (
     CreateEmbeddingResponse,
@@ -103,6 +105,7 @@ __all__ = [
     "ModerationRequest",
     "OpenAIRequest",
     "PromptTokenLogprob",
+    "RequestOptions",
     "ResponseFormat",
     "ResponseModel",
     "StreamOptions",
@@ -131,6 +134,7 @@ __all__ = [
     "make_id",
     "moderation_id",
     "ok_envelope",
+    "rejects_if_busy",
     "request_error_from_validation",
     "workers_chat_to_chat_request",
     "workers_embedding_result",

@@ -142,6 +142,21 @@ class LenientModel(BaseModel):
                         yield from item._ignored_paths(f"{prefix}{name}.{index}.")
 
 
+class RequestOptions(LenientModel):
+    """Workers AI's request `options`, sent in the body by its REST API and its OpenAI-compatible
+    chat completions: `rejectIfBusy` fails the request at once (a 429, code 3040) rather than
+    let it wait in a capacity queue."""
+
+    reject_if_busy: bool = Field(default=False, alias="rejectIfBusy")
+
+
+def rejects_if_busy(request: Any) -> bool:
+    """Whether a request's `options` (a chat request's, a Workers AI input's) ask not to wait
+    for capacity."""
+    options = getattr(request, "options", None)
+    return isinstance(options, RequestOptions) and options.reject_if_busy
+
+
 def reject_unsupported(value: Any, info: ValidationInfo) -> Any:
     """A field validator for an OpenAI parameter we do not honour: any value but null (which
     means "not given") is a 400 naming it, never a silent drop."""

@@ -25,6 +25,7 @@ from deployments.protocol.chat import (
 from deployments.protocol.common import (
     LenientModel,
     OpenAIRequest,
+    RequestOptions,
     ResponseModel,
     Usage,
     Utf8Str,
@@ -102,6 +103,7 @@ class WorkersChatInput(OpenAIRequest):
     response_format: WorkersResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
     stop: StopSequences | None = None
+    options: RequestOptions | None = None
 
     @field_validator("messages")
     @classmethod
@@ -147,7 +149,9 @@ class WorkersOpenAIChatInput(ChatCompletionRequest):
     def as_chat(self, model: str) -> ChatCompletionRequest:
         """The OpenAI chat request this input is, for `model`."""
         messages = self.messages or [ChatMessage(role="user", content=self.prompt)]
-        fields = self.model_dump(exclude={"prompt", "model", "messages"}, exclude_unset=True)
+        fields = self.model_dump(
+            exclude={"prompt", "model", "messages", "options"}, exclude_unset=True
+        )
         return ChatCompletionRequest.model_validate(
             {**fields, "model": model, "messages": messages}
         )
@@ -155,6 +159,7 @@ class WorkersOpenAIChatInput(ChatCompletionRequest):
 
 class WorkersEmbeddingInput(OpenAIRequest):
     text: str | list[str]
+    options: RequestOptions | None = None
 
     @field_validator("text", mode="before")
     @classmethod
@@ -168,6 +173,7 @@ class WorkersEmbeddingInput(OpenAIRequest):
 
 class WorkersModerationInput(OpenAIRequest):
     text: str | list[str]
+    options: RequestOptions | None = None
 
     @field_validator("text", mode="before")
     @classmethod

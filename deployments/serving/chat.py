@@ -11,6 +11,7 @@ from typing import Any
 
 from deployments.edge.calls import CallResult, HandleCall
 from deployments.edge.trace import EdgeTrace
+from deployments.edge.waiting import ColdStartNotice
 from deployments.observability import RequestTelemetry
 from deployments.protocol import (
     ChatCompletion,
@@ -133,17 +134,24 @@ class ChatService(ModelService):
         return chat_completion(asked_as, choices)
 
     async def stream(
-        self, chat: ChatCompletionRequest, ctx: RequestContext, telemetry: RequestTelemetry
+        self,
+        chat: ChatCompletionRequest,
+        ctx: RequestContext,
+        telemetry: RequestTelemetry,
+        notice: ColdStartNotice | None = None,
     ) -> Answer[AsyncIterator[GenerationChunk]]:
         """The generation's chunks once its first one came: until then the edge may fail over
         and an error has a real status; after it, the route turns errors into an error event.
-        The key's tokens are settled when the stream ends, fails or is abandoned."""
+        `notice` hears if the edge waits for a cold replica meanwhile. The key's tokens are
+        settled when the stream ends, fails or is abandoned."""
         model = self._begin(chat, telemetry)
         messages, params, quota = self.admission.admit_chat(chat, ctx.principal)
         features = chat_features(chat)
         call = HandleCall("stream", (messages, params, ctx.traceparent, features), stream=True)
         try:
-            opened, trace = await self._checked_dispatch(model, messages, ctx, telemetry, call)
+            opened, trace = await self._checked_dispatch(
+                model, messages, ctx, telemetry, call, notice
+            )
         except BaseException:
             quota.settle(0)
             raise
@@ -159,12 +167,13 @@ class ChatService(ModelService):
         ctx: RequestContext,
         telemetry: RequestTelemetry,
         call: HandleCall,
+        notice: ColdStartNotice | None = None,
     ) -> tuple[CallResult, EdgeTrace]:
         """`call` through the edge, started while the gate checks the input (the check overlaps
         the hop to the model and its prefill); its result comes back only once the input passed.
         A refused input cancels the call, or closes the stream it already opened, and the 400 is
         raised whatever the call did."""
-        dispatching = self.edge.dispatch(model.name, ctx, call, telemetry)
+        dispatching = self.edge.dispatch(model.name, ctx, call, telemetry, notice)
         if not self.gate.applies_to(model.name):
             return await dispatching
         started = asyncio.ensure_future(dispatching)

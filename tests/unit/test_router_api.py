@@ -3,6 +3,7 @@ and error shape - OpenAI's on /v1, the Workers-AI envelope on /ai for every erro
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -248,3 +249,78 @@ def test_probes_and_the_openapi_document(client: TestClient):
         "/ai/run/{model_name}",
     } <= (paths)
     assert not any(path.startswith("/admin") for path in paths)
+
+
+# ---- waiting for capacity: rejectIfBusy, x-edge-max-wait-ms, held streams -----------------------
+# Without edge-control (as here) the router knows of no running replica: every region is cold,
+# and a request would wait on a cold start.
+
+
+def test_reject_if_busy_is_a_429_with_cloudflares_code_instead_of_a_wait(client: TestClient):
+    busy = {"options": {"rejectIfBusy": True}}
+    workers = client.post("/ai/run/glm", json={"prompt": "hi", **busy}, headers=USER)
+    assert workers.status_code == 429 and int(workers.headers["retry-after"]) == 3
+    assert workers.json()["errors"] == [
+        {"code": 3040, "message": "Capacity temporarily exceeded, please try again."}
+    ]
+    embedded = client.post("/ai/run/embedding", json={"text": "a", **busy}, headers=USER)
+    assert embedded.json()["errors"][0]["code"] == 3040
+    openai = client.post("/v1/chat/completions", json={**HELLO, **busy}, headers=USER)
+    assert openai_error(openai, 429)["code"] == "capacity_exceeded"
+    # Without the option the same request waits for the cold start and is served.
+    assert client.post("/ai/run/glm", json={"prompt": "hi"}, headers=USER).status_code == 200
+    # An option Workers AI does not define is refused like any unknown field.
+    queued = client.post("/ai/run/glm", json={"prompt": "hi", "options": {"x": 1}}, headers=USER)
+    assert "options.x" in envelope_error(queued, 400)
+
+
+def test_a_wait_budget_shorter_than_the_cold_start_is_a_503_with_the_expected_wake_up(
+    client: TestClient,
+):
+    short = {**USER, "x-edge-max-wait-ms": "500"}  # the cold-start estimate: 3000 ms
+    response = client.post("/v1/chat/completions", json=HELLO, headers=short)
+    assert openai_error(response, 503)["code"] == "wait_budget_exceeded"
+    assert response.headers["retry-after"] == "3"
+    long_enough = {**USER, "x-edge-max-wait-ms": "10000"}
+    assert client.post("/v1/chat/completions", json=HELLO, headers=long_enough).status_code == 200
+    bad = client.post(
+        "/v1/chat/completions", json=HELLO, headers={**USER, "x-edge-max-wait-ms": "soon"}
+    )
+    assert openai_error(bad, 400)["param"] == "x-edge-max-wait-ms"
+
+
+class SlowFirstChunkHandle(FakeChatHandle):
+    """A chat replica whose first chunk takes a few event-loop rounds (a cold start)."""
+
+    def _stream(self, messages: Any, params: Any, traceparent: Any, features: Any = None) -> Any:
+        stream = super()._stream(messages, params, traceparent, features)
+        first = stream.__anext__
+
+        async def slow_first() -> Any:
+            stream.__anext__ = first  # type: ignore[method-assign]
+            for _ in range(5):
+                await asyncio.sleep(0.01)
+            return await first()
+
+        stream.__anext__ = slow_first  # type: ignore[method-assign]
+        return stream
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", {**HELLO, "stream": True}),
+        ("/ai/run/kimi", {"prompt": "hi", "stream": True}),
+        ("/ai/run/@cf/moonshotai/kimi-k2.6", {"prompt": "hi", "stream": True}),
+        ("/v1/completions", {"model": "kimi", "prompt": ["a", "b"], "stream": True}),
+    ],
+)
+def test_a_stream_held_for_a_cold_start_says_it_is_warming(path: str, body: dict[str, Any]):
+    with client_for(fake_handles(kimi=SlowFirstChunkHandle())) as client:
+        response = client.post(path, json=body, headers=USER)
+    assert response.status_code == 200
+    lines = [line for line in response.text.splitlines() if line]
+    assert lines[0].startswith(": warming region=")
+    assert lines[0].removeprefix(": warming region=") in {"eu", "us", "ap"}
+    assert sse_data(response)[-1] == "[DONE]" and len(sse_data(response)) > 1
+    assert "x-edge-region" not in response.headers  # not known when the response started
