@@ -18,6 +18,8 @@ from deployments.edge.waiting import ColdStartNotice
 DONE = "[DONE]"
 PING_S = 15
 WARMING_COMMENT_S = 1.0  # how often a held stream says it is still warming
+# A held stream's comment with the x-edge-* headers its response could not carry
+EDGE_COMMENT = "edge"
 
 # A stream's events, and the headers its first chunk's answer carries (x-edge-*, x-ratelimit-*)
 OpenedStream = tuple[AsyncIterator[str], Mapping[str, str]]
@@ -46,9 +48,10 @@ async def held_event_stream(
     """The stream `opening` gives. If its first chunk comes (or it fails) before the edge waits
     for a cold replica: the usual response, with its real status and headers. Once the edge
     waits on a cold region, the response starts at once and sends `: warming region=<region>`
-    comment lines until the first chunk, so a client can tell a cold start from a hang; its
-    headers are then only `headers` (where it is served is not known yet), and an error that
-    comes after is the stream's last event."""
+    comment lines until the first chunk, so a client can tell a cold start from a hang; the
+    `x-edge-*` headers it could not carry (where it was served was not known yet) follow in one
+    comment, `: edge x-edge-region=ap x-edge-cold-start=1 ...`, and an error that comes after is
+    the stream's last event."""
     opened = asyncio.ensure_future(opening)
     warming = asyncio.ensure_future(notice.wait())
     try:
@@ -69,8 +72,15 @@ async def held_event_stream(
                 await asyncio.wait({opened}, timeout=WARMING_COMMENT_S)
         finally:
             opened.cancel()  # the client left while it waited: the dispatch stops (no-op once done)
-        events, _ = opened.result()
+        events, answer_headers = opened.result()
+        yield ServerSentEvent(comment=edge_comment(answer_headers))
         async for event in events:
             yield event
 
     return event_stream(held(), error_body, headers)
+
+
+def edge_comment(headers: Mapping[str, str]) -> str:
+    """`edge name=value ...`: the x-edge-* headers of an answer, as one SSE comment's text."""
+    pairs = [f"{name}={value}" for name, value in headers.items() if name.startswith("x-edge-")]
+    return " ".join([EDGE_COMMENT, *pairs])

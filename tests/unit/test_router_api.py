@@ -324,3 +324,5 @@ def test_a_stream_held_for_a_cold_start_says_it_is_warming(path: str, body: dict
     assert lines[0].removeprefix(": warming region=") in {"eu", "us", "ap"}
     assert sse_data(response)[-1] == "[DONE]" and len(sse_data(response)) > 1
     assert "x-edge-region" not in response.headers  # not known when the response started
+    (edge,) = [line for line in lines if line.startswith(": edge ")]  # ... so it follows here
+    assert "x-edge-colo=" in edge and "x-edge-route-reason=" in edge
