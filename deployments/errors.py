@@ -180,19 +180,23 @@ class PayloadTooLargeError(ServingError):
     default_code = "payload_too_large"
 
 
-class OverloadedError(ServingError):
+class RetryLater:
+    """For an error whose client should retry after `retry_after_s` (the Retry-After header)."""
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0, **kwargs: Any):
+        super().__init__(message, **kwargs)  # type: ignore[call-arg]  # ServingError's
+        self.retry_after_s = retry_after_s
+
+    def response_headers(self) -> dict[str, str]:
+        return retry_after(self.retry_after_s)
+
+
+class OverloadedError(RetryLater, ServingError):
     """No capacity right now; the client should retry after `retry_after_s`."""
 
     status = 503
     error_type = "overloaded_error"
     default_code = "overloaded"
-
-    def __init__(self, message: str, *, retry_after_s: float = 1.0, **kwargs: Any):
-        super().__init__(message, **kwargs)
-        self.retry_after_s = retry_after_s
-
-    def response_headers(self) -> dict[str, str]:
-        return retry_after(self.retry_after_s)
 
 
 class ModelNotReadyError(OverloadedError):
@@ -214,20 +218,13 @@ class RegionFaultError(OverloadedError):
     default_code = "region_fault"
 
 
-class BusyError(ServingError):
+class BusyError(RetryLater, ServingError):
     """The client asked not to wait in a capacity queue (Workers AI's `rejectIfBusy`) and no
     region has a free slot now: a 429 as Cloudflare answers it, not a wait."""
 
     status = 429
     error_type = "rate_limit_error"
     default_code = "capacity_exceeded"
-
-    def __init__(self, message: str, *, retry_after_s: float = 1.0, **kwargs: Any):
-        super().__init__(message, **kwargs)
-        self.retry_after_s = retry_after_s
-
-    def response_headers(self) -> dict[str, str]:
-        return retry_after(self.retry_after_s)
 
 
 class WaitBudgetExceededError(OverloadedError):

@@ -20,6 +20,20 @@ class TopLogprob(ResponseModel):
     logprob: float
 
 
+def _token_fields(t: Any) -> dict[str, Any]:
+    """An engine token record (`token`, `token_bytes`, `logprob`, `top_logprobs`) as the fields
+    OpenAI's token logprobs have."""
+    return {
+        "token": t.token,
+        "bytes": list(t.token_bytes),
+        "logprob": t.logprob,
+        "top_logprobs": [
+            TopLogprob(token=a.token, bytes=list(a.token_bytes), logprob=a.logprob)
+            for a in t.top_logprobs
+        ],
+    }
+
+
 class ChatCompletionTokenLogprob(ResponseModel):
     token: str
     bytes: list[int] | None
@@ -34,20 +48,7 @@ class ChoiceLogprobs(ResponseModel):
     @classmethod
     def from_tokens(cls, tokens: Sequence[Any]) -> ChoiceLogprobs:
         """From the engine's token records (`token`, `token_bytes`, `logprob`, `top_logprobs`)."""
-        return cls(
-            content=[
-                ChatCompletionTokenLogprob(
-                    token=t.token,
-                    bytes=list(t.token_bytes),
-                    logprob=t.logprob,
-                    top_logprobs=[
-                        TopLogprob(token=a.token, bytes=list(a.token_bytes), logprob=a.logprob)
-                        for a in t.top_logprobs
-                    ],
-                )
-                for t in tokens
-            ]
-        )
+        return cls(content=[ChatCompletionTokenLogprob(**_token_fields(t)) for t in tokens])
 
 
 class PromptTokenLogprob(ResponseModel):
@@ -61,19 +62,8 @@ class PromptTokenLogprob(ResponseModel):
 
     @classmethod
     def from_tokens(cls, tokens: Sequence[Any]) -> list[PromptTokenLogprob]:
-        """From the engine's prompt token records (`token`, `token_bytes`, `logprob`, `top`)."""
-        return [
-            cls(
-                token=t.token,
-                bytes=list(t.token_bytes),
-                logprob=t.logprob,
-                top_logprobs=[
-                    TopLogprob(token=a.token, bytes=list(a.token_bytes), logprob=a.logprob)
-                    for a in t.top_logprobs
-                ],
-            )
-            for t in tokens
-        ]
+        """From the engine's prompt token records (the first one's `logprob` None)."""
+        return [cls(**_token_fields(t)) for t in tokens]
 
 
 class FunctionCall(ResponseModel):
