@@ -38,15 +38,26 @@ class WaitLimits:
 
 class ColdStartNotice:
     """Set by the dispatcher when an attempt has to wait for a cold region's first replica, so a
-    streamed answer can start at once and tell its client it is warming, not hung."""
+    streamed answer can start at once and tell its client it is warming, not hung. While held
+    (the input still being checked: a refusal must keep its 400), it is told only on release."""
 
     def __init__(self) -> None:
         self.region: str | None = None
         self._waiting = asyncio.Event()
+        self._held = False
 
     def waiting_on(self, region: str) -> None:
         self.region = region
-        self._waiting.set()
+        if not self._held:
+            self._waiting.set()
+
+    def hold(self) -> None:
+        self._held = True
+
+    def release(self) -> None:
+        self._held = False
+        if self.region is not None:
+            self._waiting.set()
 
     async def wait(self) -> str:
         """The region, once an attempt waits on a cold one."""

@@ -173,12 +173,17 @@ class ChatService(ModelService):
         the hop to the model and its prefill); its result comes back only once the input passed.
         A refused input cancels the call, or closes the stream it already opened, and the 400 is
         raised whatever the call did."""
-        dispatching = self.edge.dispatch(model.name, ctx, call, telemetry, notice)
         if not self.gate.applies_to(model.name):
-            return await dispatching
-        started = asyncio.ensure_future(dispatching)
+            return await self.edge.dispatch(model.name, ctx, call, telemetry, notice)
+        if notice is not None:
+            notice.hold()  # a stream starts only once its input passed: a refusal stays a 400
+        started = asyncio.ensure_future(
+            self.edge.dispatch(model.name, ctx, call, telemetry, notice)
+        )
         try:
             await self.gate.check_input(messages)
+            if notice is not None:
+                notice.release()
         except BaseException:
             if not started.done():
                 started.cancel()

@@ -10,7 +10,14 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from router_fakes import DIMENSION, FakeChatHandle, app_config, fake_handles, services_for
+from router_fakes import (
+    DIMENSION,
+    FakeChatHandle,
+    FakeModerationHandle,
+    app_config,
+    fake_handles,
+    services_for,
+)
 
 from deployments.api.app import make_app
 
@@ -298,7 +305,7 @@ class SlowFirstChunkHandle(FakeChatHandle):
 
         async def slow_first() -> Any:
             stream.__anext__ = first  # type: ignore[method-assign]
-            for _ in range(5):
+            for _ in range(20):  # 4 times the slow moderation check's rounds (below)
                 await asyncio.sleep(0.01)
             return await first()
 
@@ -326,3 +333,31 @@ def test_a_stream_held_for_a_cold_start_says_it_is_warming(path: str, body: dict
     assert "x-edge-region" not in response.headers  # not known when the response started
     (edge,) = [line for line in lines if line.startswith(": edge ")]  # ... so it follows here
     assert "x-edge-colo=" in edge and "x-edge-route-reason=" in edge
+
+
+class SlowModerationHandle(FakeModerationHandle):
+    """The moderation deployment, answering the gate's check after a few event-loop rounds."""
+
+    async def _classify(self, texts: list[str], traceparent: Any = None) -> Any:
+        for _ in range(5):
+            await asyncio.sleep(0.01)
+        return await super()._classify(texts, traceparent)
+
+
+def test_a_refused_input_keeps_its_400_even_when_the_stream_would_wait_for_a_cold_start():
+    """The gate checks the input (here by a call to the moderation deployment) while the
+    dispatch starts; a stream waiting on a cold start is held (its response started) only once
+    the input passed."""
+    config = app_config(max_body_bytes=LIMIT)
+    gate = config.security.moderation_gate.model_copy(update={"classifier": "deployment"})
+    security = config.security.model_copy(update={"moderation_gate": gate})
+    config = config.model_copy(update={"security": security})
+    handles = fake_handles(kimi=SlowFirstChunkHandle(), moderation=SlowModerationHandle())
+    with TestClient(make_app(config, services_for(config, handles, ENV))) as client:
+        body = {"model": "kimi", "messages": [{"role": "user", "content": "darn"}], "stream": True}
+        refused = client.post("/v1/chat/completions", json=body, headers=USER)
+        fine = client.post(
+            "/v1/chat/completions", json={**body, "messages": HELLO["messages"]}, headers=USER
+        )
+    assert openai_error(refused, 400)["code"] == "content_policy_violation"
+    assert fine.text.startswith(": warming region=")  # held once the input passed
