@@ -274,7 +274,8 @@ def test_embeddings_are_valid_and_base64_is_where_the_spec_is_stricter(client: T
     base64 = post(client, "/v1/embeddings", encoded).json()
     # Stricter than the service: the spec types `embedding` as an array of numbers only, yet
     # OpenAI answers `encoding_format: base64` with a string, and its own Python SDK asks for
-    # base64 by default and decodes that string (openai/resources/embeddings.py, `create`).
+    # base64 by default and decodes that string (openai 3.51: lib/_parsing/_embeddings.py,
+    # prepare_embedding_request).
     (issue,) = problems(validator, base64)
     assert issue.startswith("data/0/embedding:") and "is not of type 'array'" in issue
 
