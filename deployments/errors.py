@@ -2,13 +2,15 @@
 
 The model runtimes raise these (they import nothing from Ray or HTTP). Each error carries its own
 response headers (`response_headers`); the router's one exception handler shapes the body as the
-route's API wants it (OpenAI's `to_error_body`, or a Workers-AI envelope).
+route's API wants it (OpenAI's `to_error_body`, or a Workers-AI envelope, whose integer code per
+failure kind is `ENVELOPE_CODES`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 
@@ -178,19 +180,23 @@ class PayloadTooLargeError(ServingError):
     default_code = "payload_too_large"
 
 
-class OverloadedError(ServingError):
+class RetryLater:
+    """For an error whose client should retry after `retry_after_s` (the Retry-After header)."""
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0, **kwargs: Any):
+        super().__init__(message, **kwargs)  # type: ignore[call-arg]  # ServingError's
+        self.retry_after_s = retry_after_s
+
+    def response_headers(self) -> dict[str, str]:
+        return retry_after(self.retry_after_s)
+
+
+class OverloadedError(RetryLater, ServingError):
     """No capacity right now; the client should retry after `retry_after_s`."""
 
     status = 503
     error_type = "overloaded_error"
     default_code = "overloaded"
-
-    def __init__(self, message: str, *, retry_after_s: float = 1.0, **kwargs: Any):
-        super().__init__(message, **kwargs)
-        self.retry_after_s = retry_after_s
-
-    def response_headers(self) -> dict[str, str]:
-        return retry_after(self.retry_after_s)
 
 
 class ModelNotReadyError(OverloadedError):
@@ -212,12 +218,73 @@ class RegionFaultError(OverloadedError):
     default_code = "region_fault"
 
 
+class BusyError(RetryLater, ServingError):
+    """The client asked not to wait in a capacity queue (Workers AI's `rejectIfBusy`) and no
+    region has a free slot now: a 429 as Cloudflare answers it, not a wait."""
+
+    status = 429
+    error_type = "rate_limit_error"
+    default_code = "capacity_exceeded"
+
+
+class WaitBudgetExceededError(OverloadedError):
+    """The request's wait budget (`x-edge-max-wait-ms`) ends before a replica could take it;
+    `retry_after_s` is when the model is expected to be up."""
+
+    default_code = "wait_budget_exceeded"
+
+
 class InternalServerError(ServingError):
     """A bug or an unexpected failure on our side; the message never carries a stack trace."""
 
     status = 500
     error_type = "server_error"
     default_code = "internal_error"
+
+
+# The Workers AI envelope's `errors[].code` of each failure kind: an integer >= 1000, as
+# Cloudflare's v4 envelope requires, and one per kind. Cloudflare's own code where it documents
+# the same failure (developers.cloudflare.com/workers-ai/platform/errors: 5007, 3006, 3036, 3040;
+# the v4 API's 7003 "no route" and 10000 "authentication error"); the 9xxx codes are ours.
+# docs/api.md#error-codes lists them; tests keep this table whole, one-to-one and as documented.
+ENVELOPE_CODES: Mapping[type[ServingError], int] = MappingProxyType(
+    {
+        ServingError: 9000,
+        InternalServerError: 9001,
+        InvalidRequestError: 9100,
+        EmptyInputError: 9101,
+        InvalidUTF8Error: 9102,
+        BadHeaderValueError: 9103,
+        UnsupportedParameterError: 9104,
+        ContextLengthExceededError: 9105,
+        ContentPolicyViolationError: 9106,
+        WrongTaskError: 9107,
+        AuthenticationError: 10000,
+        PermissionDeniedError: 9200,
+        RateLimitedError: 3036,
+        BusyError: 3040,
+        NotFoundError: 9300,
+        ModelNotFoundError: 5007,
+        RouteNotFoundError: 7003,
+        ColoNotFoundError: 9301,
+        RegionNotFoundError: 9302,
+        MethodNotAllowedError: 9400,
+        PayloadTooLargeError: 3006,
+        OverloadedError: 9500,
+        ModelNotReadyError: 9501,
+        QueueFullError: 9502,
+        RegionFaultError: 9503,
+        WaitBudgetExceededError: 9504,
+    }
+)
+
+
+def envelope_code(kind: type[ServingError]) -> int:
+    """The envelope code of an error class (its nearest listed ancestor's, for one not listed)."""
+    for cls in kind.__mro__:
+        if cls in ENVELOPE_CODES:
+            return ENVELOPE_CODES[cls]
+    raise TypeError(f"{kind.__name__} is not a ServingError")
 
 
 def retry_after(seconds: float) -> dict[str, str]:

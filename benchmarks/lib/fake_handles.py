@@ -27,6 +27,11 @@ def reply(value: Any) -> Reply[Any]:
     return Reply(value, replica_ready_at=0.0, replica_load_s=0.0)
 
 
+async def _awake() -> float:
+    """A wake call's answer (ModelServer.wake): when the replica was ready."""
+    return 0.0
+
+
 class Method:
     """`handle.method.remote(...)`: records the call, returns an awaitable of the reply."""
 
@@ -84,6 +89,7 @@ class FakeChatHandle:
         self.complete_choices = self.complete
         self.stream = Method(self._stream)
         self.streams: list[FakeStream] = []
+        self.wake = Method(_awake)
 
     def options(self, **_: Any) -> FakeChatHandle:
         return self
@@ -137,6 +143,7 @@ class FakeEmbeddingHandle:
         self.dimension = dimension
         self._rng = rng
         self.embed = Method(self._embed)
+        self.wake = Method(_awake)
 
     def _vectors(self, count: int) -> np.ndarray:
         if self._rng is None:
@@ -172,6 +179,7 @@ def fake_verdicts(texts: list[str]) -> list[ModerationResult]:
 class FakeModerationHandle:
     def __init__(self) -> None:
         self.classify = Method(self._classify)
+        self.wake = Method(_awake)
 
     async def _classify(
         self, texts: list[str], traceparent: Any = None

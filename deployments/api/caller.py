@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from deployments.cache import wants_bypass
+from deployments.edge.waiting import WaitLimits
 from deployments.observability import RequestTelemetry, request_telemetry
 from deployments.security import KeyStore
 from deployments.serving.context import RequestContext
@@ -36,6 +37,7 @@ def caller_of(keys: KeyStore) -> Callable[[Request], Awaitable[Caller]]:
             client_ip=request.client.host if request.client else None,
             location_headers=RequestContext.location_of(request.headers),
             cache_bypass=wants_bypass(request.headers),
+            wait_limits=WaitLimits.from_headers(request.headers),
         )
         return Caller(context, telemetry)
 

@@ -3,15 +3,18 @@
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations at runtime,
 # and `Authenticated` is local to the router factory.
-from collections.abc import AsyncIterator
-from typing import Annotated, Any
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Depends, Response
 
 from deployments.api.caller import Caller, caller_of
 from deployments.api.errors import openai_error_body
 from deployments.api.responses import ignored_fields_header, json_response
-from deployments.api.streaming import event_stream
+from deployments.api.streaming import OpenedStream, held_event_stream
+from deployments.edge.waiting import ColdStartNotice
+from deployments.observability import RequestTelemetry
 from deployments.protocol import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -29,6 +32,7 @@ from deployments.protocol import (
     Usage,
     chat_completion_id,
     created_timestamp,
+    rejects_if_busy,
 )
 from deployments.protocol.completions import (
     Completion,
@@ -38,6 +42,8 @@ from deployments.protocol.completions import (
     completion_id,
 )
 from deployments.runtime.outputs import GenerationChunk
+from deployments.serving.answer import Answer
+from deployments.serving.context import RequestContext
 from deployments.serving.services import RouterServices
 
 
@@ -59,24 +65,46 @@ def openai_routes(services: RouterServices) -> APIRouter:
     @routes.post("/v1/chat/completions", response_model=ChatCompletion)
     async def chat_completions(body: ChatCompletionRequest, caller: Authenticated) -> Response:
         ignored = ignored_fields_header(body)
+        ctx, telemetry = caller.context.rejecting_if_busy(rejects_if_busy(body)), caller.telemetry
         if body.stream:
-            stream = await services.chat.stream(body, caller.context, caller.telemetry)
-            events = openai_chunks(body, stream.value)
-            return event_stream(events, openai_error_body, {**stream.headers, **ignored})
-        answer = await services.chat.complete(body, caller.context, caller.telemetry)
+            notice = ColdStartNotice()
+
+            async def opening() -> OpenedStream:
+                stream = await services.chat.stream(body, ctx, telemetry, notice)
+                return openai_chunks(body, stream.value), stream.headers
+
+            return await held_event_stream(opening(), notice, openai_error_body, ignored)
+        answer = await services.chat.complete(body, ctx, telemetry)
         return json_response(answer.value, {**answer.headers, **ignored})
 
     @routes.post("/v1/completions", response_model=Completion)
     async def completions(body: CompletionRequest, caller: Authenticated) -> Response:
-        """Legacy completions: the prompt as is (no chat template), on the chat models."""
+        """Legacy completions: each prompt as is (no chat template), on the chat models; the
+        prompts of a list run side by side, each a chat request of its own."""
         ignored = ignored_fields_header(body)
-        chat = body.as_chat()
+        ctx, telemetry = caller.context, caller.telemetry
+        chats = [body.as_chat(prompt) for prompt in body.prompts]
         if body.stream:
-            stream = await services.chat.stream(chat, caller.context, caller.telemetry)
-            events = completion_chunks(body, chat, stream.value)
-            return event_stream(events, openai_error_body, {**stream.headers, **ignored})
-        answer = await services.chat.complete(chat, caller.context, caller.telemetry)
-        return json_response(legacy_completion(body, answer.value), {**answer.headers, **ignored})
+            notice = ColdStartNotice()
+
+            async def opening() -> OpenedStream:
+                streams = await _opened_streams(services, chats, ctx, telemetry, notice)
+                events = completion_chunks(body, [stream.value for stream in streams], telemetry)
+                return events, streams[-1].headers
+
+            return await held_event_stream(opening(), notice, openai_error_body, ignored)
+        answers = await asyncio.gather(
+            *(services.chat.complete(chat, ctx, telemetry) for chat in chats)
+        )
+        completion = legacy_completion(body, [answer.value for answer in answers])
+        if len(answers) > 1 and completion.usage is not None:  # each call told its own
+            telemetry.usage(
+                input_tokens=completion.usage.prompt_tokens,
+                output_tokens=completion.usage.completion_tokens,
+                finish_reason=completion.choices[-1].finish_reason,
+            )
+        # the last admission's rate-limit state is the key's current one
+        return json_response(completion, {**answers[-1].headers, **ignored})
 
     @routes.post("/v1/embeddings", response_model=CreateEmbeddingResponse)
     async def embeddings(body: EmbeddingRequest, caller: Authenticated) -> Response:
@@ -95,7 +123,8 @@ async def openai_chunks(
     chat: ChatCompletionRequest, chunks: AsyncIterator[GenerationChunk]
 ) -> AsyncIterator[str]:
     """`chat.completion.chunk` events: per choice the assistant role first, then the text (with
-    its tokens' logprobs if asked), the tool calls with the last chunk, then the usage if the
+    its tokens' logprobs if asked); a choice's tool calls as OpenAI streams them (each call's
+    head, then its argument fragments) before the chunk that finishes it; then the usage if the
     client asked for it."""
     chunk_id, created = chat_completion_id(), created_timestamp()
 
@@ -109,11 +138,17 @@ async def openai_chunks(
     last: GenerationChunk | None = None
     async for chunk in chunks:
         last = chunk
-        calls = [ChoiceDeltaToolCall.from_call(i, c) for i, c in enumerate(chunk.tool_calls)]
-        delta = ChoiceDelta(
-            content=chunk.text if chunk.text or not calls else None, tool_calls=calls or None
-        )
         logprobs = ChoiceLogprobs.from_tokens(chunk.logprobs) if chat.logprobs else None
+        if chunk.tool_calls:
+            if chunk.text:
+                yield event([ChunkChoice(index=chunk.index, delta=ChoiceDelta(content=chunk.text))])
+            for number, call in enumerate(chunk.tool_calls):
+                for piece in ChoiceDeltaToolCall.deltas_of(number, call):
+                    delta = ChoiceDelta(tool_calls=[piece])
+                    yield event([ChunkChoice(index=chunk.index, delta=delta)])
+            delta = ChoiceDelta()
+        else:
+            delta = ChoiceDelta(content=chunk.text)
         choice = ChunkChoice(
             index=chunk.index, delta=delta, logprobs=logprobs, finish_reason=chunk.finish_reason
         )
@@ -122,25 +157,57 @@ async def openai_chunks(
         yield event([], Usage.from_counts(last.prompt_tokens, last.completion_tokens))
 
 
-def legacy_completion(body: CompletionRequest, chat: ChatCompletion) -> Completion:
-    """A chat answer in the legacy `text_completion` layout (the prompt first with `echo`)."""
-    echo = body.prompt_text if body.echo else ""
+async def _opened_streams(
+    services: RouterServices,
+    chats: list[ChatCompletionRequest],
+    ctx: RequestContext,
+    telemetry: RequestTelemetry,
+    notice: ColdStartNotice,
+) -> list[Answer[AsyncIterator[GenerationChunk]]]:
+    """Every prompt's stream, opened before the first byte (so a failure still has its status);
+    they generate side by side. If one cannot open, those already open are closed."""
+    opened: list[Answer[AsyncIterator[GenerationChunk]]] = []
+    try:
+        for chat in chats:
+            opened.append(await services.chat.stream(chat, ctx, telemetry, notice))
+    except BaseException:
+        for answer in opened:
+            await cast(AsyncGenerator[GenerationChunk, None], answer.value).aclose()
+        raise
+    return opened
+
+
+def legacy_completion(body: CompletionRequest, chats: list[ChatCompletion]) -> Completion:
+    """The prompts' chat answers in the legacy `text_completion` layout: choice `c` of prompt
+    `p` at index p * n + c; with `echo`, each prompt first (and its tokens' logprobs, when
+    asked, with the generated ones)."""
+    choices = []
+    for number, (prompt, chat) in enumerate(zip(body.prompts, chats, strict=True)):
+        echo = prompt if body.echo else ""
+        for choice in chat.choices:
+            logprobs = None
+            if choice.logprobs is not None:
+                echoed = (chat.prompt_logprobs or []) if body.echo else []
+                logprobs = CompletionLogprobs.from_tokens(echoed).followed_by(
+                    CompletionLogprobs.from_tokens(choice.logprobs.content or [], len(echo))
+                )
+            choices.append(
+                CompletionChoice(
+                    text=echo + (choice.message.content or ""),
+                    index=number * body.n + choice.index,
+                    logprobs=logprobs,
+                    finish_reason=_legacy_finish(choice.finish_reason),
+                )
+            )
     return Completion(
         id=completion_id(),
-        created=chat.created,
-        model=chat.model,
-        choices=[
-            CompletionChoice(
-                text=echo + (choice.message.content or ""),
-                index=choice.index,
-                logprobs=None
-                if choice.logprobs is None
-                else CompletionLogprobs.from_tokens(choice.logprobs.content or [], len(echo)),
-                finish_reason=_legacy_finish(choice.finish_reason),
-            )
-            for choice in chat.choices
-        ],
-        usage=chat.usage,
+        created=chats[0].created,
+        model=chats[0].model,
+        choices=choices,
+        usage=Usage.from_counts(
+            sum(chat.usage.prompt_tokens for chat in chats),
+            sum(chat.usage.completion_tokens for chat in chats),
+        ),
     )
 
 
@@ -149,38 +216,52 @@ def _legacy_finish(reason: str | None) -> Any:
 
 
 async def completion_chunks(
-    body: CompletionRequest, chat: ChatCompletionRequest, chunks: AsyncIterator[GenerationChunk]
+    body: CompletionRequest,
+    streams: list[AsyncIterator[GenerationChunk]],
+    telemetry: RequestTelemetry,
 ) -> AsyncIterator[str]:
-    """`text_completion` events: with `echo`, each choice's prompt first; then the text; then
-    the usage if the client asked for it."""
+    """`text_completion` events, one prompt's stream after the other (they generate side by
+    side), indexed as a whole answer is: with `echo`, each choice's prompt first (with its
+    tokens' logprobs when asked); then the text; then the usage if the client asked for it."""
     cmpl_id, created = completion_id(), created_timestamp()
+    prompt_tokens = completion_tokens = 0
 
     def event(choices: list[CompletionChoice], usage: Usage | None = None) -> str:
         return Completion(
             id=cmpl_id, created=created, model=body.model, choices=choices, usage=usage
         ).model_dump_json()
 
-    offsets = dict.fromkeys(range(body.n), 0)
-    if body.echo:
-        for index in range(body.n):
-            yield event([CompletionChoice(text=body.prompt_text, index=index, finish_reason=None)])
-            offsets[index] = len(body.prompt_text)
-    last: GenerationChunk | None = None
-    async for chunk in chunks:
-        last = chunk
-        logprobs = None
-        if body.logprobs is not None:
-            logprobs = CompletionLogprobs.from_tokens(chunk.logprobs, offsets[chunk.index])
-        offsets[chunk.index] += len(chunk.text)
-        yield event(
-            [
-                CompletionChoice(
-                    text=chunk.text,
-                    index=chunk.index,
-                    logprobs=logprobs,
-                    finish_reason=_legacy_finish(chunk.finish_reason),
+    for number, (prompt, chunks) in enumerate(zip(body.prompts, streams, strict=True)):
+        offsets = dict.fromkeys(range(body.n), 0)
+        unechoed = set(range(body.n)) if body.echo else set()
+        last: GenerationChunk | None = None
+        async for chunk in chunks:
+            last, index = chunk, number * body.n + chunk.index
+            if chunk.index in unechoed:
+                unechoed.discard(chunk.index)
+                echoed = None
+                if body.logprobs is not None and chunk.prompt_logprobs is not None:
+                    echoed = CompletionLogprobs.from_tokens(chunk.prompt_logprobs)
+                echo = CompletionChoice(
+                    text=prompt, index=index, logprobs=echoed, finish_reason=None
                 )
-            ]
-        )
-    if chat.include_usage and last is not None:
-        yield event([], Usage.from_counts(last.prompt_tokens, last.completion_tokens))
+                yield event([echo])
+                offsets[chunk.index] = len(prompt)
+            logprobs = None
+            if body.logprobs is not None:
+                logprobs = CompletionLogprobs.from_tokens(chunk.logprobs, offsets[chunk.index])
+            offsets[chunk.index] += len(chunk.text)
+            choice = CompletionChoice(
+                text=chunk.text,
+                index=index,
+                logprobs=logprobs,
+                finish_reason=_legacy_finish(chunk.finish_reason),
+            )
+            yield event([choice])
+        if last is not None:
+            prompt_tokens += last.prompt_tokens
+            completion_tokens += last.completion_tokens
+    if len(streams) > 1:  # each stream told the telemetry its own usage
+        telemetry.usage(input_tokens=prompt_tokens, output_tokens=completion_tokens)
+    if body.stream_options is not None and body.stream_options.include_usage:
+        yield event([], Usage.from_counts(prompt_tokens, completion_tokens))

@@ -6,21 +6,27 @@ envelope, errors included; `.../ai/models/search` lists the models as Workers AI
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations at runtime,
 # and `Authenticated` is local to the router factory.
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Query, Response
 from pydantic import ValidationError
 
 from deployments.api.caller import Caller, caller_of
+from deployments.api.openai import openai_chunks
 from deployments.api.responses import json_response, json_text
-from deployments.api.streaming import event_stream
+from deployments.api.streaming import OpenedStream, held_event_stream
+from deployments.edge.waiting import ColdStartNotice
 from deployments.errors import ServingError
 from deployments.protocol import (
     WORKERS_INPUT_BY_TASK,
+    ChatCompletionRequest,
+    OpenAIRequest,
     WorkersChatResult,
     error_envelope,
     ok_envelope,
+    rejects_if_busy,
     request_error_from_validation,
     workers_chat_to_chat_request,
     workers_embedding_result,
@@ -29,11 +35,13 @@ from deployments.protocol.workers_ai import (
     MAX_MODELS_PER_PAGE,
     MAX_PAGE,
     WorkersModerationVerdict,
+    WorkersOpenAIChatInput,
     WorkersToolCall,
     page_envelope,
     unknown_fields_error,
 )
 from deployments.runtime.outputs import GenerationChunk
+from deployments.serving.context import RequestContext
 from deployments.serving.services import RouterServices
 
 PREFIX = "/ai"
@@ -44,7 +52,7 @@ ERROR_PATTERN = r"^(/ai|(/client/v4)?/accounts/[^/]+/ai)(/(?!v1/)|$)"
 
 
 def error_body(error: ServingError) -> dict[str, Any]:
-    return error_envelope(error.status, error.message)
+    return error_envelope(error)
 
 
 def workers_ai_routes(services: RouterServices, prefix: str = PREFIX) -> APIRouter:
@@ -59,25 +67,21 @@ def workers_ai_routes(services: RouterServices, prefix: str = PREFIX) -> APIRout
         ctx, telemetry = caller.context, caller.telemetry
         model = services.catalogue.get(model_name)
         telemetry.request(task=model.task, model=model.name)
-        try:
-            task_input: Any = WORKERS_INPUT_BY_TASK[model.task].model_validate(body)
-        except ValidationError as exc:
-            raise request_error_from_validation(exc.errors()) from None
-        unknown = unknown_fields_error(task_input, model.task)
-        if unknown is not None:
-            raise unknown
+        if model.task == "chat" and model_name != model.name:
+            return await run_chat_alias(model_name, body, caller)
+        task_input: Any = _validated(WORKERS_INPUT_BY_TASK[model.task], body, model.task)
+        ctx = ctx.rejecting_if_busy(rejects_if_busy(task_input))
         result: Any
         if model.task == "chat":
             chat = workers_chat_to_chat_request(model.name, task_input)
             if chat.stream:
-                stream = await services.chat.stream(chat, ctx, telemetry)
-                return event_stream(workers_chunks(stream.value), error_body, stream.headers)
+                return await _chat_stream(chat, ctx, caller, workers_chunks)
             answer: Any = await services.chat.complete(chat, ctx, telemetry, use_cache=False)
             completion = answer.value
             message = completion.choices[0].message
             calls = [WorkersToolCall.from_openai(c) for c in message.tool_calls or []]
             result = WorkersChatResult(
-                response=message.content, usage=completion.usage, tool_calls=calls or None
+                response=message.content or "", usage=completion.usage, tool_calls=calls or None
             )
         elif model.task == "embedding":
             answer = await services.embeddings.embed(model.name, task_input.texts, ctx, telemetry)
@@ -88,6 +92,31 @@ def workers_ai_routes(services: RouterServices, prefix: str = PREFIX) -> APIRout
             )
             result = [WorkersModerationVerdict.of(verdict) for verdict in answer.value]
         return json_response(ok_envelope(result), answer.headers)
+
+    async def run_chat_alias(alias: str, body: dict[str, Any], caller: Caller) -> Response:
+        """A chat model by its catalogue name answers as that record defines: OpenAI's chat
+        request in, a `chat.completion` (streamed: `chat.completion.chunk` events) out."""
+        chat_input = _validated(WorkersOpenAIChatInput, body, "chat")
+        ctx = caller.context.rejecting_if_busy(rejects_if_busy(chat_input))
+        chat = chat_input.as_chat(alias)
+        if chat.stream:
+            return await _chat_stream(chat, ctx, caller, partial(openai_chunks, chat))
+        answer = await services.chat.complete(chat, ctx, caller.telemetry, use_cache=False)
+        return json_response(ok_envelope(answer.value), answer.headers)
+
+    async def _chat_stream(
+        chat: ChatCompletionRequest,
+        ctx: RequestContext,
+        caller: Caller,
+        shape: Callable[[AsyncIterator[GenerationChunk]], AsyncIterator[str]],
+    ) -> Response:
+        notice = ColdStartNotice()
+
+        async def opening() -> OpenedStream:
+            stream = await services.chat.stream(chat, ctx, caller.telemetry, notice)
+            return shape(stream.value), stream.headers
+
+        return await held_event_stream(opening(), notice, error_body, {})
 
     @routes.get("/models/search")
     async def search_models(
@@ -102,6 +131,18 @@ def workers_ai_routes(services: RouterServices, prefix: str = PREFIX) -> APIRout
         return json_response(page_envelope(models, page, per_page))
 
     return routes
+
+
+def _validated(kind: type[OpenAIRequest], body: dict[str, Any], task: str) -> Any:
+    """`body` as a `kind`; Workers AI refuses a field its schema does not define (a 400)."""
+    try:
+        task_input = kind.model_validate(body)
+    except ValidationError as exc:
+        raise request_error_from_validation(exc.errors()) from None
+    unknown = unknown_fields_error(task_input, task)
+    if unknown is not None:
+        raise unknown
+    return task_input
 
 
 async def workers_chunks(chunks: AsyncIterator[GenerationChunk]) -> AsyncIterator[str]:

@@ -2,7 +2,9 @@
 chosen from the pools' shared real state (edge_sim.regions.plan_regions). The RTT to that region
 is acted out; a region that fails (a real error from its replicas, a dead actor, a time-out) makes
 the request fail over to the next one; back-pressure (Serve's queue full) spills it to the next one
-without counting against the region."""
+without counting against the region. The request's wait limits (edge/waiting.py) bound it: with
+`rejectIfBusy` only a free warm region is tried, and a wait budget ends it with the expected
+wake-up as its Retry-After."""
 
 from __future__ import annotations
 
@@ -15,19 +17,23 @@ from deployments.edge.calls import CallResult, HandleCall
 from deployments.edge.clock import EdgeClock, SystemClock, Timer
 from deployments.edge.pools import RegionPools
 from deployments.edge.trace import EdgeTrace
+from deployments.edge.waiting import ColdStartNotice, WaitLimits
 from deployments.errors import (
     BadHeaderValueError,
+    BusyError,
     OverloadedError,
     QueueFullError,
     ServingError,
+    WaitBudgetExceededError,
 )
 from deployments.observability import RequestTelemetry
 from edge_sim.geo import BadHeaderError, ClientLocation
 from edge_sim.network import EdgeNetwork
-from edge_sim.regions import RegionMap, RegionPlan, plan_regions
+from edge_sim.regions import RegionCandidate, RegionMap, RegionPlan, plan_regions
 from edge_sim.routing import NoColoAvailableError, RouteCandidate
 
 LOST_CHECK_S = 0.25  # how often a running attempt looks whether its region is still there
+BUSY_MESSAGE = "Capacity temporarily exceeded, please try again."  # Workers AI's own words
 
 
 class RegionLostError(Exception):
@@ -35,13 +41,17 @@ class RegionLostError(Exception):
 
 
 class ClientOrigin(Protocol):
-    """What the edge reads of a request: where its client is (a RequestContext has both)."""
+    """What the edge reads of a request: where its client is and how long it may wait (a
+    RequestContext has all three)."""
 
     @property
     def location_headers(self) -> Mapping[str, str]: ...
 
     @property
     def client_ip(self) -> str | None: ...
+
+    @property
+    def wait_limits(self) -> WaitLimits: ...
 
 
 class EdgeDispatcher:
@@ -124,22 +134,31 @@ class EdgeDispatcher:
         return trace
 
     async def dispatch(
-        self, model: str, origin: ClientOrigin, call: HandleCall, telemetry: RequestTelemetry
+        self,
+        model: str,
+        origin: ClientOrigin,
+        call: HandleCall,
+        telemetry: RequestTelemetry,
+        notice: ColdStartNotice | None = None,
     ) -> tuple[CallResult, EdgeTrace]:
-        """Run `call` on the handle of the region the plan picks, failing over on 5xx."""
+        """Run `call` on the handle of the region the plan picks, failing over on 5xx, within
+        the request's wait limits; `notice` hears when an attempt waits for a cold replica."""
         await self.pools.ready()
         entry, skipped, client, plan = self.plan(model, origin)
         if plan.wake is not None:
             self.pools.wake(model, plan.wake)
+        limits = origin.wait_limits
+        allowed = self._within_limits(model, plan.candidates, limits)
         arrived_at = self.clock.unix()
         deadline = self.clock.now() + self.deadline_s
+        budget_end = None if limits.max_wait_s is None else self.clock.now() + limits.max_wait_s
         tried: list[str] = list(skipped)
         failed_regions: list[str] = []
         failed, spilled = bool(skipped), False
         last_error: ServingError | None = None
         # Fewer regions than attempts (one, without `regions`): the rest retry them in order;
         # Serve routes a retry to another replica of the pool, or a restarted one.
-        candidates = [plan.candidates[i % len(plan.candidates)] for i in range(self.max_attempts)]
+        candidates = [allowed[i % len(allowed)] for i in range(self.max_attempts)]
         for index, candidate in enumerate(candidates):
             remaining = deadline - self.clock.now()
             if remaining <= 0:
@@ -147,7 +166,14 @@ class EdgeDispatcher:
             # A hung region gets its share of the deadline, not all of it: the rest can still try.
             attempt_s = remaining / (len(candidates) - index)
             region = candidate.region
+            budget_left_s = None if budget_end is None else budget_end - self.clock.now()
+            if budget_left_s is not None and budget_left_s <= 0:
+                raise self._past_budget(model, region, limits)
+            budget_binds = budget_left_s is not None and budget_left_s < attempt_s
+            attempt_s = min(attempt_s, budget_left_s) if budget_left_s is not None else attempt_s
             tried.append(region)
+            if notice is not None and not self.pools.pools(model)[region].warm:
+                notice.waiting_on(region)
             try:
                 result = await self._watched(model, region, candidate.rtt_ms, call, attempt_s)
             except QueueFullError as error:
@@ -162,6 +188,8 @@ class EdgeDispatcher:
                 failed_regions.append(region)
                 continue
             except (TimeoutError, RegionLostError) as error:
+                if budget_binds and isinstance(error, TimeoutError):
+                    raise self._past_budget(model, region, limits) from None  # not the region's
                 self.pools.report(model, region, "failed")
                 failed = True
                 failed_regions.append(region)
@@ -203,9 +231,53 @@ class EdgeDispatcher:
             )
             telemetry.routed(trace, client)
             return result, trace
+        if limits.reject_if_busy and isinstance(last_error, QueueFullError):
+            raise BusyError(BUSY_MESSAGE, retry_after_s=last_error.retry_after_s)
         if last_error is not None:
             raise last_error
         raise OverloadedError(f"no region could take a {model} request in time", retry_after_s=1)
+
+    def _within_limits(
+        self, model: str, candidates: tuple[RegionCandidate, ...], limits: WaitLimits
+    ) -> tuple[RegionCandidate, ...]:
+        """The candidates the request's wait limits allow. `reject_if_busy`: only regions with a
+        warm replica and no back-pressure now; none is a 429 at once (Workers AI's answer), not
+        a wait. A wait budget shorter than the first region's expected wake-up is a 503 at once,
+        not a wait that can only end in one. Either way the region it would have waited on is
+        woken, so a retry after the Retry-After finds it warm."""
+        pools = self.pools.pools(model)
+        if limits.reject_if_busy:
+            free = tuple(
+                c for c in candidates if pools[c.region].warm and not pools[c.region].saturated
+            )
+            if not free:
+                self._wake_if_cold(model, candidates[0].region)
+                ready_in_s = min(self.pools.expected_ready_s(model, c.region) for c in candidates)
+                raise BusyError(BUSY_MESSAGE, retry_after_s=ready_in_s)
+            candidates = free
+        first = candidates[0].region
+        if limits.max_wait_s is not None and (
+            self.pools.expected_ready_s(model, first) > limits.max_wait_s
+        ):
+            self._wake_if_cold(model, first)
+            raise self._past_budget(model, first, limits)
+        return candidates
+
+    def _wake_if_cold(self, model: str, region: str) -> None:
+        if not self.pools.pools(model)[region].warm:
+            self.pools.wake(model, region)
+
+    def _past_budget(self, model: str, region: str, limits: WaitLimits) -> WaitBudgetExceededError:
+        """The request's wait budget ends before `region` could take it: retry when its replica
+        is expected up (the cold-start estimate, less what its wake already waited)."""
+        ready_in_s = self.pools.expected_ready_s(model, region)
+        budget_ms = round((limits.max_wait_s or 0.0) * 1000)
+        return WaitBudgetExceededError(
+            f"no {model} replica could take the request within its wait budget "
+            f"(x-edge-max-wait-ms: {budget_ms}); region {region} expects one in "
+            f"{ready_in_s:.1f} s",
+            retry_after_s=ready_in_s,
+        )
 
     async def _watched(
         self, model: str, region: str, rtt_ms: float, call: HandleCall, timeout_s: float

@@ -47,6 +47,7 @@ class RegionPools:
         self._full_until: dict[tuple[str, str], float] = {}
         self._outcomes: list[Outcome] = []
         self._wakes: dict[tuple[str, str], asyncio.Task[Any]] = {}
+        self._woken_at: dict[tuple[str, str], float] = {}  # when each pool's wake was sent
         self._syncer: asyncio.Task[None] | None = None
         self.last_cold_start: dict[str, dict[str, Any]] = {}
         self._after_cold_start = after_cold_start
@@ -86,6 +87,17 @@ class RegionPools:
     def cold_start_ms(self, model: str) -> float:
         return self.snapshot.cold_start_ms.get(model, self._default_cold_start_ms)
 
+    def expected_ready_s(self, model: str, region: str) -> float:
+        """How long until the pool is expected to have a replica: none when it is warm; else
+        the model's cold-start estimate, less what a wake in flight has already waited."""
+        if self.snapshot.pool(model, region).warm:
+            return 0.0
+        estimate_s = self.cold_start_ms(model) / 1000.0
+        key = (model, region)
+        if key not in self._wakes or self._wakes[key].done():
+            return estimate_s
+        return max(0.0, estimate_s - (self._clock.now() - self._woken_at[key]))
+
     def report(
         self, model: str, region: str, kind: OutcomeKind, cold_ms: float | None = None
     ) -> None:
@@ -113,6 +125,7 @@ class RegionPools:
         )
         task.add_done_callback(self._woken)
         self._wakes[key] = task
+        self._woken_at[key] = self._clock.now()
 
     def _woken(self, task: asyncio.Task[Any]) -> None:
         """A wake answered: its replica has started (on a warm pool worker, which to replace)."""

@@ -23,11 +23,13 @@ from deployments.protocol.chat_response import (
     ChunkChoice,
     FinishReason,
     FunctionCall,
+    PromptTokenLogprob,
     TopLogprob,
 )
 from deployments.protocol.common import (
     LenientModel,
     OpenAIRequest,
+    RequestOptions,
     ResponseModel,
     Usage,
     Utf8Str,
@@ -37,6 +39,7 @@ from deployments.protocol.common import (
     json_ready,
     make_id,
     moderation_id,
+    rejects_if_busy,
 )
 from deployments.protocol.embeddings import (
     CreateEmbeddingResponse,
@@ -101,6 +104,8 @@ __all__ = [
     "ModerationCreateResponse",
     "ModerationRequest",
     "OpenAIRequest",
+    "PromptTokenLogprob",
+    "RequestOptions",
     "ResponseFormat",
     "ResponseModel",
     "StreamOptions",
@@ -129,6 +134,7 @@ __all__ = [
     "make_id",
     "moderation_id",
     "ok_envelope",
+    "rejects_if_busy",
     "request_error_from_validation",
     "workers_chat_to_chat_request",
     "workers_embedding_result",

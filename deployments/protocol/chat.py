@@ -22,6 +22,7 @@ from deployments.protocol.common import (
     UNSUPPORTED_CONTENT,
     LenientModel,
     OpenAIRequest,
+    RequestOptions,
     Utf8Str,
     ensure_utf8,
     reject_unsupported,
@@ -280,6 +281,18 @@ class ChatCompletionRequest(OpenAIRequest):
     top_k: int = Field(default=0, ge=0, description="Extension: 0 keeps every token.")
     repetition_penalty: float = Field(
         default=1.0, gt=0.0, le=2.0, description="Extension: 1 is off."
+    )
+    options: RequestOptions | None = Field(
+        default=None,
+        description="Extension (Workers AI's, on its OpenAI-compatible chat completions): "
+        '`{"rejectIfBusy": true}` answers a 429 at once instead of waiting for capacity.',
+    )
+    prompt_logprobs: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_TOP_LOGPROBS,
+        description="Extension (vLLM's): the prompt's own tokens' logprobs, with this many "
+        "alternatives each, in the answer's `prompt_logprobs`.",
     )
 
     _check_unsupported = field_validator(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, ClassVar, Self
 
 from pydantic import (
     AfterValidator,
@@ -15,7 +15,9 @@ from pydantic import (
     Field,
     ModelWrapValidatorHandler,
     PrivateAttr,
+    SerializerFunctionWrapHandler,
     ValidationInfo,
+    model_serializer,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -140,6 +142,21 @@ class LenientModel(BaseModel):
                         yield from item._ignored_paths(f"{prefix}{name}.{index}.")
 
 
+class RequestOptions(LenientModel):
+    """Workers AI's request `options`, sent in the body by its REST API and its OpenAI-compatible
+    chat completions: `rejectIfBusy` fails the request at once (a 429, code 3040) rather than
+    let it wait in a capacity queue."""
+
+    reject_if_busy: bool = Field(default=False, alias="rejectIfBusy")
+
+
+def rejects_if_busy(request: Any) -> bool:
+    """Whether a request's `options` (a chat request's, a Workers AI input's) ask not to wait
+    for capacity."""
+    options = getattr(request, "options", None)
+    return isinstance(options, RequestOptions) and options.reject_if_busy
+
+
 def reject_unsupported(value: Any, info: ValidationInfo) -> Any:
     """A field validator for an OpenAI parameter we do not honour: any value but null (which
     means "not given") is a 400 naming it, never a silent drop."""
@@ -159,9 +176,21 @@ class OpenAIRequest(LenientModel):
 
 
 class ResponseModel(BaseModel):
-    """A body we build ourselves: a misspelt field is our bug, so it fails loudly."""
+    """A body we build ourselves: a misspelt field is our bug, so it fails loudly. A field named
+    in `omitted_when_none` is left out rather than written as null: the vendors' schemas have
+    such a field as a value or nothing (a stream delta's `role`, an event's `usage`)."""
 
     model_config = ConfigDict(extra="forbid")
+    omitted_when_none: ClassVar[frozenset[str]] = frozenset()
+
+    @model_serializer(mode="wrap")
+    def _omit_nones(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if self.omitted_when_none and isinstance(data, dict):
+            for name in self.omitted_when_none:
+                if name in data and data[name] is None:
+                    del data[name]
+        return data
 
 
 class Usage(ResponseModel):

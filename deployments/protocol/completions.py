@@ -21,6 +21,7 @@ from deployments.protocol.common import (
     OpenAIRequest,
     ResponseModel,
     Usage,
+    as_text_list,
     check_text_inputs,
     make_id,
     reject_unsupported,
@@ -29,11 +30,15 @@ from deployments.protocol.common import (
 COMPLETION_ID_PREFIX = "cmpl"
 MAX_LEGACY_LOGPROBS = 5  # OpenAI's own limit for this endpoint
 LEGACY_DEFAULT_MAX_TOKENS = 16  # OpenAI's default here
+# Prompts in one request (LangChain's `OpenAI` LLM sends up to its batch_size, 20 by default);
+# each is admitted and rate-limited as a request of its own.
+MAX_PROMPTS = 20
 
 
 class CompletionRequest(OpenAIRequest):
-    """Fields in the order of OpenAI's reference. One prompt (a string, or a list of one string;
-    token arrays are refused like embeddings'); `suffix` (insertion) and `best_of` > 1 are 400s."""
+    """Fields in the order of OpenAI's reference. A prompt, or a list of up to MAX_PROMPTS (each
+    answered by `n` choices, indexed as OpenAI does: prompt * n + choice); token arrays are
+    refused like embeddings'; `suffix` (insertion) and `best_of` > 1 are 400s."""
 
     model: str = Field(min_length=1)
     prompt: str | list[str]
@@ -58,8 +63,8 @@ class CompletionRequest(OpenAIRequest):
 
     @field_validator("prompt", mode="before")
     @classmethod
-    def _one_text_prompt(cls, value: Any) -> Any:
-        return check_text_inputs(value, max_items=1)
+    def _text_prompts(cls, value: Any) -> Any:
+        return check_text_inputs(value, max_items=MAX_PROMPTS)
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -72,11 +77,12 @@ class CompletionRequest(OpenAIRequest):
         return check_logit_bias(value)
 
     @property
-    def prompt_text(self) -> str:
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+    def prompts(self) -> list[str]:
+        return as_text_list(self.prompt)
 
-    def as_chat(self) -> ChatCompletionRequest:
-        """The same generation as a raw chat request (one path serves both endpoints)."""
+    def as_chat(self, prompt: str) -> ChatCompletionRequest:
+        """The generation of one of the prompts as a raw chat request (one path serves both
+        endpoints); with `echo` and `logprobs`, the prompt's own logprobs too."""
         fields = self.model_dump(
             include={
                 "frequency_penalty",
@@ -95,23 +101,28 @@ class CompletionRequest(OpenAIRequest):
         )
         return ChatCompletionRequest(
             model=self.model,
-            messages=[ChatMessage(role="user", content=self.prompt_text)],
+            messages=[ChatMessage(role="user", content=prompt)],
             raw=True,
             logprobs=self.logprobs is not None,
             top_logprobs=self.logprobs,
+            prompt_logprobs=self.logprobs if self.echo else None,
             **fields,
         )
 
 
 class CompletionLogprobs(ResponseModel):
+    """The legacy layout. An echoed prompt's first token has null for its logprob and its top
+    logprobs, as OpenAI's answers have: nothing precedes it."""
+
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
     @classmethod
     def from_tokens(cls, tokens: Sequence[Any], start: int = 0) -> CompletionLogprobs:
-        """From the engine's token records; offsets count from `start` (the echoed prompt)."""
+        """From token records (`token`, `logprob`, `top_logprobs`: the engine's, or a chat
+        answer's); offsets count from `start` (after an echoed prompt)."""
         offsets, at = [], start
         for t in tokens:
             offsets.append(at)
@@ -119,8 +130,19 @@ class CompletionLogprobs(ResponseModel):
         return cls(
             tokens=[t.token for t in tokens],
             token_logprobs=[t.logprob for t in tokens],
-            top_logprobs=[{a.token: a.logprob for a in t.top_logprobs} for t in tokens],
+            top_logprobs=[
+                None if t.logprob is None else {a.token: a.logprob for a in t.top_logprobs}
+                for t in tokens
+            ],
             text_offset=offsets,
+        )
+
+    def followed_by(self, more: CompletionLogprobs) -> CompletionLogprobs:
+        return CompletionLogprobs(
+            tokens=self.tokens + more.tokens,
+            token_logprobs=self.token_logprobs + more.token_logprobs,
+            top_logprobs=self.top_logprobs + more.top_logprobs,
+            text_offset=self.text_offset + more.text_offset,
         )
 
 
@@ -132,7 +154,10 @@ class CompletionChoice(ResponseModel):
 
 
 class Completion(ResponseModel):
-    """A whole answer, or (streamed) one `data:` event, as OpenAI sends both."""
+    """A whole answer, or (streamed) one `data:` event, as OpenAI sends both; an event has a
+    `usage` only when it is the usage event."""
+
+    omitted_when_none = frozenset({"usage"})
 
     id: str
     object: Literal["text_completion"] = "text_completion"
@@ -140,7 +165,6 @@ class Completion(ResponseModel):
     model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None
-    system_fingerprint: str | None = None
 
 
 def completion_id() -> str:

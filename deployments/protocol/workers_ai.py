@@ -11,10 +11,10 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from deployments.errors import InvalidRequestError
+from deployments.errors import InvalidRequestError, ServingError, envelope_code
 from deployments.protocol.chat import (
     ChatCompletionRequest,
     ChatMessage,
@@ -25,6 +25,7 @@ from deployments.protocol.chat import (
 from deployments.protocol.common import (
     LenientModel,
     OpenAIRequest,
+    RequestOptions,
     ResponseModel,
     Usage,
     Utf8Str,
@@ -102,6 +103,7 @@ class WorkersChatInput(OpenAIRequest):
     response_format: WorkersResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
     stop: StopSequences | None = None
+    options: RequestOptions | None = None
 
     @field_validator("messages")
     @classmethod
@@ -122,8 +124,42 @@ class WorkersChatInput(OpenAIRequest):
         return check_stop_sequences(value)
 
 
+class WorkersOpenAIChatInput(ChatCompletionRequest):
+    """What a chat alias takes on the Workers AI paths, as its catalogue record defines it
+    (`@cf/zai-org/glm-4.7-flash`, `@cf/moonshotai/kimi-k2.6`): OpenAI's chat request, with a
+    bare `prompt` (one user turn) in place of `messages` allowed; the model is the path's."""
+
+    model: str | None = None  # type: ignore[assignment]  # the path names the model
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)  # type: ignore[assignment]
+    prompt: Utf8Str | None = Field(default=None, min_length=1)
+
+    @field_validator("raw")
+    @classmethod
+    def _raw_is_one_prompt(cls, value: bool, info: ValidationInfo) -> bool:
+        return value  # checked on the chat request `as_chat` builds, once the prompt is a message
+
+    @model_validator(mode="after")
+    def _exactly_one_of_prompt_and_messages(self) -> WorkersOpenAIChatInput:
+        if (self.prompt is None) == (self.messages is None):
+            raise PydanticCustomError(
+                "prompt_or_messages", "give exactly one of prompt or messages"
+            )
+        return self
+
+    def as_chat(self, model: str) -> ChatCompletionRequest:
+        """The OpenAI chat request this input is, for `model`."""
+        messages = self.messages or [ChatMessage(role="user", content=self.prompt)]
+        fields = self.model_dump(
+            exclude={"prompt", "model", "messages", "options"}, exclude_unset=True
+        )
+        return ChatCompletionRequest.model_validate(
+            {**fields, "model": model, "messages": messages}
+        )
+
+
 class WorkersEmbeddingInput(OpenAIRequest):
     text: str | list[str]
+    options: RequestOptions | None = None
 
     @field_validator("text", mode="before")
     @classmethod
@@ -137,6 +173,7 @@ class WorkersEmbeddingInput(OpenAIRequest):
 
 class WorkersModerationInput(OpenAIRequest):
     text: str | list[str]
+    options: RequestOptions | None = None
 
     @field_validator("text", mode="before")
     @classmethod
@@ -193,9 +230,13 @@ class WorkersToolCall(ResponseModel):
 
 
 class WorkersChatResult(ResponseModel):
-    """A whole answer, or, streamed, one `data:` event per piece of text."""
+    """The classic text-generation answer, or, streamed, one `data:` event per piece of text.
+    `response` is a string (empty when the answer is only tool calls); what is not there is
+    absent, never null."""
 
-    response: str | None
+    omitted_when_none = frozenset({"usage", "tool_calls"})
+
+    response: str
     usage: Usage | None = None
     tool_calls: list[WorkersToolCall] | None = None
 
@@ -217,7 +258,7 @@ def workers_embedding_result(vectors: np.ndarray | Sequence[Sequence[float]]) ->
 
 
 class WorkersError(ResponseModel):
-    code: int
+    code: int = Field(ge=1000)
     message: str
 
 
@@ -234,26 +275,49 @@ def ok_envelope(result: Any) -> dict[str, Any]:
     return {"result": json_ready(result), "success": True, "errors": [], "messages": []}
 
 
-def error_envelope(status: int, message: str) -> dict[str, Any]:
-    """The JSON body of a failure; Cloudflare puts an error code where we put the HTTP status."""
+def error_envelope(error: ServingError) -> dict[str, Any]:
+    """The JSON body of a failure: the error's envelope code (Cloudflare's where it has one)."""
+    code = envelope_code(type(error))
     return WorkersEnvelope(
-        success=False, errors=[WorkersError(code=status, message=message)]
+        success=False, errors=[WorkersError(code=code, message=error.message)]
     ).model_dump(mode="json")
-
-
-# Workers AI's task names, as its catalogue shows them
-WORKERS_TASK_NAMES: Mapping[Task, str] = MappingProxyType(
-    {"chat": "Text Generation", "embedding": "Text Embeddings", "moderation": "Text Classification"}
-)
-MAX_MODELS_PER_PAGE = 1000
-# Far past any catalogue's end, and inside the 64-bit integers JSON encoders write.
-MAX_PAGE = 1_000_000
 
 
 class WorkersTask(ResponseModel):
     id: str
     name: str
     description: str
+
+
+# Workers AI's task records, as its catalogue gives them (ids and descriptions included), so a
+# client filtering or grouping by task sees ours as Cloudflare's.
+WORKERS_TASKS: Mapping[Task, WorkersTask] = MappingProxyType(
+    {
+        "chat": WorkersTask(
+            id="c329a1f9-323d-4e91-b2aa-582dd4188d34",
+            name="Text Generation",
+            description="Family of generative text models, such as large language models (LLM), "
+            "that can be adapted for a variety of natural language tasks.",
+        ),
+        "embedding": WorkersTask(
+            id="0137cdcf-162a-4108-94f2-1ca59e8c65ee",
+            name="Text Embeddings",
+            description="Feature extraction models transform raw data into numerical features "
+            "that can be processed while preserving the information in the original dataset. "
+            "These models are ideal as part of building vector search applications or Retrieval "
+            "Augmented Generation workflows with Large Language Models (LLM).",
+        ),
+        "moderation": WorkersTask(
+            id="19606750-23ed-4371-aab2-c20349b53a60",
+            name="Text Classification",
+            description="Sentiment analysis or text classification is a common NLP task that "
+            "classifies a text input into labels or classes.",
+        ),
+    }
+)
+MAX_MODELS_PER_PAGE = 1000
+# Far past any catalogue's end, and inside the 64-bit integers JSON encoders write.
+MAX_PAGE = 1_000_000
 
 
 class WorkersModelProperty(ResponseModel):
@@ -277,16 +341,12 @@ class WorkersModel(ResponseModel):
         cls, name: str, served_as: str, task: Task, family: str, description: str
     ) -> WorkersModel:
         """`name` as a client may call it (`served_as` is the deployment it reaches)."""
-        task_name = WORKERS_TASK_NAMES[task]
+        workers_task = WORKERS_TASKS[task]
         return cls(
             id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"ray-edge-ai/{name}")),
             name=name,
-            description=description or f"{family} ({task_name})",
-            task=WorkersTask(
-                id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"ray-edge-ai/task/{task}")),
-                name=task_name,
-                description=task_name,
-            ),
+            description=description or f"{family} ({workers_task.name})",
+            task=workers_task,
             properties=[
                 WorkersModelProperty(property_id="served_as", value=served_as),
                 WorkersModelProperty(property_id="family", value=family),

@@ -10,6 +10,7 @@ is asked is in `sampling_params`, what it returns in `outputs`, one sequence's s
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -31,8 +32,13 @@ from deployments.runtime.decoder import DecoderGraph, PaddedBatch
 from deployments.runtime.grammar import GrammarCompiler
 from deployments.runtime.manifest import ModelManifest
 from deployments.runtime.next_token_graph import next_token_only
-from deployments.runtime.outputs import Completion, GenerationChunk, TokenLogprob
-from deployments.runtime.sampling import SamplingState, sample_batch
+from deployments.runtime.outputs import (
+    Completion,
+    GenerationChunk,
+    PromptTokenLogprob,
+    TokenLogprob,
+)
+from deployments.runtime.sampling import SamplingState, log_softmax, sample_batch
 from deployments.runtime.sampling_params import (
     DEFAULT_MAX_NEW_TOKENS,
     GenerationOptions,
@@ -197,15 +203,22 @@ class LLMRuntime:
         ]
         if timings is not None:
             choices[0].timings = timings
+        prompt_logprobs = None
+        if params.prompt_logprobs is not None:
+            prompt_logprobs = await self.prompt_logprobs(prompt, params.prompt_logprobs)
         self._waiting.extend(choices)
         self._kick()
         unfinished = n
+        untold = set(range(n))  # the choices whose first chunk is still to come
         try:
             while unfinished:
                 items = [await queue.get()]
                 while not queue.empty():
                     items.append(queue.get_nowait())
                 for chunk in coalesced(items):
+                    if prompt_logprobs is not None and chunk.index in untold:
+                        untold.discard(chunk.index)
+                        chunk = dataclasses.replace(chunk, prompt_logprobs=prompt_logprobs)
                     yield chunk
                     if chunk.finish_reason is not None:
                         unfinished -= 1
@@ -233,11 +246,13 @@ class LLMRuntime:
         parts: dict[int, list[str]] = {}
         logprobs: dict[int, list[TokenLogprob]] = {}
         last: dict[int, GenerationChunk] = {}
+        prompt_logprobs = None
         chunks = self._generate(messages, params, options or GenerationOptions(), timings, False)
         async for chunk in chunks:
             parts.setdefault(chunk.index, []).append(chunk.text)
             logprobs.setdefault(chunk.index, []).extend(chunk.logprobs)
             last[chunk.index] = chunk
+            prompt_logprobs = prompt_logprobs or chunk.prompt_logprobs
         done = []
         for index in sorted(last):
             final = last[index]
@@ -250,9 +265,45 @@ class LLMRuntime:
                     final.completion_tokens,
                     index=index,
                     logprobs=tuple(logprobs[index]) if params.logprobs else None,
+                    prompt_logprobs=prompt_logprobs,
                 )
             )
         return done
+
+    async def prompt_logprobs(
+        self, prompt: Sequence[int], top: int
+    ) -> tuple[PromptTokenLogprob, ...]:
+        """Each prompt token's logprob given the tokens before it, with its `top` alternatives.
+        The served graph computes next-token logits only (next_token_graph), so the prompt is
+        fed one token at a time through the KV cache, each step's logits scoring the next
+        token: one step per prompt token, only for requests that ask, on the engine's thread
+        (between its steps)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._score_prompt, prompt, top)
+
+    def _score_prompt(self, prompt: Sequence[int], top: int) -> tuple[PromptTokenLogprob, ...]:
+        rows: Sequence[np.ndarray] | np.ndarray = []
+        if len(prompt) > 1:
+            rows = self.graph.cached_logits(prompt[:1], prompt[1:-1])
+        first = self._token_text(prompt[0])
+        scored = [PromptTokenLogprob(first.token, first.token_bytes, None)]
+        for token, logits in zip(prompt[1:], rows, strict=True):
+            logprobs = log_softmax(np.asarray(logits, dtype=np.float64))
+            best = np.argsort(-logprobs, kind="stable")[:top]
+            described = self._token_text(token)
+            scored.append(
+                PromptTokenLogprob(
+                    described.token,
+                    described.token_bytes,
+                    float(logprobs[token]),
+                    tuple(self._token_text(int(t), float(logprobs[t])) for t in best),
+                )
+            )
+        return tuple(scored)
+
+    def _token_text(self, token: int, logprob: float = 0.0) -> TokenLogprob:
+        raw = self.tokenizer.token_bytes(token, skip_special_tokens=False)
+        return TokenLogprob(raw.decode("utf-8", errors="replace"), raw, logprob)
 
     def describe(self) -> dict[str, Any]:
         return {

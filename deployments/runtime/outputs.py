@@ -26,6 +26,17 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True)
+class PromptTokenLogprob:
+    """A prompt token and its logprob given the tokens before it (none for the first: nothing
+    precedes it), with the most likely tokens at its position."""
+
+    token: str
+    token_bytes: bytes
+    logprob: float | None
+    top_logprobs: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
 class ToolCall:
     id: str
     name: str
@@ -43,6 +54,8 @@ class GenerationChunk:
     index: int = 0  # which of the n choices
     logprobs: tuple[TokenLogprob, ...] = ()  # the tokens sampled since the previous chunk
     tool_calls: tuple[ToolCall, ...] = ()
+    # with its choice's first chunk, when SamplingParams.prompt_logprobs asked for them
+    prompt_logprobs: tuple[PromptTokenLogprob, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -54,11 +67,12 @@ class Completion:
     index: int = 0
     logprobs: tuple[TokenLogprob, ...] | None = None  # None unless asked for
     tool_calls: tuple[ToolCall, ...] = ()
+    prompt_logprobs: tuple[PromptTokenLogprob, ...] | None = None  # None unless asked for
 
 
 def merge_chunks(chunks: Sequence[GenerationChunk]) -> GenerationChunk:
     """Consecutive chunks of one choice as one: the text, tokens and tool calls of all, the
-    counts and finish reason of the last."""
+    counts and finish reason of the last, the prompt logprobs of the first."""
     if len(chunks) == 1:
         return chunks[0]
     return dataclasses.replace(
@@ -66,4 +80,5 @@ def merge_chunks(chunks: Sequence[GenerationChunk]) -> GenerationChunk:
         text="".join(chunk.text for chunk in chunks),
         logprobs=tuple(lp for chunk in chunks for lp in chunk.logprobs),
         tool_calls=tuple(call for chunk in chunks for call in chunk.tool_calls),
+        prompt_logprobs=chunks[0].prompt_logprobs,
     )

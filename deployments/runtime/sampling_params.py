@@ -36,6 +36,9 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     logprobs: bool = False
     top_logprobs: int = 0
+    # vLLM's name: the prompt's own tokens' logprobs, with this many alternatives each (None:
+    # not asked; what a legacy completion's `echo` with `logprobs` shows)
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None and self.max_tokens <= 0:
@@ -71,6 +74,12 @@ class SamplingParams:
             raise InvalidRequestError(
                 f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {self.top_logprobs}",
                 param="top_logprobs",
+            )
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidRequestError(
+                f"prompt_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, "
+                f"got {self.prompt_logprobs}",
+                param="logprobs",
             )
         if len(self.stop) > MAX_STOP_STRINGS or any(not s for s in self.stop):
             raise InvalidRequestError(

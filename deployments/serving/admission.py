@@ -35,6 +35,7 @@ def sampling_params(chat: ChatCompletionRequest) -> SamplingParams:
         logit_bias=SamplingParams.bias_from(chat.logit_bias),
         logprobs=chat.logprobs,
         top_logprobs=chat.top_logprobs or 0,
+        prompt_logprobs=chat.prompt_logprobs,
     )
 
 

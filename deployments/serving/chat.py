@@ -11,6 +11,7 @@ from typing import Any
 
 from deployments.edge.calls import CallResult, HandleCall
 from deployments.edge.trace import EdgeTrace
+from deployments.edge.waiting import ColdStartNotice
 from deployments.observability import RequestTelemetry
 from deployments.protocol import (
     ChatCompletion,
@@ -19,6 +20,7 @@ from deployments.protocol import (
     ChatCompletionRequest,
     Choice,
     ChoiceLogprobs,
+    PromptTokenLogprob,
     Usage,
     chat_completion_id,
     chat_messages_as_dicts,
@@ -52,6 +54,7 @@ def chat_choice(done: Completion) -> Choice:
 
 
 def chat_completion(model: str, choices: list[Completion]) -> ChatCompletion:
+    prompt_logprobs = choices[0].prompt_logprobs
     return ChatCompletion(
         id=chat_completion_id(),
         created=created_timestamp(),
@@ -60,6 +63,9 @@ def chat_completion(model: str, choices: list[Completion]) -> ChatCompletion:
         usage=Usage.from_counts(
             choices[0].prompt_tokens, sum(c.completion_tokens for c in choices)
         ),
+        prompt_logprobs=None
+        if prompt_logprobs is None
+        else PromptTokenLogprob.from_tokens(prompt_logprobs),
     )
 
 
@@ -102,7 +108,7 @@ class ChatService(ModelService):
                 completion, trace = cached.hit, await self.edge.nearest(model.name, ctx, telemetry)
             else:
                 result, trace = await self._checked_dispatch(model, messages, ctx, telemetry, call)
-                completion = await self._completion(model, result.reply.value)
+                completion = await self._completion(model, chat.model, result.reply.value)
                 cached.store(completion, trace)
             usage = completion.usage
             used_tokens = usage.total_tokens
@@ -115,27 +121,37 @@ class ChatService(ModelService):
             quota.settle(used_tokens)
         return Answer.of(completion, trace, quota)
 
-    async def _completion(self, model: ServedModel, choices: list[Completion]) -> ChatCompletion:
-        """The answer of the model's choices, each passed through the output gate if it applies."""
+    async def _completion(
+        self, model: ServedModel, asked_as: str, choices: list[Completion]
+    ) -> ChatCompletion:
+        """The answer of the model's choices, each passed through the output gate if it applies,
+        named as the client asked for the model (its name or an alias), as a stream's chunks are."""
         choices = list(choices)
         if self.gate.applies_to(model.name):
             for i, done in enumerate(choices):
                 text, finish = await self.gate.filter_output(done.text, done.finish_reason)
                 choices[i] = dataclasses.replace(done, text=text, finish_reason=finish)
-        return chat_completion(model.name, choices)
+        return chat_completion(asked_as, choices)
 
     async def stream(
-        self, chat: ChatCompletionRequest, ctx: RequestContext, telemetry: RequestTelemetry
+        self,
+        chat: ChatCompletionRequest,
+        ctx: RequestContext,
+        telemetry: RequestTelemetry,
+        notice: ColdStartNotice | None = None,
     ) -> Answer[AsyncIterator[GenerationChunk]]:
         """The generation's chunks once its first one came: until then the edge may fail over
         and an error has a real status; after it, the route turns errors into an error event.
-        The key's tokens are settled when the stream ends, fails or is abandoned."""
+        `notice` hears if the edge waits for a cold replica meanwhile. The key's tokens are
+        settled when the stream ends, fails or is abandoned."""
         model = self._begin(chat, telemetry)
         messages, params, quota = self.admission.admit_chat(chat, ctx.principal)
         features = chat_features(chat)
         call = HandleCall("stream", (messages, params, ctx.traceparent, features), stream=True)
         try:
-            opened, trace = await self._checked_dispatch(model, messages, ctx, telemetry, call)
+            opened, trace = await self._checked_dispatch(
+                model, messages, ctx, telemetry, call, notice
+            )
         except BaseException:
             quota.settle(0)
             raise
@@ -151,17 +167,23 @@ class ChatService(ModelService):
         ctx: RequestContext,
         telemetry: RequestTelemetry,
         call: HandleCall,
+        notice: ColdStartNotice | None = None,
     ) -> tuple[CallResult, EdgeTrace]:
         """`call` through the edge, started while the gate checks the input (the check overlaps
         the hop to the model and its prefill); its result comes back only once the input passed.
         A refused input cancels the call, or closes the stream it already opened, and the 400 is
         raised whatever the call did."""
-        dispatching = self.edge.dispatch(model.name, ctx, call, telemetry)
         if not self.gate.applies_to(model.name):
-            return await dispatching
-        started = asyncio.ensure_future(dispatching)
+            return await self.edge.dispatch(model.name, ctx, call, telemetry, notice)
+        if notice is not None:
+            notice.hold()  # a stream starts only once its input passed: a refusal stays a 400
+        started = asyncio.ensure_future(
+            self.edge.dispatch(model.name, ctx, call, telemetry, notice)
+        )
         try:
             await self.gate.check_input(messages)
+            if notice is not None:
+                notice.release()
         except BaseException:
             if not started.done():
                 started.cancel()

@@ -4,12 +4,48 @@ error sent after the first byte) and the error text of a JSON body, for both API
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 from httpx_sse import ServerSentEvent
 
 DONE = "[DONE]"
 MAX_ERROR_CHARS = 300  # error text kept per request: enough to tell errors apart, CSV stays small
+
+
+# A held stream (one that waited for a cold replica) sends the x-edge-* headers its response
+# could not carry in a comment: `: edge x-edge-region=ap x-edge-cold-start=1 ...`.
+EDGE_COMMENT = ": edge "
+
+
+def edge_headers_of_comment(line: str) -> dict[str, str] | None:
+    """The headers of a held stream's edge comment line, or None for any other line."""
+    if not line.startswith(EDGE_COMMENT):
+        return None
+    pairs = (part.partition("=") for part in line[len(EDGE_COMMENT) :].split())
+    return {name: value for name, _, value in pairs if name}
+
+
+async def stream_items(
+    response: httpx.Response,
+) -> AsyncIterator[ServerSentEvent | dict[str, str]]:
+    """A router stream's events (their data joined, as SSE defines) and, where it sends one,
+    its edge comment's headers; other comments (`: warming ...`, pings) are skipped."""
+    data: list[str] = []
+    async for line in response.aiter_lines():
+        if not line:
+            if data:
+                yield ServerSentEvent(data="\n".join(data))
+            data = []
+        elif line.startswith(":"):
+            headers = edge_headers_of_comment(line)
+            if headers is not None:
+                yield headers
+        elif line.startswith("data:"):
+            data.append(line[len("data:") :].removeprefix(" "))
+    if data:
+        yield ServerSentEvent(data="\n".join(data))
 
 
 class StreamTally:

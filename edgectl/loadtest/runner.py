@@ -8,13 +8,12 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
-from httpx_sse import EventSource
 
 from edge_sim.clock import Clock
 from edgectl.loadtest.progress import NoProgress, ProgressView
 from edgectl.loadtest.records import EdgeHeaders, ErrorKind, RequestRecord
 from edgectl.loadtest.replicas import ReplicaSample, ReplicaSampler
-from edgectl.loadtest.responses import StreamTally, body_error_text
+from edgectl.loadtest.responses import StreamTally, body_error_text, stream_items
 from edgectl.loadtest.scenarios import AdminAction, Arrival, Schedule
 from edgectl.loadtest.workload import HttpRequest, WorkloadSettings, build_request
 
@@ -248,8 +247,13 @@ class LoadRunner:
                     outcome.fail("http", body_error_text(await response.aread(), outcome.status))
                 elif request.stream and content_type.startswith("text/event-stream"):
                     tally = outcome.tally = StreamTally()
-                    async for event in EventSource(response).aiter_sse():
-                        tally.add(event, self._clock())
+                    async for item in stream_items(response):
+                        if isinstance(item, dict):  # a held stream's x-edge-* headers
+                            headers = httpx.Headers(response.headers)
+                            headers.update(item)
+                            outcome.edge = EdgeHeaders.parse(headers)
+                        else:
+                            tally.add(item, self._clock())
                     tally.finish()
                     if tally.error is not None:
                         outcome.fail("stream", tally.error)

@@ -183,8 +183,13 @@ def test_a_two_turn_tool_conversation(client: openai.OpenAI, model: str) -> None
 
 
 def test_cloudflare_ai_run_chat_plain_and_streamed(cf: cloudflare.Cloudflare) -> None:
+    # By its catalogue name, as that record defines: OpenAI's chat request and chat.completion
     result = cf.ai.run(GLM, account_id=ACCOUNT, prompt="Hello", max_tokens=8)
-    assert isinstance(result["response"], str) and result["usage"]["completion_tokens"] <= 8
+    assert result["object"] == "chat.completion" and result["usage"]["completion_tokens"] <= 8
+    assert isinstance(result["choices"][0]["message"]["content"], str)
+    # By its own name: Workers AI's classic text-generation shape
+    classic = cf.ai.run("glm", account_id=ACCOUNT, prompt="Hello", max_tokens=8)
+    assert isinstance(classic["response"], str) and classic["usage"]["completion_tokens"] <= 8
     # A stream is read as the SDK documents it: with_streaming_response, line by line (its
     # plain `run` cannot unwrap server-sent events, from Cloudflare either).
     with cf.ai.with_streaming_response.run(
@@ -194,7 +199,8 @@ def test_cloudflare_ai_run_chat_plain_and_streamed(cf: cloudflare.Cloudflare) ->
         data = [
             line[len("data: ") :] for line in response.iter_lines() if line.startswith("data: ")
         ]
-    assert data[-1] == "[DONE]" and all("response" in json.loads(d) for d in data[:-1])
+    assert data[-1] == "[DONE]"
+    assert all(json.loads(d)["object"] == "chat.completion.chunk" for d in data[:-1])
 
 
 def test_cloudflare_ai_run_embeddings_and_moderation(cf: cloudflare.Cloudflare) -> None:

@@ -22,6 +22,7 @@ from benchmarks.lib.fake_handles import (
     reply,
 )
 from deployments.config import AppConfig
+from deployments.runtime.outputs import Completion, GenerationChunk
 from deployments.security import KeyStore
 from deployments.serving.services import RouterServices, build_services
 
@@ -34,6 +35,7 @@ __all__ = [
     "FakeModerationHandle",
     "FakeStream",
     "Method",
+    "ScriptedChatHandle",
     "app_config",
     "fake_handles",
     "fake_verdicts",
@@ -41,6 +43,26 @@ __all__ = [
     "reply",
     "services_for",
 ]
+
+
+class ScriptedChatHandle(FakeChatHandle):
+    """Answers with the given completions (all n of them) and streams the given chunks, so a
+    test can shape any answer: n choices, logprobs, tool calls."""
+
+    def __init__(self, completions: list[Completion], chunks: list[GenerationChunk]):
+        super().__init__()
+        self.completions = completions
+        self.chunks = chunks
+
+    async def _complete(
+        self, messages: Any, params: Any, traceparent: Any, features: Any = None
+    ) -> Any:
+        return reply(list(self.completions))
+
+    def _stream(self, messages: Any, params: Any, traceparent: Any, features: Any = None) -> Any:
+        stream = FakeStream(self.chunks, None, RuntimeError("unused"))
+        self.streams.append(stream)
+        return stream
 
 
 def services_for(

@@ -16,11 +16,14 @@ from deployments.edge.clock import ManualEdgeClock
 from deployments.edge.dispatch import LOST_CHECK_S, EdgeDispatcher
 from deployments.edge.pools import RegionPools
 from deployments.edge.trace import EdgeTrace
+from deployments.edge.waiting import ColdStartNotice, WaitLimits
 from deployments.errors import (
+    BusyError,
     InvalidRequestError,
     OverloadedError,
     QueueFullError,
     RegionFaultError,
+    WaitBudgetExceededError,
 )
 from deployments.observability import RequestTelemetry
 from deployments.servers.base import Reply
@@ -43,10 +46,12 @@ COMPLETE = HandleCall("complete")
 
 @dataclass(frozen=True)
 class Origin:
-    """Where the request's client is, as the dispatcher reads it off a RequestContext."""
+    """Where the request's client is and how long it may wait, as the dispatcher reads it off a
+    RequestContext."""
 
     location_headers: dict[str, str] = field(default_factory=dict)
     client_ip: str | None = None
+    wait_limits: WaitLimits = field(default_factory=WaitLimits)
 
 
 class FakeMethod:
@@ -157,10 +162,15 @@ class Rig:
         self.topped_up.set()
 
     async def send(
-        self, headers: dict[str, str], call: HandleCall = COMPLETE
+        self,
+        headers: dict[str, str],
+        call: HandleCall = COMPLETE,
+        limits: WaitLimits | None = None,
+        notice: ColdStartNotice | None = None,
     ) -> tuple[CallResult, EdgeTrace]:
+        origin = Origin(headers, wait_limits=limits or WaitLimits())
         return await self.dispatcher.dispatch(
-            MODEL, Origin(headers), call, RequestTelemetry.disabled()
+            MODEL, origin, call, RequestTelemetry.disabled(), notice
         )
 
 
@@ -448,3 +458,92 @@ def test_the_manual_clock_fires_due_timers_in_order_each_at_its_time() -> None:
     assert (clock.now(), clock.unix()) == (2.0, 1002.0)
     with pytest.raises(ValueError):
         clock.advance(-1)
+
+
+# ---- wait limits: rejectIfBusy, x-edge-max-wait-ms, the cold-start notice ----------------------
+
+REJECT_IF_BUSY = WaitLimits(reject_if_busy=True)
+
+
+def test_reject_if_busy_is_served_by_a_free_warm_region_without_waiting() -> None:
+    rig = Rig({"eu": 1, "us": 0, "ap": 0})  # Tokyo's nearest, ap, is cold
+    result, trace = asyncio.run(rig.send(TOKYO, limits=REJECT_IF_BUSY))
+    assert result.reply.value == "eu"
+    assert rig.handles["ap"].calls == ["wake"]  # woken for later, not waited on
+
+
+def test_reject_if_busy_with_no_free_region_is_a_429_at_once_with_the_expected_wake_up() -> None:
+    rig = Rig({})  # all cold: the default cold-start estimate, 3 s
+    with pytest.raises(BusyError) as caught:
+        asyncio.run(rig.send(TOKYO, limits=REJECT_IF_BUSY))
+    assert caught.value.status == 429 and caught.value.code == "capacity_exceeded"
+    assert caught.value.message == "Capacity temporarily exceeded, please try again."
+    assert caught.value.response_headers() == {"retry-after": "3"}
+    assert all(handle.calls in ([], ["wake"]) for handle in rig.handles.values())
+    # Without the option the same request waits for the cold start instead.
+    rig.handles["ap"].behaviour = lambda method: _ok("ap", ready_at=rig.clock.unix() + 1)
+    assert asyncio.run(rig.send(TOKYO))[0].reply.value == "ap"
+
+
+def test_reject_if_busy_when_every_free_region_pushes_back_is_a_429_not_a_503() -> None:
+    rig = Rig(ALL_WARM)
+    for handle in rig.handles.values():
+        handle.behaviour = lambda method: _raise(QueueFullError("full", retry_after_s=2))
+    with pytest.raises(BusyError) as caught:
+        asyncio.run(rig.send(TOKYO, limits=REJECT_IF_BUSY))
+    assert caught.value.retry_after_s == 2
+    assert {o.kind for o in rig.reported} == {"saturated"}
+
+
+def test_a_wait_budget_shorter_than_the_expected_wake_up_is_a_503_at_once() -> None:
+    rig = Rig({})  # cold everywhere; the cold-start estimate is 3 s
+    rig.handles["ap"].behaviour = _hang  # its replica is still starting throughout
+    budget = WaitLimits(max_wait_s=0.5)
+
+    async def go() -> tuple[WaitBudgetExceededError, WaitBudgetExceededError]:
+        with pytest.raises(WaitBudgetExceededError) as first:
+            await rig.send(TOKYO, limits=budget)
+        await turns_until(lambda: rig.handles["ap"].calls)
+        # A second request 1 s later: the wake in flight has waited 1 s of the 3 s estimate.
+        rig.clock.advance(1.0)
+        with pytest.raises(WaitBudgetExceededError) as second:
+            await rig.send(TOKYO, limits=budget)
+        return first.value, second.value
+
+    first, second = asyncio.run(go())
+    assert first.status == 503 and first.response_headers() == {"retry-after": "3"}
+    assert second.retry_after_s == pytest.approx(2.0)
+    assert rig.handles["ap"].calls == ["wake"]  # woken all the same (once): a retry finds it warm
+
+
+def test_a_wait_budget_that_runs_out_mid_attempt_is_a_503_not_a_region_failure() -> None:
+    rig = Rig(ALL_WARM, deadline_s=30.0)
+    rig.handles["ap"].behaviour = _hang
+
+    async def go() -> None:
+        sending = asyncio.ensure_future(rig.send(TOKYO, limits=WaitLimits(max_wait_s=0.2)))
+        await turns_until(lambda: rig.handles["ap"].calls)
+        rig.clock.advance(0.25)
+        await asyncio.wait_for(sending, 5)
+
+    with pytest.raises(WaitBudgetExceededError) as caught:
+        asyncio.run(go())
+    assert caught.value.response_headers() == {"retry-after": "1"}  # warm: no wake-up to wait
+    assert rig.reported == [] and rig.handles["eu"].calls == []  # the client's budget, not ap's
+
+
+def test_a_budget_longer_than_the_wake_up_waits_for_the_cold_start() -> None:
+    rig = Rig({})
+    rig.handles["ap"].behaviour = lambda method: _ok("ap", ready_at=rig.clock.unix() + 1)
+    result, trace = asyncio.run(rig.send(TOKYO, limits=WaitLimits(max_wait_s=10.0)))
+    assert result.reply.value == "ap" and trace.cold_start_ms == pytest.approx(1000.0)
+
+
+def test_the_notice_hears_of_a_wait_for_a_cold_replica_and_only_of_that() -> None:
+    rig = Rig({"eu": 1, "us": 0, "ap": 0})
+    warm_notice, cold_notice = ColdStartNotice(), ColdStartNotice()
+    asyncio.run(rig.send(FRANKFURT, notice=warm_notice))  # eu is warm
+    assert warm_notice.region is None
+    rig2 = Rig({})
+    asyncio.run(rig2.send(TOKYO, notice=cold_notice))
+    assert cold_notice.region == "ap"

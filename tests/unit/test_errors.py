@@ -6,6 +6,7 @@ import ast
 import inspect
 import json
 import pickle
+import re
 from pathlib import Path
 
 import pytest
@@ -36,11 +37,13 @@ EXPECTED_STATUS: dict[type[ServingError], int] = {
     errors.MethodNotAllowedError: 405,
     errors.PayloadTooLargeError: 413,
     errors.RateLimitedError: 429,
+    errors.BusyError: 429,
     errors.OverloadedError: 503,
     errors.ModelNotReadyError: 503,
     errors.QueueFullError: 503,
     errors.RegionNotFoundError: 404,
     errors.RegionFaultError: 503,
+    errors.WaitBudgetExceededError: 503,
     errors.InternalServerError: 500,
 }
 
@@ -152,6 +155,27 @@ def test_a_pickle_round_trip_keeps_everything(cls: type[ServingError]):
         assert restored.retry_after_s == error.retry_after_s == 7.5
 
 
+def test_each_failure_kind_has_its_own_envelope_code():
+    """The Workers AI envelope's code table is exhaustive and one-to-one: every class has a code
+    >= 1000 (Cloudflare's v4 envelope), and no two share one."""
+    assert set(errors.ENVELOPE_CODES) == set(ALL)
+    codes = list(errors.ENVELOPE_CODES.values())
+    assert all(code >= 1000 for code in codes) and len(set(codes)) == len(codes)
+    # Cloudflare's own code where it documents the same failure (workers-ai/platform/errors)
+    assert errors.envelope_code(errors.ModelNotFoundError) == 5007
+    assert errors.envelope_code(errors.PayloadTooLargeError) == 3006
+    assert errors.envelope_code(errors.BusyError) == 3040
+
+
+def test_the_documented_envelope_codes_are_the_table():
+    """docs/api.md's error-code table says what deployments/errors.py does: code, status, class."""
+    docs = (DEPLOYMENTS.parent / "docs" / "api.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| (\d{4,5}) \| (\d{3}) \| `(\w+)` \|", docs, re.M)
+    documented = {name: (int(code), int(status)) for code, status, name in rows}
+    actual = {cls.__name__: (code, cls.status) for cls, code in errors.ENVELOPE_CODES.items()}
+    assert documented == actual
+
+
 def test_bad_header_error_names_the_header_in_param_and_message():
     error = errors.BadHeaderValueError("expected '<lat>,<lon>'", header="x-client-geo")
     assert error.param == "x-client-geo"
@@ -166,6 +190,8 @@ EXPECTED_HEADER_NAMES: dict[type[ServingError], set[str]] = {
     errors.ModelNotReadyError: {"retry-after"},
     errors.QueueFullError: {"retry-after"},
     errors.RegionFaultError: {"retry-after"},
+    errors.WaitBudgetExceededError: {"retry-after"},
+    errors.BusyError: {"retry-after"},
     errors.MethodNotAllowedError: {"allow"},
 }
 

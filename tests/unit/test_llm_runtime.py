@@ -263,3 +263,46 @@ def test_merged_chunks_keep_every_token_and_the_last_counts():
     assert (merged.text, merged.finish_reason, merged.completion_tokens) == ("abc", "stop", 3)
     assert [lp.token for lp in merged.logprobs] == ["a", "c"] and merged.tool_calls == calls
     assert merge_chunks([two]) is two
+
+
+def test_prompt_logprobs_are_the_exported_graphs_own(runtime, models_root):
+    """What `echo` with `logprobs` shows, against a direct computation: the exported graph's
+    logits for every prompt position in one run, each row's log-softmax at the next token."""
+    from deployments.runtime.decoder import DecoderGraph
+    from deployments.runtime.sampling import log_softmax
+    from deployments.runtime.session import SessionConfig, open_session
+
+    prompt_text = "Once upon a time in Paris, 北京"
+    graph_path = runtime.model_dir / runtime.manifest.graph
+    exported = DecoderGraph(
+        open_session(graph_path, SessionConfig(provider="cpu")), runtime.manifest.llm.kv_cache
+    )
+    ids = runtime.tokenizer.encode_text(prompt_text)
+    direct = log_softmax(exported.full_logits(ids))  # row i scores token i + 1
+    params = SamplingParams(max_tokens=3, temperature=0, logprobs=True, prompt_logprobs=2)
+    done = run(runtime.complete(prompt_text, params))
+    scored = done.prompt_logprobs
+    assert scored is not None and len(scored) == len(ids) == done.prompt_tokens
+    assert scored[0].logprob is None and scored[0].top_logprobs == ()
+    for position, (token, entry) in enumerate(zip(ids[1:], scored[1:], strict=True)):
+        assert entry.logprob == pytest.approx(direct[position, token], abs=1e-4)
+        best = sorted(range(direct.shape[1]), key=lambda t: -direct[position, t])[:2]
+        assert [a.logprob for a in entry.top_logprobs] == pytest.approx(
+            [direct[position, t] for t in best], abs=1e-4
+        )
+    # A character split across tokens shows as U+FFFD in each token's text, as OpenAI's do;
+    # the bytes hold it whole.
+    assert b"".join(entry.token_bytes for entry in scored) == prompt_text.encode()
+    # Every choice of a stream carries them on its first chunk, and only there.
+    chunks = run(_collect(runtime.stream(prompt_text, params, GenerationOptions(n=2))))
+    firsts = {}
+    for chunk in chunks:
+        firsts.setdefault(chunk.index, chunk)
+    assert all(first.prompt_logprobs == scored for first in firsts.values())
+    assert all(c.prompt_logprobs is None for c in chunks if firsts[c.index] is not c)
+    # Not asked, not computed.
+    assert run(runtime.complete(prompt_text, SamplingParams(max_tokens=2))).prompt_logprobs is None
+
+
+async def _collect(chunks):
+    return [chunk async for chunk in chunks]

@@ -821,3 +821,24 @@ def test_cli_help_runs_as_a_module() -> None:
     )  # fmt: skip
     for flag in ("--scenario", "--idle-s", "--no-replicas", "--admin-key", "--max-requests"):
         assert flag in done.stdout
+
+
+def test_a_held_streams_edge_comment_gives_the_record_its_headers() -> None:
+    """A stream that waited for a cold replica carries its x-edge-* headers in a comment."""
+    from edgectl.loadtest.responses import stream_items
+
+    wire = (
+        ": warming region=ap\r\n\r\n: warming region=ap\r\n\r\n"
+        ": edge x-edge-colo=NRT x-edge-region=ap x-edge-cold-start=1 x-edge-cold-start-ms=812.5"
+        "\r\n\r\n"
+        'data: {"response": "Hel"}\r\n\r\ndata: [DONE]\r\n\r\n'
+    )
+
+    async def read() -> list[Any]:
+        response = httpx.Response(200, content=wire.encode())
+        return [item async for item in stream_items(response)]
+
+    headers, *events = asyncio.run(read())
+    edge = EdgeHeaders.parse(httpx.Headers(headers))
+    assert (edge.colo, edge.cold_start, edge.cold_start_ms) == ("NRT", True, 812.5)
+    assert [e.data for e in events] == ['{"response": "Hel"}', "[DONE]"]

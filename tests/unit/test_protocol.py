@@ -708,10 +708,10 @@ def test_workers_envelopes():
         "errors": [],
         "messages": [],
     }
-    assert error_envelope(400, "bad input") == {
+    assert error_envelope(InvalidRequestError("bad input")) == {
         "result": None,
         "success": False,
-        "errors": [{"code": 400, "message": "bad input"}],
+        "errors": [{"code": 9100, "message": "bad input"}],
         "messages": [],
     }
     assert json.dumps(ok_envelope([a_moderation_response().results[0]]))

@@ -153,22 +153,31 @@ def test_a_completion_with_logprobs_and_tool_calls_parses_strictly_in_the_sdk() 
 
 
 def test_a_chunk_with_a_tool_call_delta_parses_strictly_in_the_sdk() -> None:
-    chunk = ChatCompletionChunk(
-        id="chatcmpl-1",
-        created=0,
-        model="glm",
-        choices=[
-            ChunkChoice(
-                index=1,
-                delta=ChoiceDelta(
-                    tool_calls=[ChoiceDeltaToolCall.from_call(0, Call("c1", "lookup", '{"q": 1}'))]
-                ),
-                logprobs=ChoiceLogprobs.from_tokens([Token("a", b"a", -2.0)]),
-                finish_reason="tool_calls",
+    head, *fragments = ChoiceDeltaToolCall.deltas_of(0, Call("c1", "lookup", '{"q": 1}'))
+    arguments = ""
+    for piece in (head, *fragments):
+        chunk = ChatCompletionChunk(
+            id="chatcmpl-1",
+            created=0,
+            model="glm",
+            choices=[
+                ChunkChoice(
+                    index=1,
+                    delta=ChoiceDelta(tool_calls=[piece]),
+                    logprobs=ChoiceLogprobs.from_tokens([Token("a", b"a", -2.0)]),
+                    finish_reason=None,
+                )
+            ],
+        ).model_dump(mode="json")
+        sdk = SDKChatCompletionChunk.model_validate(chunk)
+        call = sdk.choices[0].delta.tool_calls[0]
+        assert call.index == 0 and sdk.choices[0].logprobs.content[0].token == "a"
+        arguments += call.function.arguments
+        if piece is head:
+            assert (call.id, call.type, call.function.name, arguments) == (
+                "c1",
+                "function",
+                "lookup",
+                "",
             )
-        ],
-    ).model_dump(mode="json")
-    sdk = SDKChatCompletionChunk.model_validate(chunk)
-    call = sdk.choices[0].delta.tool_calls[0]
-    assert (call.index, call.id, call.function.arguments) == (0, "c1", '{"q": 1}')
-    assert sdk.choices[0].logprobs.content[0].token == "a"
+    assert arguments == '{"q": 1}'

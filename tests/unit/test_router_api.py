@@ -3,13 +3,21 @@ and error shape - OpenAI's on /v1, the Workers-AI envelope on /ai for every erro
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from router_fakes import DIMENSION, FakeChatHandle, app_config, fake_handles, services_for
+from router_fakes import (
+    DIMENSION,
+    FakeChatHandle,
+    FakeModerationHandle,
+    app_config,
+    fake_handles,
+    services_for,
+)
 
 from deployments.api.app import make_app
 
@@ -46,7 +54,7 @@ def envelope_error(response: Any, status: int) -> str:
     body = response.json()
     assert body["success"] is False and body["result"] is None and body["messages"] == []
     (error,) = body["errors"]
-    assert error["code"] == status and error["message"]
+    assert error["code"] >= 1000 and error["message"]  # Cloudflare's codes, not HTTP statuses
     return str(error["message"])
 
 
@@ -193,7 +201,7 @@ def test_a_workers_stream_ends_with_an_envelope_error_event_then_done():
     assert response.status_code == 200
     events = sse_data(response)
     assert json.loads(events[-2])["success"] is False and events[-1] == "[DONE]"
-    assert json.loads(events[-2])["errors"][0]["code"] == 500
+    assert json.loads(events[-2])["errors"][0]["code"] == 9001  # an internal error
 
 
 def test_a_workers_stream_sends_text_events_then_done():
@@ -248,3 +256,108 @@ def test_probes_and_the_openapi_document(client: TestClient):
         "/ai/run/{model_name}",
     } <= (paths)
     assert not any(path.startswith("/admin") for path in paths)
+
+
+# ---- waiting for capacity: rejectIfBusy, x-edge-max-wait-ms, held streams -----------------------
+# Without edge-control (as here) the router knows of no running replica: every region is cold,
+# and a request would wait on a cold start.
+
+
+def test_reject_if_busy_is_a_429_with_cloudflares_code_instead_of_a_wait(client: TestClient):
+    busy = {"options": {"rejectIfBusy": True}}
+    workers = client.post("/ai/run/glm", json={"prompt": "hi", **busy}, headers=USER)
+    assert workers.status_code == 429 and int(workers.headers["retry-after"]) == 3
+    assert workers.json()["errors"] == [
+        {"code": 3040, "message": "Capacity temporarily exceeded, please try again."}
+    ]
+    embedded = client.post("/ai/run/embedding", json={"text": "a", **busy}, headers=USER)
+    assert embedded.json()["errors"][0]["code"] == 3040
+    openai = client.post("/v1/chat/completions", json={**HELLO, **busy}, headers=USER)
+    assert openai_error(openai, 429)["code"] == "capacity_exceeded"
+    # Without the option the same request waits for the cold start and is served.
+    assert client.post("/ai/run/glm", json={"prompt": "hi"}, headers=USER).status_code == 200
+    # An option Workers AI does not define is refused like any unknown field.
+    queued = client.post("/ai/run/glm", json={"prompt": "hi", "options": {"x": 1}}, headers=USER)
+    assert "options.x" in envelope_error(queued, 400)
+
+
+def test_a_wait_budget_shorter_than_the_cold_start_is_a_503_with_the_expected_wake_up(
+    client: TestClient,
+):
+    short = {**USER, "x-edge-max-wait-ms": "500"}  # the cold-start estimate: 3000 ms
+    response = client.post("/v1/chat/completions", json=HELLO, headers=short)
+    assert openai_error(response, 503)["code"] == "wait_budget_exceeded"
+    assert response.headers["retry-after"] == "3"
+    long_enough = {**USER, "x-edge-max-wait-ms": "10000"}
+    assert client.post("/v1/chat/completions", json=HELLO, headers=long_enough).status_code == 200
+    bad = client.post(
+        "/v1/chat/completions", json=HELLO, headers={**USER, "x-edge-max-wait-ms": "soon"}
+    )
+    assert openai_error(bad, 400)["param"] == "x-edge-max-wait-ms"
+
+
+class SlowFirstChunkHandle(FakeChatHandle):
+    """A chat replica whose first chunk takes a few event-loop rounds (a cold start)."""
+
+    def _stream(self, messages: Any, params: Any, traceparent: Any, features: Any = None) -> Any:
+        stream = super()._stream(messages, params, traceparent, features)
+        first = stream.__anext__
+
+        async def slow_first() -> Any:
+            stream.__anext__ = first  # type: ignore[method-assign]
+            for _ in range(20):  # 4 times the slow moderation check's rounds (below)
+                await asyncio.sleep(0.01)
+            return await first()
+
+        stream.__anext__ = slow_first  # type: ignore[method-assign]
+        return stream
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", {**HELLO, "stream": True}),
+        ("/ai/run/kimi", {"prompt": "hi", "stream": True}),
+        ("/ai/run/@cf/moonshotai/kimi-k2.6", {"prompt": "hi", "stream": True}),
+        ("/v1/completions", {"model": "kimi", "prompt": ["a", "b"], "stream": True}),
+    ],
+)
+def test_a_stream_held_for_a_cold_start_says_it_is_warming(path: str, body: dict[str, Any]):
+    with client_for(fake_handles(kimi=SlowFirstChunkHandle())) as client:
+        response = client.post(path, json=body, headers=USER)
+    assert response.status_code == 200
+    lines = [line for line in response.text.splitlines() if line]
+    assert lines[0].startswith(": warming region=")
+    assert lines[0].removeprefix(": warming region=") in {"eu", "us", "ap"}
+    assert sse_data(response)[-1] == "[DONE]" and len(sse_data(response)) > 1
+    assert "x-edge-region" not in response.headers  # not known when the response started
+    (edge,) = [line for line in lines if line.startswith(": edge ")]  # ... so it follows here
+    assert "x-edge-colo=" in edge and "x-edge-route-reason=" in edge
+
+
+class SlowModerationHandle(FakeModerationHandle):
+    """The moderation deployment, answering the gate's check after a few event-loop rounds."""
+
+    async def _classify(self, texts: list[str], traceparent: Any = None) -> Any:
+        for _ in range(5):
+            await asyncio.sleep(0.01)
+        return await super()._classify(texts, traceparent)
+
+
+def test_a_refused_input_keeps_its_400_even_when_the_stream_would_wait_for_a_cold_start():
+    """The gate checks the input (here by a call to the moderation deployment) while the
+    dispatch starts; a stream waiting on a cold start is held (its response started) only once
+    the input passed."""
+    config = app_config(max_body_bytes=LIMIT)
+    gate = config.security.moderation_gate.model_copy(update={"classifier": "deployment"})
+    security = config.security.model_copy(update={"moderation_gate": gate})
+    config = config.model_copy(update={"security": security})
+    handles = fake_handles(kimi=SlowFirstChunkHandle(), moderation=SlowModerationHandle())
+    with TestClient(make_app(config, services_for(config, handles, ENV))) as client:
+        body = {"model": "kimi", "messages": [{"role": "user", "content": "darn"}], "stream": True}
+        refused = client.post("/v1/chat/completions", json=body, headers=USER)
+        fine = client.post(
+            "/v1/chat/completions", json={**body, "messages": HELLO["messages"]}, headers=USER
+        )
+    assert openai_error(refused, 400)["code"] == "content_policy_violation"
+    assert fine.text.startswith(": warming region=")  # held once the input passed

@@ -8,8 +8,15 @@ import json
 
 import pytest
 from fastapi.testclient import TestClient
-from router_fakes import FakeChatHandle, fake_handles
+from router_fakes import FakeChatHandle, FakeStream, fake_handles, reply
 from test_router_api import USER, client_for, envelope_error, openai_error, sse_data
+
+from deployments.runtime.outputs import (
+    Completion,
+    GenerationChunk,
+    PromptTokenLogprob,
+    TokenLogprob,
+)
 
 GLM = "@cf/zai-org/glm-4.7-flash"
 ACCOUNT_PATHS = ["/client/v4/accounts/acc-1/ai", "/accounts/acc-1/ai"]
@@ -27,7 +34,8 @@ def test_workers_ai_run_with_a_catalogue_name(client: TestClient, prefix: str) -
     assert answer.status_code == 200, answer.text
     body = answer.json()
     assert body["success"] is True and body["errors"] == []
-    assert body["result"]["response"] == "hello from the fake model"
+    # by its catalogue name, the record's shape: OpenAI's chat.completion
+    assert body["result"]["choices"][0]["message"]["content"] == "hello from the fake model"
     embedded = client.post(
         f"{prefix}/run/@cf/sentence-transformers/all-minilm-l6-v2",
         json={"text": ["a", "b"]},
@@ -154,3 +162,104 @@ def test_the_chat_replica_gets_every_feature_of_the_request() -> None:
     assert params.logit_bias == ((7, 2.0),)
     assert (features.n, features.tool_choice, features.tool_names) == (2, "required", ["f"])
     assert features.response_format == {"type": "json_object"}
+
+
+class EchoingChatHandle(FakeChatHandle):
+    """Answers each prompt with `re: <prompt>`, its prompt's logprobs when asked, and one
+    logprob per generated piece: which answer belongs to which prompt is visible."""
+
+    @staticmethod
+    def _answers(messages, params, n) -> list[Completion]:
+        prompt = messages[-1]["content"]
+        text = f"re: {prompt}"
+        return [
+            Completion(
+                text,
+                "stop",
+                prompt_tokens=len(prompt.split()),
+                completion_tokens=2,
+                index=i,
+                logprobs=(TokenLogprob(text, text.encode(), -0.5),) if params.logprobs else None,
+                prompt_logprobs=None if params.prompt_logprobs is None else _prompt_tokens(prompt),
+            )
+            for i in range(n)
+        ]
+
+    async def _complete(self, messages, params, traceparent, features=None):
+        return reply(self._answers(messages, params, features.n))
+
+    def _stream(self, messages, params, traceparent, features=None):
+        chunks = [
+            GenerationChunk(
+                done.text,
+                "stop",
+                done.prompt_tokens,
+                2 * (done.index + 1),
+                index=done.index,
+                logprobs=done.logprobs or (),
+                prompt_logprobs=done.prompt_logprobs,
+            )
+            for done in self._answers(messages, params, features.n)
+        ]
+        return FakeStream(chunks, None, RuntimeError("unused"))
+
+
+def _prompt_tokens(prompt: str) -> tuple[PromptTokenLogprob, ...]:
+    words = prompt.split(" ")
+    pieces = [w if i == 0 else " " + w for i, w in enumerate(words)]
+    return tuple(
+        PromptTokenLogprob(p, p.encode(), None if i == 0 else -1.0 - i, ())
+        for i, p in enumerate(pieces)
+    )
+
+
+def test_a_prompt_list_answers_each_prompt_n_times_indexed_as_openai():
+    """LangChain's `OpenAI` LLM batches prompts in one request: choice c of prompt p is at
+    index p * n + c, each prompt's own answer, usage summed."""
+    glm = EchoingChatHandle()
+    body = {"model": "glm", "prompt": ["one", "two words", "three more words"], "n": 2}
+    with client_for(fake_handles(glm=glm)) as client:
+        answer = client.post("/v1/completions", json=body, headers=USER).json()
+        streamed = client.post("/v1/completions", json={**body, "stream": True}, headers=USER)
+    texts = {c["index"]: c["text"] for c in answer["choices"]}
+    assert texts == {
+        0: "re: one",
+        1: "re: one",
+        2: "re: two words",
+        3: "re: two words",
+        4: "re: three more words",
+        5: "re: three more words",
+    }
+    assert answer["usage"] == {"prompt_tokens": 6, "completion_tokens": 12, "total_tokens": 18}
+    assert [call[0][-1]["content"] for call in glm.complete.calls] == body["prompt"]
+    events = [json.loads(e) for e in sse_data(streamed)[:-1]]
+    assert {e["choices"][0]["index"]: e["choices"][0]["text"] for e in events} == texts
+
+
+def test_echo_with_logprobs_shows_the_prompts_tokens_then_the_answers():
+    glm = EchoingChatHandle()
+    body = {"model": "glm", "prompt": "Once upon a", "echo": True, "logprobs": 1}
+    with client_for(fake_handles(glm=glm)) as client:
+        (choice,) = client.post("/v1/completions", json=body, headers=USER).json()["choices"]
+        events = sse_data(
+            client.post("/v1/completions", json={**body, "stream": True}, headers=USER)
+        )
+    assert glm.complete.calls[0][1].prompt_logprobs == 1  # asked of the replica
+    logprobs = choice["logprobs"]
+    assert choice["text"] == "Once upon a" + "re: Once upon a"
+    assert logprobs["tokens"] == ["Once", " upon", " a", "re: Once upon a"]
+    assert logprobs["token_logprobs"] == [None, -2.0, -3.0, -0.5]
+    assert logprobs["top_logprobs"][0] is None and logprobs["top_logprobs"][1] == {}
+    assert logprobs["text_offset"] == [0, 4, 9, len("Once upon a")]
+    first, second = (json.loads(e)["choices"][0] for e in events[:2])
+    assert first["text"] == "Once upon a" and first["logprobs"]["token_logprobs"] == [
+        None,
+        -2.0,
+        -3.0,
+    ]
+    assert second["logprobs"]["text_offset"] == [len("Once upon a")]
+    # Without echo, the prompt's logprobs are not asked for.
+    client_body = {**body, "echo": False}
+    with client_for(fake_handles(glm=glm)) as client:
+        client.post("/v1/completions", json=client_body, headers=USER)
+    assert glm.complete.calls[-1][1].prompt_logprobs is None

@@ -1,0 +1,66 @@
+"""How long a request may wait for capacity, and how a held stream hears that it waits: the
+client's limits (`WaitLimits`: Workers AI's `rejectIfBusy`, our `x-edge-max-wait-ms` header) and
+the notice the dispatcher gives when an attempt must wait for a cold replica (`ColdStartNotice`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from deployments.errors import BadHeaderValueError
+
+MAX_WAIT_HEADER = "x-edge-max-wait-ms"
+
+
+@dataclass(frozen=True)
+class WaitLimits:
+    """`reject_if_busy`: never wait in a capacity queue (no region with a free warm replica now
+    is a 429); `max_wait_s`: the request's wait budget (past it, a 503 whose Retry-After is the
+    expected wake-up). Neither set: the server's own deadline alone."""
+
+    reject_if_busy: bool = False
+    max_wait_s: float | None = None
+
+    @classmethod
+    def from_headers(cls, headers: Mapping[str, str]) -> WaitLimits:
+        """The limits a request's headers set (x-edge-max-wait-ms: whole milliseconds, > 0)."""
+        raw = headers.get(MAX_WAIT_HEADER)
+        if raw is None:
+            return cls()
+        if not raw.strip().isdigit() or int(raw) <= 0:
+            raise BadHeaderValueError(
+                f"expected a whole number of milliseconds above 0, got {raw[:40]!r}",
+                header=MAX_WAIT_HEADER,
+            )
+        return cls(max_wait_s=int(raw) / 1000.0)
+
+
+class ColdStartNotice:
+    """Set by the dispatcher when an attempt has to wait for a cold region's first replica, so a
+    streamed answer can start at once and tell its client it is warming, not hung. While held
+    (the input still being checked: a refusal must keep its 400), it is told only on release."""
+
+    def __init__(self) -> None:
+        self.region: str | None = None
+        self._waiting = asyncio.Event()
+        self._held = False
+
+    def waiting_on(self, region: str) -> None:
+        self.region = region
+        if not self._held:
+            self._waiting.set()
+
+    def hold(self) -> None:
+        self._held = True
+
+    def release(self) -> None:
+        self._held = False
+        if self.region is not None:
+            self._waiting.set()
+
+    async def wait(self) -> str:
+        """The region, once an attempt waits on a cold one."""
+        await self._waiting.wait()
+        assert self.region is not None
+        return self.region
