@@ -19,6 +19,7 @@ def open_cache_store(config: AppConfig, environ: Mapping[str, str]) -> SharedSto
     cache = config.router.cache
     if not cache.enabled or cache.backend == "memory":
         return None
+    # A backend's driver is imported only where it is the one used.
     if cache.backend == "sqlite":
         from deployments.cache.sqlite_store import SQLiteStore
 
