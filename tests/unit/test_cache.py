@@ -41,6 +41,7 @@ from deployments.protocol import (
 from deployments.protocol.embeddings import EmbeddingList
 from deployments.protocol.moderations import Moderation
 from edge_sim.clock import ManualClock
+from edgectl.local_cluster import wait_until
 from edgectl.local_services import RedisServer
 
 KEY_ALICE = "Bearer sk-alice"
@@ -311,7 +312,9 @@ class Failures:
 
 
 def tiered(store: SharedStore, clock: ManualClock, failures: Failures | None = None, **config: Any):
-    return ResponseCache(CacheConfig(**config), store, clock=clock, on_failure=failures)
+    # A bound far above what a loaded machine takes, unless a test is about the bound.
+    settings = CacheConfig(**{"timeout_ms": 10_000, **config})
+    return ResponseCache(settings, store, clock=clock, on_failure=failures)
 
 
 def test_a_local_hit_does_not_ask_the_store_and_a_store_hit_is_kept_locally():
@@ -430,16 +433,16 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable
     """Makes a new store on one backend (as each router replica opens its own)."""
     if request.param == "sqlite":
         path = tmp_path / "data" / "response-cache.sqlite3"
-        yield lambda max_entries=100, **kw: SQLiteStore(path, max_entries, 1000, **kw)
+        yield lambda max_entries=100, **kw: SQLiteStore(path, max_entries, 10_000, **kw)
         return
     redis: RedisServer = request.getfixturevalue("redis_server")
     yield lambda max_entries=100: RedisStore(
-        redis.url, password=None, key_prefix="test:", max_entries=max_entries, timeout_ms=1000
+        redis.url, password=None, key_prefix="test:", max_entries=max_entries, timeout_ms=10_000
     )
 
 
 def replica(store: SharedStore, **config: Any) -> ResponseCache:
-    return ResponseCache(CacheConfig(timeout_ms=5000, **config), store)
+    return ResponseCache(CacheConfig(timeout_ms=10_000, **config), store)
 
 
 @pytest.mark.parametrize("name", ANSWERS)
@@ -495,8 +498,8 @@ def test_sqlite_entries_expire_on_the_stores_clock(tmp_path: Path):
 
     async def scenario() -> list[Any]:
         cache = ResponseCache(
-            CacheConfig(ttl_s=10.0, local_entries=0),
-            SQLiteStore(path, 100, 1000, clock=clock),
+            CacheConfig(ttl_s=10.0, local_entries=0, timeout_ms=10_000),
+            SQLiteStore(path, 100, 10_000, clock=clock),
             clock=clock,
         )
         try:
@@ -517,25 +520,30 @@ def test_sqlite_entries_expire_on_the_stores_clock(tmp_path: Path):
 
 
 def test_redis_entries_expire_by_redis_and_leave_the_index(redis_server: RedisServer):
-    async def scenario() -> tuple[Any, Any]:
-        store = RedisStore(
-            redis_server.url, password=None, key_prefix="t:", max_entries=10, timeout_ms=1000
-        )
-        cache = ResponseCache(CacheConfig(ttl_s=0.05, local_entries=0, timeout_ms=5000), store)
+    """Redis expires an entry itself (PX, on its own clock); the next write drops it from the
+    index, so the index counts live entries only."""
+    client = Redis.from_url(redis_server.url)
+    store = RedisStore(
+        redis_server.url, password=None, key_prefix="t:", max_entries=10, timeout_ms=10_000
+    )
+
+    async def scenario() -> tuple[Any, Any, int]:
+        cache = ResponseCache(CacheConfig(ttl_s=60, local_entries=0, timeout_ms=10_000), store)
         try:
-            await cache.put("k", chat_completion())
-            hit = await cache.get("k")
-            await asyncio.sleep(0.1)  # the entry's TTL on Redis's own clock
+            await cache.put("kept", chat_completion())
+            await store.put("short", b"an entry of 50 ms", 0.05)
+            ttl_ms = client.pttl("t:v1:kept")
+            wait_until(lambda: client.exists("t:v1:short") == 0, 30, "Redis to expire it")
             await cache.put("other", chat_completion())  # drops expired ids from the index
-            return hit, await cache.get("k")
+            return await cache.get("kept"), await store.get("short"), ttl_ms
         finally:
             await cache.close()
 
-    assert run(scenario()) == (chat_completion(), None)
-    client = Redis.from_url(redis_server.url)
     try:
-        assert client.zcard("t:v1:index") == 1
-        assert client.exists("t:v1:k") == 0
+        kept, short, ttl_ms = run(scenario())
+        assert kept == chat_completion() and short is None
+        assert 0 < ttl_ms <= 60_000
+        assert sorted(client.zrange("t:v1:index", 0, -1)) == [b"t:v1:kept", b"t:v1:other"]
     finally:
         client.close()
 
@@ -546,10 +554,10 @@ def test_redis_killed_mid_run_is_misses_without_errors_and_hits_again_after_its_
     clock = ManualClock(1000.0)
     failures = Failures()
     store = RedisStore(
-        redis_server.url, password=None, key_prefix="t:", max_entries=100, timeout_ms=1000
+        redis_server.url, password=None, key_prefix="t:", max_entries=100, timeout_ms=10_000
     )
     cache = ResponseCache(
-        CacheConfig(local_entries=0, timeout_ms=5000, retry_after_s=1.0),
+        CacheConfig(local_entries=0, timeout_ms=10_000, retry_after_s=1.0),
         store,
         clock=clock,
         on_failure=failures,
@@ -584,8 +592,8 @@ def test_an_unusable_sqlite_file_is_a_miss_and_is_used_again_once_it_can_be(tmp_
     blocker = tmp_path / "data"
     blocker.write_text("a file where the data folder should be")
     cache = ResponseCache(
-        CacheConfig(local_entries=0, retry_after_s=1.0),
-        SQLiteStore(blocker / "cache.sqlite3", 100, 1000),
+        CacheConfig(local_entries=0, timeout_ms=10_000, retry_after_s=1.0),
+        SQLiteStore(blocker / "cache.sqlite3", 100, 10_000),
         clock=clock,
         on_failure=failures,
     )
@@ -627,6 +635,7 @@ def test_redis_takes_its_password_from_the_environment(tmp_path: Path, redis_ser
         backend="redis",
         redis_url=f"redis://127.0.0.1:{redis_server.port}/0",
         local_entries=0,  # every lookup asks Redis
+        timeout_ms=10_000,
     )
 
     async def round_trip(environ: dict[str, str]) -> Any:

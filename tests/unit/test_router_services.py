@@ -341,8 +341,9 @@ def test_two_router_replicas_on_one_sqlite_file_share_answers(tmp_path: Path):
     an answer one made is a hit on the other, the same body, with no second model call."""
     path = tmp_path / "response-cache.sqlite3"
     handles = fake_handles()
+    config = no_gate(cache={"timeout_ms": 10_000})  # a loaded machine is slow, not a failure
     replicas = [
-        services_for(no_gate(), handles, cache_store=SQLiteStore(path, 100, 5000)) for _ in range(2)
+        services_for(config, handles, cache_store=SQLiteStore(path, 100, 10_000)) for _ in range(2)
     ]
     answers = [
         run(replicas[i % 2].embeddings.create(embedding_request(), context(), telemetry()))
