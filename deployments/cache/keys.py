@@ -7,9 +7,9 @@ not matter) and the caller's credentials: one API key never sees another's cache
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping
 
+import orjson
 from pydantic import BaseModel
 
 BYPASS_VALUES = {"bypass", "no-cache", "no-store"}
@@ -25,13 +25,13 @@ def wants_bypass(headers: Mapping[str, str]) -> bool:
 
 def cache_key(endpoint: str, request: BaseModel, credentials: str | None) -> str:
     body = request.model_dump(mode="json", exclude={"stream", "stream_options", "user"})
-    material = json.dumps(
+    # orjson: every cacheable request pays this, and it is ~5x faster than json.dumps here.
+    material = orjson.dumps(
         {
             "endpoint": endpoint,
             "request": body,
             "credentials": hashlib.sha256((credentials or "").encode()).hexdigest(),
         },
-        sort_keys=True,
-        separators=(",", ":"),
+        option=orjson.OPT_SORT_KEYS,
     )
-    return hashlib.sha256(material.encode()).hexdigest()
+    return hashlib.sha256(material).hexdigest()
