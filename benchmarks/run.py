@@ -34,6 +34,7 @@ SUITES: dict[str, str] = {
     "chat": "benchmarks.chat",
     "router": "benchmarks.router",
     "router_cpu": "benchmarks.router_cpu",
+    "cache": "benchmarks.cache",
     "coldstart": "benchmarks.coldstart",
     "edge": "benchmarks.edge",
     "regions": "benchmarks.regions",

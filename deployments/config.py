@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -75,13 +76,55 @@ class BatchingConfig(_Strict):
     batch_wait_timeout_s: float = Field(default=0.005, ge=0, le=1)
 
 
+CacheBackend = Literal["sqlite", "redis", "memory"]
+
+
 class CacheConfig(_Strict):
     """Exact-match response cache for deterministic requests (embeddings, moderation, chat with
-    temperature 0 or a seed)."""
+    temperature 0 or a seed), shared by the router replicas (docs/edge.md, "The response cache"):
+    `sqlite`, one file under data_dir per node; `redis`, one server for the whole cluster;
+    `memory`, each router replica its own."""
 
     enabled: bool = True
     ttl_s: float = Field(default=300.0, gt=0, le=86_400)
     max_entries: int = Field(default=10_000, ge=1, le=10_000_000)
+    backend: CacheBackend = "sqlite"
+    sqlite_file: str = Field(
+        default="response-cache.sqlite3", min_length=1, description="under data_dir if relative"
+    )
+    redis_url: str | None = Field(
+        default=None,
+        description="redis://host:port/db without a password (EDGE_REDIS_PASSWORD gives it); "
+        "EDGE_REDIS_URL, when set, replaces it",
+    )
+    redis_key_prefix: str = Field(default="edge:cache:", min_length=1)
+    local_entries: int = Field(
+        default=1000,
+        ge=0,
+        le=1_000_000,
+        description="the in-process tier in front of a shared backend (0: none)",
+    )
+    timeout_ms: float = Field(
+        default=100.0, gt=0, le=10_000, description="the longest a request waits on the backend"
+    )
+    retry_after_s: float = Field(
+        default=1.0, gt=0, le=300, description="a backend that failed is not asked for this long"
+    )
+
+    @field_validator("redis_url")
+    @classmethod
+    def _no_password_in_the_url(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        parsed = urlsplit(url)
+        if parsed.scheme not in {"redis", "rediss", "unix"}:
+            raise ValueError(f"{url!r}: redis://, rediss:// or unix:// expected")
+        if parsed.password:
+            raise ValueError(
+                "leave the password out of the URL: the router reads it from EDGE_REDIS_PASSWORD "
+                "(on Kubernetes from the ray-edge-ai-redis Secret)"
+            )
+        return url
 
 
 class RouterConfig(_Strict):

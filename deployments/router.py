@@ -19,6 +19,7 @@ from ray.serve.handle import DeploymentHandle
 from ray.serve.schema import ReplicaState
 
 from deployments.api.app import make_app
+from deployments.cache import open_cache_store
 from deployments.config import AppConfig
 from deployments.observability import RouterObservability
 from deployments.ray_ext.router_metrics import sample_queue_before_push_at_zero
@@ -76,6 +77,7 @@ class RouterIngress:
             observability=RouterObservability(self.config.observability, self.config.models),
             deployment_states=_deployment_states,
             rate_limit_share=1 / _router_replicas(),
+            cache_store=open_cache_store(self.config, os.environ),
         )
         self._fault_sync: asyncio.Task[None] | None = None
         self._traffic_publish: asyncio.Task[None] | None = None

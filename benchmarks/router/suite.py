@@ -1,7 +1,8 @@
 """The router suite, on a private Ray + Serve running serve_config.yaml's application: our router's
 latency next to a pass-through with the same two hops and no logic (FastAPI and plain `__call__`,
 benchmarks.router.passthroughs), the moderation model as its own ingress, and a cache hit; one
-request at a time (interleaved), then concurrent clients."""
+request at a time (interleaved), then concurrent clients. Then the response cache across the
+router replicas: how many repeats of a request are HITs, whichever replica takes them."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import argparse
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -19,6 +21,7 @@ from benchmarks.lib.config import ServedBenchConfig
 from benchmarks.lib.edge_app import BYPASS_CACHE, EDGE_APP, deployment_options, our_application
 from benchmarks.lib.goals import goal, ratio
 from benchmarks.lib.http_load import (
+    BadResponseError,
     Endpoint,
     async_client,
     concurrent_latencies,
@@ -40,6 +43,8 @@ MODERATION_BODY = {"input": "hello there"}
 
 # ours / pass-through p50 latency, at most (both measured in the same run).
 ROUTER_OVERHEAD_TARGET = 1.2
+# Repeats of a cached request answered from the cache, whichever router replica takes them.
+REPEAT_HIT_RATE_TARGET = 1.0
 
 # The ingresses a moderation request is timed through: (route prefix, headers). All but the model
 # ingress reach the same moderation deployment of the edge application.
@@ -60,6 +65,7 @@ class RouterBenchConfig(ServedBenchConfig):
         "moderation_warmup": 10,
         "concurrent_requests_per_client": 6,
         "concurrent_passes": 2,
+        "repeat_bodies": 5,
     }
 
     moderation_rounds: int = Field(default=300, ge=1, description="sequential, per target")
@@ -67,6 +73,8 @@ class RouterBenchConfig(ServedBenchConfig):
     concurrent_clients: int = Field(default=8, ge=1)
     concurrent_requests_per_client: int = Field(default=30, ge=0, description="0 skips it")
     concurrent_passes: int = Field(default=6, ge=1, description="rotations over the targets")
+    repeat_bodies: int = Field(default=30, ge=1, description="distinct requests, each repeated")
+    repeats: int = Field(default=6, ge=2, description="times each is sent, the first included")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -78,16 +86,26 @@ def run_router_suite(config: RouterBenchConfig, clock: Clock = time.perf_counter
     # The edge app first: the pass-throughs look its moderation deployment up by name.
     with served(config, [edge, *baseline_applications(edge)]) as (base_url, _):
         overhead = asyncio.run(bench_router_overhead(config, base_url, clock))
+        repeats = asyncio.run(bench_repeat_hit_rate(config, base_url))
+    setup = _setup(edge)
     return {
         "config": config.model_dump(mode="json"),
-        "setup": _setup(edge),
+        "setup": setup,
         "router_overhead": overhead,
+        "repeat_hit_rate": repeats,
         "goals": {
             "router_vs_passthrough_p50": goal(
                 overhead["sequential"]["ratio_p50"][GOAL_BASELINE],
                 ROUTER_OVERHEAD_TARGET,
                 "x",
                 at_most=True,
+            ),
+            "repeat_hit_rate": goal(
+                repeats["hit_rate_after_first"],
+                REPEAT_HIT_RATE_TARGET,
+                "share of repeats",
+                note=f"{setup['replicas']['router']} router replicas, response cache "
+                f"{setup['response_cache_backend']}",
             ),
         },
     }
@@ -131,13 +149,45 @@ def baseline_applications(edge: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+async def bench_repeat_hit_rate(config: RouterBenchConfig, base_url: str) -> dict[str, Any]:
+    """Each of `repeat_bodies` distinct moderation requests sent `repeats` times, one at a time:
+    the first must be a MISS and every repeat a HIT, however Serve spreads them over the router
+    replicas. Bodies new to this run, so an earlier run's entries play no part."""
+    endpoint = Endpoint(f"{base_url}/v1/moderations")
+    run_id = uuid.uuid4().hex[:12]
+    seen: dict[str, int] = {}
+    first: dict[str, int] = {}
+    async with async_client(1) as client:
+        await ready(client, endpoint, {"input": f"warm-up {run_id}"})
+        for body_index in range(config.repeat_bodies):
+            body = {"input": f"repeat {run_id} {body_index}"}
+            for repeat in range(config.repeats):
+                response = await client.post(endpoint.url, json=body)
+                if response.status_code != 200:
+                    raise BadResponseError(
+                        f"POST {endpoint.url}: {response.status_code} {response.text[:300]}",
+                        response.status_code,
+                    )
+                said = response.headers.get("x-edge-cache", "none")
+                tally = first if repeat == 0 else seen
+                tally[said] = tally.get(said, 0) + 1
+    repeats = config.repeat_bodies * (config.repeats - 1)
+    return {
+        "first_requests": first,
+        "repeats": seen,
+        "hit_rate_after_first": ratio(seen.get("HIT", 0), repeats),
+    }
+
+
 def _setup(edge: dict[str, Any]) -> dict[str, Any]:
     """What differs from serve_config.yaml as shipped, so the numbers are read right."""
     replicas = {d["name"]: d.get("num_replicas") for d in edge["deployments"]}
     return {
         "replicas": replicas,
         "simulated_rtt": "off (edge.latency.real_delay_scale = 0)",
-        "response_cache": f"bypassed with {dict(BYPASS_CACHE)} except the router_cache_hit target",
+        "response_cache": f"bypassed with {dict(BYPASS_CACHE)} except the router_cache_hit target "
+        "and repeat_hit_rate",
+        "response_cache_backend": parse_app_config(edge["args"]).router.cache.backend,
         "baselines": "pass-throughs copy the router's Serve options; model_ingress the "
         "moderation deployment's",
     }

@@ -20,15 +20,22 @@ def serve_on_every_node(serve_config: dict[str, Any]) -> None:
     serve_config["proxy_location"] = EVERY_NODE
 
 
-def enable_gcs_fault_tolerance(cluster: dict[str, Any]) -> None:
-    """The template names the Redis; its password always comes from the Secret."""
-    options = cluster.get("gcsFaultToleranceOptions") or {}
-    if not options.get("redisAddress"):
+def gcs_redis_address(cluster: dict[str, Any]) -> str:
+    """The Redis the template names for the GCS's state."""
+    address = (cluster.get("gcsFaultToleranceOptions") or {}).get("redisAddress")
+    if not address:
         raise ValueError(
             "k8s/templates/rayservice.yaml: rayClusterConfig.gcsFaultToleranceOptions."
             "redisAddress must name the Redis the GCS keeps its state in (without it, losing "
             "the head pod loses every replica of the cluster)"
         )
+    return str(address)
+
+
+def enable_gcs_fault_tolerance(cluster: dict[str, Any]) -> None:
+    """The template names the Redis; its password always comes from the Secret."""
+    gcs_redis_address(cluster)
+    options = cluster["gcsFaultToleranceOptions"]
     if "redisPassword" in options:
         raise ValueError(
             "k8s/templates/rayservice.yaml: leave gcsFaultToleranceOptions.redisPassword out: "

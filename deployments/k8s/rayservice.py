@@ -1,7 +1,7 @@
 """The RayService: serve_config.yaml as its serveConfigV2, the cluster's shape from the template,
 and on every Ray pod the same security: token auth, non-root hardened containers, the API keys
-Secret where the router may run. Groups are handled by what they are (head, replica hosts),
-never by name, so a new worker group gets all of it."""
+and the Redis password where the router may run. Groups are handled by what they are (head,
+replica hosts), never by name, so a new worker group gets all of it."""
 
 from __future__ import annotations
 
@@ -15,7 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from deployments.config import CLUSTER_SERVE_ENV, parse_app_config
-from deployments.k8s import high_availability, pod_security, region_groups, secrets
+from deployments.k8s import (
+    high_availability,
+    pod_security,
+    region_groups,
+    response_cache,
+    secrets,
+)
 from deployments.k8s.manifest_yaml import dump_yaml
 
 MODELS_VOLUME = "models"
@@ -90,9 +96,12 @@ def serve_port(serve_config: dict[str, Any]) -> int:
     return int(serve_config.get("http_options", {}).get("port", SERVE_DEFAULT_PORT))
 
 
-def k8s_serve_config(serve_config: dict[str, Any], models_dir: str) -> dict[str, Any]:
+def k8s_serve_config(
+    serve_config: dict[str, Any], models_dir: str, redis_address: str
+) -> dict[str, Any]:
     """serve_config.yaml with the settings that differ on Kubernetes (host, a proxy on every
-    node, accelerator, models_dir, region placement); all else unchanged."""
+    node, accelerator, models_dir, region placement, the response cache in `redis_address`);
+    all else unchanged."""
     from ray.serve.schema import ServeDeploySchema
 
     config = copy.deepcopy(serve_config)
@@ -104,6 +113,7 @@ def k8s_serve_config(serve_config: dict[str, Any], models_dir: str) -> dict[str,
         app["args"]["accelerator"] = "gpu"
         app["args"]["models_dir"] = models_dir
         region_groups.pin_to_region_groups(app["args"])
+        response_cache.share_across_pods(app["args"], redis_address)
         parse_app_config(app["args"])  # fail the render, not the cluster, on a bad config
     with _without_serve_advice():
         ServeDeploySchema.model_validate(config)  # what KubeRay will submit: Serve's own schema
@@ -163,15 +173,17 @@ def _label_pods(group: dict[str, Any], labels: dict[str, str]) -> None:
 def _finish_group(
     group: dict[str, Any], where: str, *, labels: dict[str, str], kubernetes_api: bool, pins: Pins
 ) -> None:
-    """One group's pods: labelled for the NetworkPolicy, hardened, given the API keys where the
-    router may run, on the pinned serving image, with the cluster's Ray Serve switches (a proxy
-    reads them when it starts, on whichever node it runs)."""
+    """One group's pods: labelled for the NetworkPolicy, hardened, given the API keys and the
+    response cache's Redis password where the router may run, on the pinned serving image, with
+    the cluster's Ray Serve switches (a proxy reads them when it starts, on whichever node it
+    runs)."""
     _label_pods(group, labels)
     pod = group["template"]["spec"]
     pod_security.require_resources(pod, where)
     pod_security.secure_pod(pod, kubernetes_api=kubernetes_api)
     if hosts_replicas(group):
         secrets.mount_api_keys(pod)
+        response_cache.give_redis_password(pod)
     for container in pod["containers"]:
         repository = container["image"].rsplit(":", 1)[0]
         container["image"] = f"{repository}:{pins.image_tag('gpu')}"
@@ -184,14 +196,16 @@ def build_rayservice(
     serve_config: dict[str, Any], template: dict[str, Any], pins: Pins
 ) -> dict[str, Any]:
     rayservice = copy.deepcopy(template)
-    serve = k8s_serve_config(serve_config, models_mount_path(template))
+    cluster = rayservice["spec"]["rayClusterConfig"]
+    serve = k8s_serve_config(
+        serve_config, models_mount_path(template), high_availability.gcs_redis_address(cluster)
+    )
     if head_port(rayservice, "serve") != serve_port(serve):
         raise ValueError(
             f"the head's `serve` port ({head_port(rayservice, 'serve')}) must be "
             f"serve_config.yaml's http_options.port ({serve_port(serve)})"
         )
     rayservice["spec"]["serveConfigV2"] = SERVE_CONFIG_HEADER + dump_yaml(serve)
-    cluster = rayservice["spec"]["rayClusterConfig"]
     cluster["rayVersion"] = pins.ray_version
     # The GCS, the dashboard and its Jobs API (which runs any code by design) take the token.
     cluster["authOptions"] = secrets.ray_auth_options()

@@ -109,6 +109,10 @@ ROUTER_METRICS: Mapping[str, MetricSpec] = {
               "entry colo), or a drilled entry colo (region = none)", _BY_PLACE),
         _spec("counter", PREFIX + "cache_lookups_total",
               "Response-cache lookups by result (hit, miss)", (*_BY_PLACE, "result")),
+        _spec("counter", PREFIX + "cache_backend_failures_total",
+              "Response-cache backend calls that failed and became a miss (or an unsaved entry), "
+              "by reason (timeout, error, busy, down, corrupt)",
+              ("backend", "operation", "reason")),
         _spec("counter", PREFIX + "rate_limited_total", "Requests rejected with 429", _BY_PLACE),
         _spec("counter", PREFIX + "moderation_flags_total",
               "Moderation inputs flagged, by category", (*_BY_PLACE, "category")),
@@ -248,6 +252,14 @@ class RouterMetrics:
             self._inc("edge_moderation_flags_total", 1, {**tags, "category": category})
         self._record_usage(outcome, model)
         self._record_gen_ai(outcome, model)
+
+    def cache_backend_failure(self, backend: str, operation: str, reason: str) -> None:
+        """A response-cache backend call that failed; the request went on without it."""
+        self._inc(
+            "edge_cache_backend_failures_total",
+            1,
+            {"backend": backend, "operation": operation, "reason": reason},
+        )
 
     def _record_cold_start(self, outcome: RequestOutcome, model: str, tags: dict[str, str]) -> None:
         if outcome.cold_start_ms is None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from deployments.cache import ResponseCache
+from deployments.cache import ResponseCache, cache_key
 from deployments.edge.trace import EdgeTrace
 from deployments.serving.context import RequestContext
 
@@ -22,10 +22,11 @@ class CacheLookup:
     _cache: ResponseCache | None = None
     _key: str | None = None  # None: not cached (bypassed, or not cacheable)
 
-    def store(self, answer: Any, trace: EdgeTrace) -> None:
-        """Keep the answer just made for the next same request; its trace says MISS."""
+    async def store(self, answer: Any, trace: EdgeTrace) -> None:
+        """Keep the answer just made for the next same request, on every router replica; its
+        trace says MISS."""
         if self._cache is not None and self._key is not None:
-            self._cache.put(self._key, answer)
+            await self._cache.put(self._key, answer)
             trace.cache = "MISS"
 
 
@@ -36,12 +37,12 @@ NOT_CACHED = CacheLookup(None)
 class CachedAnswers:
     cache: ResponseCache
 
-    def lookup(
+    async def lookup(
         self, endpoint: str, request: BaseModel, ctx: RequestContext, cacheable: bool = True
     ) -> CacheLookup:
         """The cached answer to `request` for this key, if any; neither looked up nor stored when
         the client bypasses the cache or the request is not `cacheable`."""
-        if ctx.cache_bypass or not cacheable:
+        if ctx.cache_bypass or not cacheable or not self.cache.enabled:
             return NOT_CACHED
-        key = self.cache.key(endpoint, request, ctx.key_id)
-        return CacheLookup(self.cache.get(key), self.cache, key)
+        key = cache_key(endpoint, request, ctx.key_id)
+        return CacheLookup(await self.cache.get(key), self.cache, key)

@@ -101,7 +101,7 @@ class ChatService(ModelService):
         call = HandleCall("complete_choices", (messages, params, ctx.traceparent, features))
         used_tokens = 0
         try:
-            cached = self.cached.lookup(
+            cached = await self.cached.lookup(
                 "chat", chat, ctx, cacheable=use_cache and is_deterministic(chat)
             )
             if cached.hit is not None:
@@ -109,7 +109,7 @@ class ChatService(ModelService):
             else:
                 result, trace = await self._checked_dispatch(model, messages, ctx, telemetry, call)
                 completion = await self._completion(model, chat.model, result.reply.value)
-                cached.store(completion, trace)
+                await cached.store(completion, trace)
             usage = completion.usage
             used_tokens = usage.total_tokens
             telemetry.usage(

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from deployments.cache import ResponseCache
+from deployments.cache import ResponseCache, SharedStore
 from deployments.config import AppConfig
 from deployments.edge.calls import HandleCall
 from deployments.edge.dispatch import EdgeDispatcher
@@ -74,6 +74,7 @@ def build_services(
     clock: Callable[[], float] = time.monotonic,
     regions: RegionsSource | None = None,
     open_gate_classifier: OpenClassifier = open_embedded_classifier,
+    cache_store: SharedStore | None = None,
 ) -> RouterServices:
     """`handles`: model -> region -> the handle of that model's deployment in that region.
     `control`: the edge-control deployment, where routers share region state and drills.
@@ -81,7 +82,8 @@ def build_services(
     `clock`: the rate limiter's (tests). `regions`: real regions for the dashboard (default:
     /admin/regions from edge-control when there is one; None: the cluster as one region).
     `open_gate_classifier`: opens the moderation gate's model in this process when it is small
-    enough to (tests pass a fake)."""
+    enough to (tests pass a fake). `cache_store`: the response cache's shared tier
+    (`open_cache_store`; None: this process's memory alone)."""
     router, edge_config = config.router, config.edge
     deployments: dict[str, dict[str, str]] = {}
     for deployment, (model, region) in config.model_deployments().items():
@@ -117,7 +119,14 @@ def build_services(
         deadline_s=router.request_timeout_s,
         max_extra_rtt_ms=edge_config.routing.max_extra_rtt_ms,
     )
-    cached = CachedAnswers(ResponseCache(router.cache))
+    metrics = observability.metrics if observability is not None else None
+    cached = CachedAnswers(
+        ResponseCache(
+            router.cache,
+            cache_store,
+            on_failure=metrics.cache_backend_failure if metrics is not None else None,
+        )
+    )
     security = config.security
     admission = Admission(RateLimiter(clock=clock, share=rate_limit_share), security.request_limits)
     gate_config = security.moderation_gate

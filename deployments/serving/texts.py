@@ -50,7 +50,7 @@ class EmbeddingService(TextService):
         call = HandleCall("embed", (body.texts, ctx.traceparent, body.dimensions))
         used_tokens = 0
         try:
-            cached = self.cached.lookup(self.task, body, ctx)
+            cached = await self.cached.lookup(self.task, body, ctx)
             if cached.hit is not None:
                 embeddings, trace = cached.hit, await self.edge.nearest(model.name, ctx, telemetry)
             else:
@@ -59,7 +59,7 @@ class EmbeddingService(TextService):
                 embeddings = EmbeddingList(
                     vectors.vectors, model.name, vectors.total_tokens, body.encoding_format
                 )
-                cached.store(embeddings, trace)
+                await cached.store(embeddings, trace)
             used_tokens = embeddings.prompt_tokens
         finally:
             quota.settle(used_tokens)
@@ -96,7 +96,7 @@ class ModerationService(TextService):
         call = HandleCall("classify", (body.texts, ctx.traceparent))
         used_tokens = 0
         try:
-            cached = self.cached.lookup(self.task, body, ctx)
+            cached = await self.cached.lookup(self.task, body, ctx)
             if cached.hit is not None:
                 response, trace = cached.hit, await self.edge.nearest(model.name, ctx, telemetry)
             else:
@@ -104,7 +104,7 @@ class ModerationService(TextService):
                 response = ModerationCreateResponse(
                     id=moderation_id(), model=model.name, results=verdicts(result.reply.value)
                 )
-                cached.store(response, trace)
+                await cached.store(response, trace)
             used_tokens = quota.reserved_tokens
         finally:
             quota.settle(used_tokens)

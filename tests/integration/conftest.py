@@ -74,15 +74,37 @@ class ServeCluster:
         deployments = self.serve_status()["applications"][app]["deployments"]
         return deployments[deployment]["replica_states"].get("RUNNING", 0)
 
+    def replica_actors(self, deployment: str, app: str = "edge") -> list[str]:
+        """The names of the deployment's live replica actors."""
+        alive = ("--filter", "state=ALIVE", "--format", "yaml", "--limit", "500")
+        listed = yaml.safe_load(self.cli("ray", "list", "actors", *alive))
+        prefix = f"SERVE_REPLICA::{app}#{deployment}#"
+        return sorted(a["name"] for a in listed or [] if (a.get("name") or "").startswith(prefix))
+
+    def kill_actor(self, name: str) -> None:
+        """A crash of one replica (no goodbye); Serve's controller starts a new one."""
+        self.cli("python", "-c", KILL_ACTOR.format(name=name), timeout_s=60)
+
     def deploy(self, config: dict[str, Any], attempts: int = 1) -> None:
         self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         self.ray.serve_deploy(self.config_path, attempts)
         self.config = config
 
 
-def scaled_down(config: dict[str, Any], models_root: Path, http_port: int) -> dict[str, Any]:
+KILL_ACTOR = """
+import os, ray
+os.environ["RAY_AUTH_MODE"] = "token"
+ray.init(address="auto", logging_level="ERROR")
+ray.kill(ray.get_actor("{name}", namespace="serve"), no_restart=True)
+"""
+
+
+def scaled_down(
+    config: dict[str, Any], models_root: Path, http_port: int, data_dir: Path
+) -> dict[str, Any]:
     """The shipped config with one replica per model at most; kimi starts at zero and goes back
-    to zero after a few idle seconds; the simulated RTT is reported but not slept."""
+    to zero after a few idle seconds; the simulated RTT is reported but not slept; state (the
+    response cache's SQLite file) in the session's own `data_dir`."""
     # One pool per model, as a config without regions has: regions get clusters of their own
     # (test_regions.py, test_region_outage.py).
     config = without_regions(config, home="eu")
@@ -90,6 +112,10 @@ def scaled_down(config: dict[str, Any], models_root: Path, http_port: int) -> di
     config["http_options"]["port"] = http_port
     app = config["applications"][0]
     app["args"]["models_dir"] = str(models_root)
+    app["args"]["data_dir"] = str(data_dir)
+    # A loaded machine can stall the cache's SQLite thread past the shipped bound; how a slow
+    # backend becomes a miss is unit-tested, here a repeat must find what was stored.
+    app["args"]["router"]["cache"]["timeout_ms"] = 5000
     app["args"]["edge"]["latency"]["real_delay_scale"] = 0
     # Warm-colo preference depends on what each router replica has seen; it is unit-tested
     # (tests/unit/test_edge_dispatch.py). Here routing is by distance alone, so it is exact.
@@ -121,7 +147,10 @@ def serve_cluster(
     try:
         http_port = free_port()
         config = scaled_down(
-            yaml.safe_load((REPO / "serve_config.yaml").read_text()), models_root, http_port
+            yaml.safe_load((REPO / "serve_config.yaml").read_text()),
+            models_root,
+            http_port,
+            tmp_path_factory.mktemp("data"),
         )
         cluster = ServeCluster(
             ray,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import httpx
 import pytest
@@ -159,29 +160,69 @@ def test_a_colo_failing_requests_passes_them_to_the_next_colo(http):
         http.delete(f"/admin/colos/{home}/faults", headers=ADMIN)
 
 
-def test_cache_hit_on_repeat_and_bypass(http):
-    body = {"model": "embedding", "input": "cache me if you can"}
-    first = http.post("/v1/embeddings", json=body, headers={"x-client-geo": LONDON})
-    assert first.headers["x-edge-cache"] == "MISS"
-    # The cache lives in each router replica: a repeat hits once its replica has seen it.
-    hit = wait_until(
-        lambda: (
-            (r := http.post("/v1/embeddings", json=body, headers={"x-client-geo": LONDON})).headers[
-                "x-edge-cache"
-            ]
-            == "HIT"
-            and r
-        ),
-        10,
-        "a cache hit on a repeated request",
-        every_s=0,
-    )
-    assert hit.json()["data"] == first.json()["data"]
+def embed_repeatedly(http: httpx.Client, text: str, times: int) -> list[httpx.Response]:
+    body = {"model": "embedding", "input": text}
+    answers = [
+        http.post("/v1/embeddings", json=body, headers={"x-client-geo": LONDON})
+        for _ in range(times)
+    ]
+    assert [a.status_code for a in answers] == [200] * times, answers[-1].text
+    return answers
+
+
+def test_six_identical_requests_are_a_miss_then_five_hits_across_the_router_replicas(
+    serve_cluster, http
+):
+    """The cache is one for every router replica (SQLite on this one node): each replica's
+    in-process tier starts empty, yet no repeat is a miss, whichever replica takes it."""
+    assert serve_cluster.running_replicas("router") == 2  # as shipped
+    text = f"cache me if you can {uuid.uuid4()}"
+    answers = embed_repeatedly(http, text, 6)
+    assert [a.headers["x-edge-cache"] for a in answers] == ["MISS"] + ["HIT"] * 5
+    assert all(a.json()["data"] == answers[0].json()["data"] for a in answers)
     other_key = http.post(
         "/v1/embeddings",
-        json=body,
+        json={"model": "embedding", "input": text},
         headers={"x-client-geo": LONDON, "authorization": f"Bearer {OTHER_KEY}"},
     )
     assert other_key.headers["x-edge-cache"] == "MISS"  # never shared across credentials
-    bypass = http.post("/v1/embeddings", json=body, headers={"x-edge-cache": "bypass"})
+    bypass = http.post(
+        "/v1/embeddings",
+        json={"model": "embedding", "input": text},
+        headers={"x-edge-cache": "bypass"},
+    )
     assert "x-edge-cache" not in bypass.headers
+
+
+@pytest.mark.disruptive
+def test_a_cached_answer_outlives_every_router_replica(serve_cluster, http):
+    """Both router replicas killed and replaced by Serve: the new processes never saw the
+    request, and answer it from the shared cache."""
+    text = f"kept across router restarts {uuid.uuid4()}"
+    (first,) = embed_repeatedly(http, text, 1)
+    assert first.headers["x-edge-cache"] == "MISS"
+    killed = serve_cluster.replica_actors("router")
+    assert len(killed) == 2
+    for name in killed:
+        serve_cluster.kill_actor(name)
+    wait_until(
+        lambda: (
+            len(names := serve_cluster.replica_actors("router")) == 2
+            and not set(names) & set(killed)
+        ),
+        240,
+        "two new router replicas in place of the killed ones",
+        every_s=2,
+    )
+    wait_until(
+        lambda: (
+            serve_cluster.running_replicas("router") == 2
+            and http.get("/healthz").status_code == 200
+        ),
+        240,
+        "the new router replicas to answer",
+        every_s=1,
+    )
+    answers = embed_repeatedly(http, text, 6)
+    assert [a.headers["x-edge-cache"] for a in answers] == ["HIT"] * 6
+    assert all(a.json()["data"] == first.json()["data"] for a in answers)

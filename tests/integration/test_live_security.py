@@ -8,7 +8,6 @@ import threading
 import httpx
 import openai
 import pytest
-import yaml
 from conftest import LIMITED_KEY, LIMITED_RPM, LOAD, USER, wait_until
 
 CHAT = {"model": "glm", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
@@ -60,28 +59,13 @@ def test_moderation_gate_refuses_offensive_chat_input(http):
     assert streamed.status_code == 400  # refused before the first byte
 
 
-def replica_actor_id(serve_cluster, deployment: str) -> str:
-    listed = yaml.safe_load(
-        serve_cluster.cli(
-            "ray", "list", "actors", "--filter", "state=ALIVE", "--format", "yaml", "--limit", "500"
-        )
-    )
-    names = [
-        a
-        for a in listed or []
-        if (a.get("name") or "").startswith(f"SERVE_REPLICA::edge#{deployment}#")
-    ]
-    assert len(names) == 1
-    return names[0]["name"]
-
-
 def test_killing_a_model_replica_mid_load_fails_no_request(serve_cluster):
-    victim = replica_actor_id(serve_cluster, "embedding")
+    (victim,) = serve_cluster.replica_actors("embedding")
     done = threading.Event()
 
     def kill_when_busy() -> None:
         done.wait(timeout=30)
-        serve_cluster.cli("python", "-c", KILL.format(name=victim), timeout_s=60)
+        serve_cluster.kill_actor(victim)
 
     async def load() -> list[httpx.Response]:
         async with httpx.AsyncClient(
@@ -109,7 +93,9 @@ def test_killing_a_model_replica_mid_load_fails_no_request(serve_cluster):
     assert failed == []
     # Serve replaces the killed replica (on a loaded machine, after the load is over).
     wait_until(
-        lambda: replica_actor_id(serve_cluster, "embedding") != victim,
+        lambda: (
+            len(names := serve_cluster.replica_actors("embedding")) == 1 and victim not in names
+        ),
         120,
         "a new embedding replica in place of the killed one",
     )
@@ -118,11 +104,3 @@ def test_killing_a_model_replica_mid_load_fails_no_request(serve_cluster):
         60,
         "embedding back to one replica",
     )
-
-
-KILL = """
-import os, ray
-os.environ["RAY_AUTH_MODE"] = "token"
-ray.init(address="auto", logging_level="ERROR")
-ray.kill(ray.get_actor("{name}", namespace="serve"), no_restart=True)
-"""

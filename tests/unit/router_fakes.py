@@ -21,7 +21,9 @@ from benchmarks.lib.fake_handles import (
     in_every_region,
     reply,
 )
+from deployments.cache import SharedStore
 from deployments.config import AppConfig
+from deployments.observability import RouterObservability
 from deployments.runtime.outputs import Completion, GenerationChunk
 from deployments.security import KeyStore
 from deployments.serving.services import RouterServices, build_services
@@ -70,9 +72,13 @@ def services_for(
     handles: Mapping[str, Any],
     environ: Mapping[str, str] | None = None,
     in_router: FakeInRouterModeration | None = None,
+    *,
+    cache_store: SharedStore | None = None,
+    observability: RouterObservability | None = None,
 ) -> RouterServices:
     """`handles` by model (see in_every_region); `in_router`: the gate's classifier when the
-    router runs its own (a fresh fake by default)."""
+    router runs its own (a fresh fake by default); `cache_store`: the response cache's shared
+    tier (None: in this process only)."""
     keys = KeyStore.from_env(environ or {}, config.security)
     # A clock that stands still: token buckets refill with time, and a loaded machine is slow.
     return build_services(
@@ -81,4 +87,6 @@ def services_for(
         keys=keys,
         clock=lambda: 0.0,
         open_gate_classifier=(in_router or FakeInRouterModeration()).open,
+        cache_store=cache_store,
+        observability=observability,
     )

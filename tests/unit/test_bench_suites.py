@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import shutil
 from contextlib import redirect_stdout
 from pathlib import Path
 from types import ModuleType
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from benchmarks import run as bench
+from benchmarks.cache import CacheBenchConfig, run_cache_suite
 from benchmarks.lib.config import BenchConfig
 from benchmarks.lib.goals import goal
 from benchmarks.runtime import RuntimeBenchConfig, run_runtime_suite
@@ -42,7 +44,12 @@ def test_every_suite_parses_its_quick_form_and_says_if_it_needs_ray(suites) -> N
         assert callable(module.run), name
         assert isinstance(module.NEEDS_RAY, bool), name
     # The ones the unit tests can run whole.
-    assert {n for n, m in suites.items() if not m.NEEDS_RAY} == {"runtime", "structured", "plan"}
+    assert {n for n, m in suites.items() if not m.NEEDS_RAY} == {
+        "runtime",
+        "structured",
+        "plan",
+        "cache",
+    }
 
 
 def _settings_classes() -> list[type[BenchConfig]]:
@@ -64,6 +71,7 @@ def test_every_suites_settings_apply_their_quick_sizes_from_the_command_line(sui
         "RouterBenchConfig",
         "RouterCpuBenchConfig",
         "StructuredBenchConfig",
+        "CacheBenchConfig",
     }
     args = quick_args(suites, "--no-peers", "--router-replicas", "2")
     for cls in classes:
@@ -151,3 +159,24 @@ def test_the_structured_suite_judges_mask_build_and_decoding_overhead() -> None:
     assert set(result["goals"]) == {"mask_build_ms", "constrained_overhead"}
     assert result["mask_build_20_fields"]["median_ms"] > 0
     assert result["decode_ms_per_token"]["json_schema"] > 0
+
+
+def test_the_cache_suite_measures_every_backend_and_judges_the_local_tier(unavailable) -> None:
+    if shutil.which("redis-server") is None:
+        unavailable("no redis-server on this machine (apt-get install redis-server)")
+    config = CacheBenchConfig(models_dir=MODELS_DIR, lookups=20, writes=5, codec_repeat=5)
+    result = run_cache_suite(config)
+    json.dumps(result)  # the report is JSON
+    assert set(result["backends"]) == {"memory", "sqlite", "redis"}
+    for name in ("sqlite", "redis"):
+        costs = result["backends"][name]
+        assert costs["hit_shared"]["count"] == costs["hit_local_tier"]["count"] == 20
+        assert costs["write_through"]["count"] == 5
+        assert result["goals"][f"local_tier_vs_{name}_hit_p50"]["value"] > 0
+    embedding = result["codec"]["embedding"]
+    assert embedding["bytes"] < 384 * 4 + 128  # the float32 row and a small header
+    assert set(result["goals"]) == {
+        "local_tier_vs_sqlite_hit_p50",
+        "local_tier_vs_redis_hit_p50",
+        "embedding_entry_bytes_vs_pickle",
+    }

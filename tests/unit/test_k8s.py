@@ -19,6 +19,7 @@ import yaml
 
 from deployments import k8s
 from deployments.config import CLUSTER_SERVE_ENV, ConfigError
+from deployments.k8s.response_cache import share_across_pods
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"
@@ -309,6 +310,9 @@ def test_serve_config_is_serve_config_yaml_with_only_the_k8s_overrides(
         assert app["args"]["models_dir"] == models_dir == "/models"
         for key in ("accelerator", "models_dir"):
             app["args"][key] = source_app["args"][key]
+        cache = app["args"]["router"]["cache"]
+        assert (cache["backend"], cache["redis_url"]) == ("redis", "redis://ray-edge-ai-redis:6379")
+        app["args"]["router"]["cache"] = source_app["args"]["router"]["cache"]
         app["args"]["edge"]["region_policy"] = source_app["args"]["edge"]["region_policy"]
     assert restored == source_config, "serveConfigV2 must be serve_config.yaml, overrides aside"
 
@@ -495,3 +499,44 @@ def test_render_refuses_a_cluster_without_redis_or_with_a_password_in_the_manife
     (templates / "rayservice.yaml").write_text(yaml.safe_dump(template, sort_keys=False))
     with pytest.raises(ValueError, match=refusal):
         k8s.render(_sources_with(tmp_path, templates=templates))
+
+
+def test_the_routers_share_one_response_cache_in_redis_with_the_password_from_a_secret(
+    rayservice: dict[str, Any], serve_config: dict[str, Any]
+) -> None:
+    # Router replicas land in different pods: a SQLite file per node would not be shared.
+    for app in serve_config["applications"]:
+        cache = app["args"]["router"]["cache"]
+        gcs = rayservice["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]
+        assert (cache["backend"], cache["redis_url"]) == ("redis", gcs["redisAddress"])
+    password = {
+        "name": "EDGE_REDIS_PASSWORD",
+        "valueFrom": {"secretKeyRef": {"name": "ray-edge-ai-redis", "key": "password"}},
+    }
+    for group in _groups(rayservice):
+        router_may_run = k8s.hosts_replicas(group)
+        for container in _containers(group):
+            assert (password in container.get("env", [])) == router_may_run, group.get(
+                "groupName", "head"
+            )
+
+
+@pytest.mark.parametrize(
+    ("cache", "expected"),
+    [
+        ({}, {"backend": "redis", "redis_url": "redis://gcs-redis:6379"}),
+        ({"backend": "sqlite"}, {"backend": "redis", "redis_url": "redis://gcs-redis:6379"}),
+        (
+            {"backend": "redis", "redis_url": "redis://cache-redis:6379/2"},
+            {"backend": "redis", "redis_url": "redis://cache-redis:6379/2"},
+        ),
+        ({"backend": "memory"}, {"backend": "memory"}),
+        ({"enabled": False}, {"enabled": False}),
+    ],
+)
+def test_the_k8s_cache_backend_follows_the_config_where_it_can_be_shared(
+    cache: dict[str, Any], expected: dict[str, Any]
+) -> None:
+    args: dict[str, Any] = {"router": {"cache": dict(cache)}}
+    share_across_pods(args, "gcs-redis:6379")  # KubeRay's bare host:port form
+    assert args["router"]["cache"] == expected

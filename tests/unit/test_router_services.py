@@ -4,8 +4,11 @@ the cache, the moderation gate, failover surfaced in the trace, streams."""
 from __future__ import annotations
 
 import asyncio
+import io
+from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from router_fakes import (
     BAD_WORD,
@@ -19,6 +22,8 @@ from router_fakes import (
     services_for,
 )
 
+from deployments.cache import StoreUnavailable
+from deployments.cache.sqlite_store import SQLiteStore
 from deployments.errors import (
     ContentPolicyViolationError,
     InvalidRequestError,
@@ -27,7 +32,12 @@ from deployments.errors import (
     RateLimitedError,
     WrongTaskError,
 )
-from deployments.observability import RequestTelemetry
+from deployments.observability import (
+    InMemoryMetricsBackend,
+    RequestTelemetry,
+    RouterObservability,
+    configure_access_logger,
+)
 from deployments.protocol import ChatCompletionRequest, EmbeddingRequest, ModerationRequest
 from deployments.security import Principal, RateLimits
 from deployments.serving.context import RequestContext
@@ -324,6 +334,80 @@ def test_embeddings_are_cached_and_charged_their_tokens():
     assert (first.headers["x-edge-cache"], again.headers["x-edge-cache"]) == ("MISS", "HIT")
     assert len(handles["embedding"].embed.calls) == 1
     assert TOKENS_PER_MINUTE - tokens_left(services) in (2 * 7, 2 * 7 - 1)
+
+
+def test_two_router_replicas_on_one_sqlite_file_share_answers(tmp_path: Path):
+    """What router.cache.backend: sqlite gives the replicas of one node: each opens the file, and
+    an answer one made is a hit on the other, the same body, with no second model call."""
+    path = tmp_path / "response-cache.sqlite3"
+    handles = fake_handles()
+    config = no_gate(cache={"timeout_ms": 10_000})  # a loaded machine is slow, not a failure
+    replicas = [
+        services_for(config, handles, cache_store=SQLiteStore(path, 100, 10_000)) for _ in range(2)
+    ]
+    answers = [
+        run(replicas[i % 2].embeddings.create(embedding_request(), context(), telemetry()))
+        for i in range(4)
+    ]
+    assert [a.headers["x-edge-cache"] for a in answers] == ["MISS", "HIT", "HIT", "HIT"]
+    assert len(handles["embedding"].embed.calls) == 1
+    bodies = {orjson.dumps(a.value.body(), option=orjson.OPT_SERIALIZE_NUMPY) for a in answers}
+    assert len(bodies) == 1
+    moderations = [
+        run(
+            r.moderations.create(
+                ModerationRequest(model="moderation", input="hi"), context(), telemetry()
+            )
+        )
+        for r in replicas
+    ]
+    assert [m.headers["x-edge-cache"] for m in moderations] == ["MISS", "HIT"]
+    assert moderations[1].value == moderations[0].value
+    chats = [run(r.chat.complete(chat(seed=3), context(), telemetry())) for r in replicas]
+    assert [c.headers["x-edge-cache"] for c in chats] == ["MISS", "HIT"]
+    assert chats[1].value == chats[0].value
+
+
+class DownStore:
+    name = "redis"
+
+    async def get(self, key: str) -> bytes | None:
+        raise StoreUnavailable("redis: connection refused")
+
+    async def put(self, key: str, value: bytes, ttl_s: float) -> None:
+        raise StoreUnavailable("redis: connection refused")
+
+    async def close(self) -> None:
+        pass
+
+
+def test_a_down_cache_backend_serves_every_request_and_counts_the_failures():
+    config = no_gate(cache={"local_entries": 0})  # no local tier to answer the repeat
+    metrics = InMemoryMetricsBackend()
+    observability = RouterObservability(
+        config.observability,
+        config.models,
+        metrics_backend=metrics,
+        access_logger=configure_access_logger(stream=io.StringIO()),
+    )
+    handles = fake_handles()
+    services = services_for(config, handles, cache_store=DownStore(), observability=observability)
+    answers = [
+        run(services.embeddings.create(embedding_request(), context(), telemetry()))
+        for _ in range(2)
+    ]
+    # The first request's lookup and store failed; the second's store was not asked (it is down).
+    assert len(handles["embedding"].embed.calls) == 2
+    assert [a.headers["x-edge-cache"] for a in answers] == ["MISS", "MISS"]
+    failures = "edge_cache_backend_failures_total"
+    assert metrics.total(failures, backend="redis", reason="error") == 1
+    assert metrics.total(failures, backend="redis", reason="down") == 3
+
+
+def test_a_disabled_cache_says_nothing_about_the_cache():
+    services = services_for(no_gate(cache={"enabled": False}), fake_handles())
+    answer = run(services.embeddings.create(embedding_request(), context(), telemetry()))
+    assert "x-edge-cache" not in answer.headers
 
 
 def test_a_wrong_dimensions_is_refused_by_the_replica_check_and_refunded():
