@@ -12,6 +12,8 @@ import openai
 import pytest
 from conftest import USER, USER_KEY, wait_until
 
+from deployments.errors import ENVELOPE_CODES, InvalidRequestError
+
 CHAT_MODELS = ["glm", "kimi"]
 
 
@@ -197,7 +199,8 @@ def test_workers_ai_envelope(http):
     assert emb["result"]["shape"] == [2, 384]
     bad = http.post("/ai/run/glm", json={"max_tokens": 4})
     assert bad.status_code == 400 and bad.json()["success"] is False
-    assert bad.json()["errors"][0]["code"] == 400
+    # Cloudflare's envelope carries integer codes >= 1000, one per failure kind (docs/api.md).
+    assert bad.json()["errors"][0]["code"] == ENVELOPE_CODES[InvalidRequestError]
 
 
 def test_openapi_document(http):
