@@ -5,6 +5,7 @@ PostgreSQL servers of the test's own (Debian's binaries, edgectl.local_services)
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,26 @@ def postgres_server() -> Iterator[PostgresServer]:
         yield server
     finally:
         server.remove()
+
+
+@pytest.fixture(scope="session")
+def shared_postgres() -> Iterator[PostgresServer]:
+    """One PostgreSQL cluster for the session's tests that only need a database of their own
+    (postgres_database); a test that kills or restarts its server takes postgres_server."""
+    try:
+        server = PostgresServer.start()
+    except ServiceUnavailable as missing:
+        _missing(str(missing))
+    try:
+        yield server
+    finally:
+        server.remove()
+
+
+@pytest.fixture
+def postgres_database(shared_postgres: PostgresServer) -> str:
+    """A new, empty database on the session's PostgreSQL: its DSN."""
+    return shared_postgres.create_database(f"test_{secrets.token_hex(6)}")
 
 
 @pytest.fixture
