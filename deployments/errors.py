@@ -131,6 +131,12 @@ class RateLimitedError(ServingError):
         return {**self.headers, **retry_after(self.retry_after_s)}
 
 
+class BudgetExceededError(RateLimitedError):
+    """The key spent its budget for the period; `retry_after_s` runs to the period's end."""
+
+    default_code = "budget_exceeded"
+
+
 class NotFoundError(ServingError):
     """Something the request names does not exist (404); subclasses say what."""
 
@@ -155,6 +161,12 @@ class ColoNotFoundError(NotFoundError):
 
 class RegionNotFoundError(NotFoundError):
     default_code = "region_not_found"
+
+
+class KeyNotFoundError(NotFoundError):
+    """No virtual key with this id (the admin API)."""
+
+    default_code = "key_not_found"
 
 
 class MethodNotAllowedError(ServingError):
@@ -210,6 +222,13 @@ class RegionFaultError(OverloadedError):
     """A fault drill made this region's replica fail the request (raised in the replica)."""
 
     default_code = "region_fault"
+
+
+class StateUnavailableError(OverloadedError):
+    """The gateway's database did not answer what this request needs from it (the admin API
+    of keys and logs; a budgeted key's reservation with state.budget_when_store_down: refuse)."""
+
+    default_code = "state_unavailable"
 
 
 class InternalServerError(ServingError):

@@ -89,8 +89,10 @@ class ChatService(ModelService):
         use_cache: bool = True,
     ) -> Answer[ChatCompletion]:
         """A whole answer; a deterministic one is cached when `use_cache`."""
-        model = self._begin(chat, telemetry)
-        messages, params, quota = self.admission.admit_chat(chat, ctx.principal)
+        admitted = await self.admission.admit_chat(
+            chat, self._begin(chat, telemetry), ctx, telemetry
+        )
+        model, messages, params, quota = admitted
         features = chat_features(chat)
         call = HandleCall("complete_choices", (messages, params, ctx.traceparent, features))
         used_tokens = 0
@@ -130,8 +132,10 @@ class ChatService(ModelService):
         """The generation's chunks once its first one came: until then the edge may fail over
         and an error has a real status; after it, the route turns errors into an error event.
         The key's tokens are settled when the stream ends, fails or is abandoned."""
-        model = self._begin(chat, telemetry)
-        messages, params, quota = self.admission.admit_chat(chat, ctx.principal)
+        admitted = await self.admission.admit_chat(
+            chat, self._begin(chat, telemetry), ctx, telemetry
+        )
+        model, messages, params, quota = admitted
         features = chat_features(chat)
         call = HandleCall("stream", (messages, params, ctx.traceparent, features), stream=True)
         try:

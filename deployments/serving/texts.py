@@ -29,13 +29,14 @@ class TextService(ModelService):
 
     task: ClassVar[Task]
 
-    def _admit(
+    async def _admit(
         self, model_name: str, texts: list[str], ctx: RequestContext, telemetry: RequestTelemetry
     ) -> tuple[ServedModel, Reservation]:
-        """The model (404, or 400 for another task) and the key's reservation for the texts."""
+        """The model (404, or 400 for another task; the key's fallback past its budget) and the
+        key's reservation for the texts."""
         telemetry.request(task=self.task, model=model_name, prompt=texts)
         model = self.catalogue.get(model_name, self.task)
-        return model, self.admission.admit_texts(texts, ctx.principal)
+        return await self.admission.admit_texts(texts, model, ctx, telemetry)
 
 
 class EmbeddingService(TextService):
@@ -46,7 +47,7 @@ class EmbeddingService(TextService):
     ) -> Answer[EmbeddingList]:
         """OpenAI's embeddings, cached; the replica checks `dimensions` before it runs the
         model."""
-        model, quota = self._admit(body.model, body.texts, ctx, telemetry)
+        model, quota = await self._admit(body.model, body.texts, ctx, telemetry)
         call = HandleCall("embed", (body.texts, ctx.traceparent, body.dimensions))
         used_tokens = 0
         try:
@@ -70,7 +71,7 @@ class EmbeddingService(TextService):
         self, model_name: str, texts: list[str], ctx: RequestContext, telemetry: RequestTelemetry
     ) -> Answer[EmbeddingResult]:
         """The vectors themselves, uncached (the Workers-AI API)."""
-        model, quota = self._admit(model_name, texts, ctx, telemetry)
+        model, quota = await self._admit(model_name, texts, ctx, telemetry)
         call = HandleCall("embed", (texts, ctx.traceparent))
         used_tokens = 0
         try:
@@ -92,7 +93,7 @@ class ModerationService(TextService):
         self, body: ModerationRequest, ctx: RequestContext, telemetry: RequestTelemetry
     ) -> Answer[ModerationCreateResponse]:
         """OpenAI's moderations, cached."""
-        model, quota = self._admit(body.model, body.texts, ctx, telemetry)
+        model, quota = await self._admit(body.model, body.texts, ctx, telemetry)
         call = HandleCall("classify", (body.texts, ctx.traceparent))
         used_tokens = 0
         try:
@@ -115,7 +116,7 @@ class ModerationService(TextService):
         self, model_name: str, texts: list[str], ctx: RequestContext, telemetry: RequestTelemetry
     ) -> Answer[list[Moderation]]:
         """One verdict per text, uncached (the Workers-AI API)."""
-        model, quota = self._admit(model_name, texts, ctx, telemetry)
+        model, quota = await self._admit(model_name, texts, ctx, telemetry)
         call = HandleCall("classify", (texts, ctx.traceparent))
         used_tokens = 0
         try:

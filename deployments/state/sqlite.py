@@ -43,7 +43,7 @@ class SqliteDatabase:
     def __init__(self, path: Path, busy_timeout_s: float = 5.0):
         self.path = path
         self._busy_timeout_ms = int(busy_timeout_s * 1000)
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edge-sqlite")
+        self._thread: ThreadPoolExecutor | None = None
         self._connection: sqlite3.Connection | None = None
         self._lock = asyncio.Lock()
         self._statements = _Connection(self)
@@ -60,6 +60,8 @@ class SqliteDatabase:
         return self._connection
 
     async def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edge-sqlite")
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._thread, lambda: work(self._connect()))
@@ -90,7 +92,11 @@ class SqliteDatabase:
             await self._call(lambda c: c.execute("COMMIT"))
 
     async def close(self) -> None:
+        """Release the file and the thread; a later statement opens them again."""
         connection, self._connection = self._connection, None
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
         if connection is not None:
-            await asyncio.get_running_loop().run_in_executor(self._thread, connection.close)
-        self._thread.shutdown(wait=False)
+            await asyncio.get_running_loop().run_in_executor(thread, connection.close)
+        thread.shutdown(wait=False)

@@ -42,6 +42,9 @@ EXPECTED_STATUS: dict[type[ServingError], int] = {
     errors.RegionNotFoundError: 404,
     errors.RegionFaultError: 503,
     errors.InternalServerError: 500,
+    errors.BudgetExceededError: 429,
+    errors.KeyNotFoundError: 404,
+    errors.StateUnavailableError: 503,
 }
 
 
@@ -167,6 +170,8 @@ EXPECTED_HEADER_NAMES: dict[type[ServingError], set[str]] = {
     errors.QueueFullError: {"retry-after"},
     errors.RegionFaultError: {"retry-after"},
     errors.MethodNotAllowedError: {"allow"},
+    errors.BudgetExceededError: {"retry-after", "x-ratelimit-remaining-requests"},
+    errors.StateUnavailableError: {"retry-after"},
 }
 
 
