@@ -13,7 +13,11 @@ from typing import Any, TypeVar
 
 import pytest
 
+from deployments.errors import BudgetExceededError
+from deployments.observability import ModelPrice
+from deployments.security import Principal, RateLimits
 from deployments.security.config import KeyBudget
+from deployments.state.budgets import BudgetGuard, SpendAdmission
 from deployments.state.database import Database, StoreUnavailable
 from deployments.state.migrations import MIGRATIONS, Migration, migrate
 from deployments.state.postgres import PostgresDatabase, numbered_placeholders
@@ -283,3 +287,57 @@ def test_sqlite_runs_in_wal_mode(tmp_path: Path):
     run(lambda: SqliteDatabase(tmp_path / "wal.sqlite3"), lambda db: asyncio.sleep(0))
     with sqlite3.connect(tmp_path / "wal.sqlite3") as connection:
         assert connection.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+def test_routers_overshoot_a_budget_by_no_more_than_their_requests_in_flight(
+    open_db: Callable[[], Database],
+):
+    """Three routers, each its own BudgetGuard and connection on the one database, serve waves
+    of 4 concurrent requests per router until the budget refuses them. Every request really
+    costs 1.5x its estimate, settled after the wave (its ledger records): the spend ends within
+    the budget plus what the requests of one wave underestimated, the bound the docs give."""
+    budget, estimate, actual, wave = 20.0, 1.0, 1.5, 4
+    principal = Principal("shared", RateLimits(), budget=KeyBudget(cost_units=budget))
+    prices = {"glm": ModelPrice(per_request=estimate)}
+
+    async def main() -> tuple[float, int]:
+        routers = [open_db() for _ in range(3)]
+        try:
+            await migrate(routers[0], NOW)
+            guards = [
+                BudgetGuard(
+                    KeySpend(db), prices, reserve_timeout_s=30, when_store_down="refuse",
+                    wall_clock=lambda: NOW,
+                )
+                for db in routers
+            ]  # fmt: skip
+            served = 0
+            while True:
+                tries = [g.admit(principal, "glm", 1, 1) for g in guards for _ in range(wave)]
+                results = await asyncio.gather(*tries, return_exceptions=True)
+                admitted = [r for r in results if isinstance(r, SpendAdmission)]
+                if not admitted:
+                    assert all(isinstance(r, BudgetExceededError) for r in results)
+                    break
+                served += len(admitted)
+                await RequestLog(routers[0]).write(
+                    [
+                        record(
+                            key_id="shared",
+                            cost_units=actual,
+                            budget_period=a.period,
+                            reserved_cost_units=a.reserved_cost_units,
+                        )
+                        for a in admitted
+                    ]  # fmt: skip
+                )
+            spend = await KeySpend(routers[0]).of_period({"shared": period_of("month", NOW)[0]})
+            return spend["shared"].spent, served
+        finally:
+            for db in routers:
+                await db.close()
+
+    spent, served = asyncio.run(main())
+    in_flight = 3 * wave
+    assert spent == pytest.approx(served * actual)
+    assert budget < spent <= budget + in_flight * (actual - estimate)
