@@ -11,9 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from opentelemetry.sdk.trace import TracerProvider
+from rich.console import Console
 from router_fakes import FakeInRouterModeration, app_config, fake_handles, in_every_region
 
 from deployments.api.app import make_app
@@ -28,6 +30,7 @@ from deployments.state.gateway import GatewayState
 from deployments.state.key_follower import KeyFollower
 from deployments.state.sqlite import SqliteDatabase
 from deployments.state.virtual_keys import VirtualKeys
+from edgectl.cli import main as edge_main
 
 USER_KEY = "sk-user-0123456789abcdef"
 ADMIN_KEY = "sk-admin-0123456789abcdef"
@@ -284,3 +287,61 @@ def test_requests_are_served_while_the_database_is_gone(gateway: Gateway, tmp_pa
     spent = client.get("/admin/keys", headers=ADMIN).json()["data"][0]["budget"]
     assert spent["spent_cost_units"] == pytest.approx(rows[0]["cost_units"])
     assert spent["reserved_cost_units"] == 0
+
+
+def edge(gateway: Gateway, *argv: str) -> tuple[int, str]:
+    """`edge` against this router, through the test client's own transport."""
+    console = Console(record=True, width=200, color_system=None)
+
+    def forward(request: httpx.Request) -> httpx.Response:
+        answer = gateway.client.request(
+            request.method,
+            request.url.path,
+            params=request.url.params,
+            content=request.content,
+            headers={
+                name: request.headers[name]
+                for name in ("authorization", "content-type")
+                if name in request.headers
+            },
+        )
+        return httpx.Response(answer.status_code, content=answer.content)
+
+    code = edge_main(
+        [*argv, "--url", "http://testserver", "--admin-key", ADMIN_KEY],
+        transport=httpx.MockTransport(forward),
+        console=console,
+        wall_clock=lambda: gateway.clock[0],
+    )
+    return code, console.export_text()
+
+
+def test_edge_keys_and_usage_drive_the_admin_api(gateway: Gateway):
+    code, out = edge(
+        gateway, "keys", "create", "ci", "--models", "embedding", "--budget", "5",
+        "--period", "day", "--fallback", "embedding", "--expires", "30d",
+    )  # fmt: skip
+    assert code == 0, out
+    key_id, secret = out.split()[1], out.split()[-1]
+    assert secret.startswith("sk-edge-")
+    assert gateway.client.post(
+        "/v1/embeddings", json=EMBED, headers=bearer(secret)
+    ).status_code == (200)
+    code, listed = edge(gateway, "keys", "list")
+    assert code == 0 and key_id in listed and "5/day -> embedding" in listed
+    assert secret not in listed and "2026-01-01 01:00 UTC" in listed  # expires in 30 days
+
+    code, out = edge(gateway, "keys", "rotate", key_id)
+    new_secret = out.split()[-1]
+    assert code == 0 and new_secret != secret
+    assert edge(gateway, "keys", "revoke", key_id)[0] == 0
+    assert gateway.client.post(
+        "/v1/embeddings", json=EMBED, headers=bearer(new_secret)
+    ).status_code == (401)
+    code, out = edge(gateway, "keys", "revoke", "vk-missing")
+    assert code == 1 and "404" in out
+
+    gateway.flush()
+    code, usage = edge(gateway, "usage", "--key", key_id)
+    assert code == 0 and "2025-12-02" in usage and key_id in usage
+    assert edge_main(["usage"], console=Console(file=io.StringIO())) == 2  # no admin key
