@@ -23,10 +23,11 @@ from deployments.config import AppConfig
 from deployments.observability import RayServeMetricsBackend, RouterObservability
 from deployments.ray_ext.router_metrics import sample_queue_before_push_at_zero
 from deployments.ray_ext.serve_status import serve_status
-from deployments.security import KeyStore
+from deployments.security import KeyStore, on_kubernetes
 from deployments.serving.models import DeploymentState
 from deployments.serving.services import build_services
-from deployments.state.gateway import GatewayState, open_database
+from deployments.state.config import DATABASE_URL_ENV
+from deployments.state.gateway import GatewayState, database_url, open_database
 
 log = logging.getLogger("ray.serve")
 
@@ -113,6 +114,12 @@ def _gateway_state(config: AppConfig) -> GatewayState | None:
     """The replica's gateway state (docs/gateway-state.md), or None with `state.enabled` off."""
     if not config.state.enabled:
         return None
+    if on_kubernetes(os.environ) and database_url(config.state, os.environ) is None:
+        log.warning(
+            "state: no %s on Kubernetes: keys, budgets and the request log stay in each "
+            "router pod's own SQLite file (docs/kubernetes.md, the database Secret)",
+            DATABASE_URL_ENV,
+        )
     database = open_database(config.state, config.data_path, os.environ)
     return GatewayState.build(
         config.state,

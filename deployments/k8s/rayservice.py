@@ -163,8 +163,8 @@ def _label_pods(group: dict[str, Any], labels: dict[str, str]) -> None:
 def _finish_group(
     group: dict[str, Any], where: str, *, labels: dict[str, str], kubernetes_api: bool, pins: Pins
 ) -> None:
-    """One group's pods: labelled for the NetworkPolicy, hardened, given the API keys where the
-    router may run, on the pinned serving image, with the cluster's Ray Serve switches (a proxy
+    """One group's pods: labelled for the NetworkPolicy, hardened, given the API keys and the
+    database URL where the router may run, on the pinned serving image, with the cluster's Ray Serve switches (a proxy
     reads them when it starts, on whichever node it runs)."""
     _label_pods(group, labels)
     pod = group["template"]["spec"]
@@ -172,6 +172,7 @@ def _finish_group(
     pod_security.secure_pod(pod, kubernetes_api=kubernetes_api)
     if hosts_replicas(group):
         secrets.mount_api_keys(pod)
+        secrets.database_url_env(pod)
     for container in pod["containers"]:
         repository = container["image"].rsplit(":", 1)[0]
         container["image"] = f"{repository}:{pins.image_tag('gpu')}"

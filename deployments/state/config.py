@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # The database URL, when set, wins over `state.database_url`: on Kubernetes it comes from a
 # Secret, and a password never belongs in serve_config.yaml.
 DATABASE_URL_ENV = "EDGE_DATABASE_URL"
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 BudgetWhenStoreDown = Literal["admit", "refuse"]
 
@@ -72,3 +73,11 @@ class StateConfig(_Strict):
         "spend counted once it is back) or refuse (503)",
     )
     ledger: LedgerConfig = LedgerConfig()
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgres_only(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(POSTGRES_SCHEMES):
+            # Never echo it: it may hold a password.
+            raise ValueError("only postgresql:// URLs (leave it out for the SQLite file)")
+        return url

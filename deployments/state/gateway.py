@@ -16,7 +16,7 @@ from typing import Any
 from deployments.observability import MetricsBackend, ModelPrice
 from deployments.security import SecurityConfig
 from deployments.state.budgets import BudgetGuard
-from deployments.state.config import DATABASE_URL_ENV, StateConfig
+from deployments.state.config import DATABASE_URL_ENV, POSTGRES_SCHEMES, StateConfig
 from deployments.state.database import Database, StoreUnavailable
 from deployments.state.key_follower import KeyFollower
 from deployments.state.ledger import RequestLedger
@@ -27,7 +27,6 @@ from deployments.state.sqlite import SqliteDatabase
 from deployments.state.virtual_keys import VirtualKeys
 from deployments.state.write_behind import RecordWriter, WriterMetrics
 
-POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 SECONDS_PER_DAY = 86_400.0
 SHUTDOWN_FLUSH_S = 5.0
 
