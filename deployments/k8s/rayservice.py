@@ -164,8 +164,8 @@ def _finish_group(
     group: dict[str, Any], where: str, *, labels: dict[str, str], kubernetes_api: bool, pins: Pins
 ) -> None:
     """One group's pods: labelled for the NetworkPolicy, hardened, given the API keys and the
-    database URL where the router may run, on the pinned serving image, with the cluster's Ray Serve switches (a proxy
-    reads them when it starts, on whichever node it runs)."""
+    database URL where the router may run, on the pinned serving image, with the cluster's Ray
+    Serve switches (a proxy reads them when it starts, on whichever node it runs)."""
     _label_pods(group, labels)
     pod = group["template"]["spec"]
     pod_security.require_resources(pod, where)
