@@ -190,6 +190,19 @@ def _status(
     return code
 
 
+def _admin_client(
+    args: argparse.Namespace, transport: httpx.BaseTransport | None, timeout_s: float
+) -> httpx.Client:
+    """The router's admin API with the admin key (--url, --admin-key)."""
+    return httpx.Client(
+        base_url=args.url,
+        transport=transport,
+        timeout=timeout_s,
+        trust_env=False,
+        headers={"authorization": f"Bearer {args.admin_key}"},
+    )
+
+
 def _gateway(
     args: argparse.Namespace,
     console: Console,
@@ -199,13 +212,7 @@ def _gateway(
     if not args.admin_key:
         console.print(f"edge {args.command}: set EDGE_ADMIN_KEY or pass --admin-key")
         return USAGE
-    with httpx.Client(
-        base_url=args.url,
-        transport=transport,
-        timeout=gateway.HTTP_TIMEOUT_S,
-        trust_env=False,
-        headers={"authorization": f"Bearer {args.admin_key}"},
-    ) as client:
+    with _admin_client(args, transport, gateway.HTTP_TIMEOUT_S) as client:
         try:
             if args.command == "keys":
                 gateway.run_keys(args, client, console, wall_clock)
@@ -233,13 +240,7 @@ def _drill(
     except ValueError as error:  # pydantic: e.g. an error rate above 1
         console.print(f"edge drill: {error}", highlight=False)
         return USAGE
-    with httpx.Client(
-        base_url=args.url,
-        transport=transport,
-        timeout=drill.HTTP_TIMEOUT_S,
-        trust_env=False,
-        headers={"authorization": f"Bearer {args.admin_key}"},
-    ) as client:
+    with _admin_client(args, transport, drill.HTTP_TIMEOUT_S) as client:
         try:
             result = drill.run_drill(client, args.action, args.target, fault)
         except drill.UnknownTargetError as error:
