@@ -61,6 +61,13 @@ class AdmittedChat(NamedTuple):
     messages: list[dict[str, Any]]  # as the model takes them
     params: SamplingParams
     quota: Reservation  # the key's rate-limit reservation of input + max output
+    fallback: bool  # served by the key's fallback model: its answer is not the cache's
+
+
+class AdmittedTexts(NamedTuple):
+    model: ServedModel
+    quota: Reservation
+    fallback: bool
 
 
 class Admission:
@@ -90,11 +97,11 @@ class Admission:
         texts = [m["content"] for m in messages]
         prompt = estimate_chat_tokens(texts, 0, 0)
         output = chat.effective_max_tokens or DEFAULT_MAX_NEW_TOKENS
-        model = await self._spend(model, ctx, telemetry, prompt, output * chat.n)
+        served = await self._spend(model, ctx, telemetry, prompt, output * chat.n)
         estimate = estimate_chat_tokens(texts, chat.effective_max_tokens, DEFAULT_MAX_NEW_TOKENS)
         estimate = estimate * chat.n  # n choices may each use the whole output budget
         quota = self.limiter.reserve(ctx.principal, estimate)
-        return AdmittedChat(model, messages, sampling_params(chat), quota)
+        return AdmittedChat(served, messages, sampling_params(chat), quota, served is not model)
 
     async def admit_texts(
         self,
@@ -102,11 +109,13 @@ class Admission:
         model: ServedModel,
         ctx: RequestContext,
         telemetry: RequestTelemetry,
-    ) -> tuple[ServedModel, Reservation]:
+    ) -> AdmittedTexts:
         check_texts(texts, self.limits)
         estimate = estimate_text_tokens(texts)
-        model = await self._spend(model, ctx, telemetry, estimate, 0)
-        return model, self.limiter.reserve(ctx.principal, estimate)
+        served = await self._spend(model, ctx, telemetry, estimate, 0)
+        return AdmittedTexts(
+            served, self.limiter.reserve(ctx.principal, estimate), served is not model
+        )
 
     async def _spend(
         self,

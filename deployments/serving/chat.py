@@ -92,14 +92,13 @@ class ChatService(ModelService):
         admitted = await self.admission.admit_chat(
             chat, self._begin(chat, telemetry), ctx, telemetry
         )
-        model, messages, params, quota = admitted
+        model, messages, params, quota, fallback = admitted
         features = chat_features(chat)
         call = HandleCall("complete_choices", (messages, params, ctx.traceparent, features))
         used_tokens = 0
         try:
-            cached = self.cached.lookup(
-                "chat", chat, ctx, cacheable=use_cache and is_deterministic(chat)
-            )
+            cacheable = use_cache and is_deterministic(chat) and not fallback
+            cached = self.cached.lookup("chat", chat, ctx, cacheable=cacheable)
             if cached.hit is not None:
                 completion, trace = cached.hit, await self.edge.nearest(model.name, ctx, telemetry)
             else:
@@ -135,7 +134,7 @@ class ChatService(ModelService):
         admitted = await self.admission.admit_chat(
             chat, self._begin(chat, telemetry), ctx, telemetry
         )
-        model, messages, params, quota = admitted
+        model, messages, params, quota, _ = admitted
         features = chat_features(chat)
         call = HandleCall("stream", (messages, params, ctx.traceparent, features), stream=True)
         try:

@@ -6,7 +6,7 @@ the database is gone."""
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,8 +26,10 @@ from deployments.observability import (
 )
 from deployments.security import KeyStore, key_digest
 from deployments.serving.services import build_services
+from deployments.state.database import Database
 from deployments.state.gateway import GatewayState
 from deployments.state.key_follower import KeyFollower
+from deployments.state.postgres import PostgresDatabase
 from deployments.state.sqlite import SqliteDatabase
 from deployments.state.virtual_keys import VirtualKeys
 from edgectl.cli import main as edge_main
@@ -50,6 +52,7 @@ class Gateway:
     client: TestClient
     state: GatewayState
     clock: list[float]
+    connect: Callable[[], Database]  # another connection to its database: another replica's
 
     def flush(self) -> None:
         """The write-behind queue written now (the background task does it every 0.5 s)."""
@@ -61,17 +64,23 @@ class Gateway:
         return dict(response.json())
 
 
-@pytest.fixture
-def gateway(tmp_path: Path) -> Iterator[Gateway]:
-    yield from open_gateway(tmp_path, ENV)
+@pytest.fixture(params=["sqlite", "postgres"])
+def gateway(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Gateway]:
+    """The router on either backend: an SQLite file, or a database of its own on the session's
+    PostgreSQL."""
+    if request.param == "sqlite":
+        yield from open_gateway(lambda: SqliteDatabase(tmp_path / "gateway.sqlite3"), ENV)
+    else:
+        dsn = request.getfixturevalue("postgres_database")
+        yield from open_gateway(lambda: PostgresDatabase(dsn), ENV)
 
 
-def open_gateway(tmp_path: Path, env: dict[str, str]) -> Iterator[Gateway]:
+def open_gateway(connect: Callable[[], Database], env: dict[str, str]) -> Iterator[Gateway]:
     config = app_config()
     clock = [NOW]
     state = GatewayState.build(
         config.state,
-        SqliteDatabase(tmp_path / "gateway.sqlite3"),
+        connect(),
         config.security,
         config.observability.prices,
         metrics_backend=InMemoryMetricsBackend(),
@@ -96,7 +105,7 @@ def open_gateway(tmp_path: Path, env: dict[str, str]) -> Iterator[Gateway]:
     )
     with TestClient(make_app(config, services), raise_server_exceptions=False) as client:
         assert client.portal.call(state.ensure_ready)  # type: ignore[union-attr]
-        yield Gateway(client, state, clock)
+        yield Gateway(client, state, clock, connect)
         client.portal.call(state.database.close)  # type: ignore[union-attr]
 
 
@@ -105,7 +114,7 @@ def error_of(response: Any, status: int) -> dict[str, Any]:
     return dict(response.json()["error"])
 
 
-def test_a_key_is_shown_once_used_rotated_and_revoked(gateway: Gateway, tmp_path: Path):
+def test_a_key_is_shown_once_used_rotated_and_revoked(gateway: Gateway):
     client = gateway.client
     made = gateway.new_key(models=["embedding", "@cf/zai-org/glm-4.7-flash"])
     secret = made["key"]
@@ -121,7 +130,7 @@ def test_a_key_is_shown_once_used_rotated_and_revoked(gateway: Gateway, tmp_path
     assert client.post("/v1/embeddings", json=EMBED, headers=bearer(rotated)).status_code == 200
 
     # Another router replica on the same database follows the revocation at its next poll.
-    database = SqliteDatabase(tmp_path / "gateway.sqlite3")
+    database = gateway.connect()
     other = KeyFollower(VirtualKeys(database), app_config().security)
     client.portal.call(other.refresh)  # type: ignore[union-attr]
     assert other.principal(key_digest(rotated)) is not None
@@ -156,7 +165,8 @@ def test_admin_errors_of_keys(gateway: Gateway):
 
 
 def test_an_open_api_closes_with_its_first_virtual_key(tmp_path: Path):
-    for gateway in open_gateway(tmp_path, {"EDGE_ADMIN_KEY": ADMIN_KEY}):
+    sqlite = lambda: SqliteDatabase(tmp_path / "gateway.sqlite3")  # noqa: E731
+    for gateway in open_gateway(sqlite, {"EDGE_ADMIN_KEY": ADMIN_KEY}):
         client = gateway.client
         assert client.post("/v1/embeddings", json=EMBED).status_code == 200  # open
         secret = gateway.new_key()["key"]
@@ -250,14 +260,25 @@ def test_a_spent_budget_is_a_429_until_the_period_ends_or_the_fallback_serves(
     )["key"]
     served = client.post("/v1/chat/completions", json=CHAT, headers=bearer(fallback))
     assert served.status_code == 200 and served.json()["model"] == "kimi"
+    deterministic = {**CHAT, "temperature": 0}
+    for _ in range(2):  # a fallback's answer is never cached as the asked model's
+        again = client.post("/v1/chat/completions", json=deterministic, headers=bearer(fallback))
+        assert again.json()["model"] == "kimi" and again.headers.get("x-edge-cache") != "HIT"
     gateway.flush()
-    row = client.get("/admin/logs?limit=1", headers=ADMIN).json()["data"][0]
+    row = client.get("/admin/logs?limit=3", headers=ADMIN).json()["data"][-1]
     assert row["model"] == "kimi" and row["cost_units"] == pytest.approx(7 * 60e-6 + 5 * 250e-6)
 
 
-def test_requests_are_served_while_the_database_is_gone(gateway: Gateway, tmp_path: Path):
-    """The database's files moved away (a volume gone: what opens in their place has no
-    tables), then back: requests never fail, records wait in the queue and are written after."""
+def test_requests_are_served_while_the_database_is_gone(tmp_path: Path):
+    """SQLite's files moved away (a volume gone: what opens in their place has no tables), then
+    back: requests never fail, records wait in the queue and are written after. (PostgreSQL
+    killed under load: tests/integration/test_gateway_state.py.)"""
+    sqlite = lambda: SqliteDatabase(tmp_path / "gateway.sqlite3")  # noqa: E731
+    for gateway in open_gateway(sqlite, ENV):
+        served_while_gone(gateway, tmp_path)
+
+
+def served_while_gone(gateway: Gateway, tmp_path: Path) -> None:
     client, state = gateway.client, gateway.state
     capped = gateway.new_key(budget={"cost_units": 1.0})["key"]
     files = ["gateway.sqlite3", "gateway.sqlite3-wal", "gateway.sqlite3-shm"]
