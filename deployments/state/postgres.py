@@ -21,12 +21,14 @@ from deployments.state.database import Dialect, Row, Statements, StoreUnavailabl
 POOL_MAX_CONNECTIONS = 4
 _PLACEHOLDER = re.compile(r"\?")
 # What "the database did not answer" looks like from asyncpg: refused or lost connections,
-# shutdowns and cancelled (timed-out) statements.
+# shutdowns, cancelled (timed-out) statements, and a connection left mid-operation by a lost
+# server (InternalClientError: "another operation is in progress"), seen when it is killed.
 _UNAVAILABLE = (
     OSError,
     asyncio.TimeoutError,
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,
+    asyncpg.exceptions.InternalClientError,
     asyncpg.exceptions.OperatorInterventionError,
 )
 
@@ -100,6 +102,10 @@ class PostgresDatabase:
                 async with connection.transaction():
                     yield statements
         except _UNAVAILABLE as error:
+            if self._pool is not None:
+                # No connection of before the failure is used again: one the server dropped
+                # can be left mid-operation, or inside a transaction that was never ended.
+                await self._pool.expire_connections()
             raise StoreUnavailable(f"PostgreSQL: {type(error).__name__}: {error}") from error
 
     async def execute(self, sql: str, args: Sequence[Any] = ()) -> int:
