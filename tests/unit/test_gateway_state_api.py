@@ -292,6 +292,7 @@ def served_while_gone(gateway: Gateway, tmp_path: Path) -> None:
                 (source / name).rename(target / name)
 
     move(tmp_path, tmp_path / "away")
+    client.portal.call(state.follower.poll)  # type: ignore[union-attr]  # fails: keys kept
     for headers in (bearer(USER_KEY), bearer(capped)):
         assert client.post("/v1/embeddings", json=EMBED, headers=headers).status_code == 200
     gateway.flush()
