@@ -62,19 +62,19 @@ def test_the_database_killed_under_load_fails_no_request_and_loses_no_record(
     statuses: list[int] = []
     stop = threading.Event()
 
-    def load() -> None:
-        """One embeddings request after another, each with an id of this run's own."""
+    def load(worker: int) -> None:
+        """One embeddings request after another, each with an id of its own in this run."""
         n = 0
         while not stop.is_set():
             n += 1
             answer = http.post(
                 "/v1/embeddings",
-                json={"model": "embedding", "input": f"state under load {n}"},
-                headers={**LOAD, "x-request-id": f"{run}-{n}", "x-edge-cache": "bypass"},
+                json={"model": "embedding", "input": f"state under load {worker}.{n}"},
+                headers={**LOAD, "x-request-id": f"{run}-{worker}-{n}", "x-edge-cache": "bypass"},
             )
             statuses.append(answer.status_code)
 
-    workers = [threading.Thread(target=load) for _ in range(2)]
+    workers = [threading.Thread(target=load, args=(worker,)) for worker in range(2)]
     for worker in workers:
         worker.start()
     try:
