@@ -56,7 +56,7 @@ class StateConfig(_Strict):
     connect_timeout_s: float = Field(default=5.0, gt=0, le=120)
     statement_timeout_s: float = Field(default=5.0, gt=0, le=600)
     keys_poll_interval_s: float = Field(
-        default=0.5,
+        default=0.25,
         gt=0,
         le=60,
         description="how often each router replica checks whether the keys table changed",
