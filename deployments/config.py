@@ -28,6 +28,7 @@ from deployments.observability.config import ObservabilityConfig
 from deployments.paths import PROJECT_ROOT
 from deployments.runtime.manifest import Task
 from deployments.security.config import SecurityConfig
+from deployments.state.config import StateConfig
 from deployments.warm_pool import WarmPoolConfig
 from edge_sim.config import EdgeConfig
 from edge_sim.regions import deployment_name
@@ -152,6 +153,7 @@ class AppConfig(_Strict):
     security: SecurityConfig = SecurityConfig()
     observability: ObservabilityConfig = ObservabilityConfig()
     warm_pool: WarmPoolConfig = WarmPoolConfig()
+    state: StateConfig = StateConfig()
 
     @model_validator(mode="after")
     def _gate_names_served_models(self) -> AppConfig:

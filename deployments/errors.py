@@ -133,6 +133,12 @@ class RateLimitedError(ServingError):
         return {**self.headers, **retry_after(self.retry_after_s)}
 
 
+class BudgetExceededError(RateLimitedError):
+    """The key spent its budget for the period; `retry_after_s` runs to the period's end."""
+
+    default_code = "budget_exceeded"
+
+
 class NotFoundError(ServingError):
     """Something the request names does not exist (404); subclasses say what."""
 
@@ -157,6 +163,12 @@ class ColoNotFoundError(NotFoundError):
 
 class RegionNotFoundError(NotFoundError):
     default_code = "region_not_found"
+
+
+class KeyNotFoundError(NotFoundError):
+    """No virtual key with this id (the admin API)."""
+
+    default_code = "key_not_found"
 
 
 class MethodNotAllowedError(ServingError):
@@ -234,6 +246,13 @@ class WaitBudgetExceededError(OverloadedError):
     default_code = "wait_budget_exceeded"
 
 
+class StateUnavailableError(OverloadedError):
+    """The gateway's database did not answer what this request needs from it (the admin API
+    of keys and logs; a budgeted key's reservation with state.budget_when_store_down: refuse)."""
+
+    default_code = "state_unavailable"
+
+
 class InternalServerError(ServingError):
     """A bug or an unexpected failure on our side; the message never carries a stack trace."""
 
@@ -262,12 +281,14 @@ ENVELOPE_CODES: Mapping[type[ServingError], int] = MappingProxyType(
         AuthenticationError: 10000,
         PermissionDeniedError: 9200,
         RateLimitedError: 3036,
+        BudgetExceededError: 9201,
         BusyError: 3040,
         NotFoundError: 9300,
         ModelNotFoundError: 5007,
         RouteNotFoundError: 7003,
         ColoNotFoundError: 9301,
         RegionNotFoundError: 9302,
+        KeyNotFoundError: 9303,
         MethodNotAllowedError: 9400,
         PayloadTooLargeError: 3006,
         OverloadedError: 9500,
@@ -275,6 +296,7 @@ ENVELOPE_CODES: Mapping[type[ServingError], int] = MappingProxyType(
         QueueFullError: 9502,
         RegionFaultError: 9503,
         WaitBudgetExceededError: 9504,
+        StateUnavailableError: 9505,
     }
 )
 

@@ -21,12 +21,14 @@ from ray.serve.schema import ReplicaState
 from deployments.api.app import make_app
 from deployments.cache import open_cache_store
 from deployments.config import AppConfig
-from deployments.observability import RouterObservability
+from deployments.observability import RayServeMetricsBackend, RouterObservability
 from deployments.ray_ext.router_metrics import sample_queue_before_push_at_zero
 from deployments.ray_ext.serve_status import serve_status
-from deployments.security import KeyStore
+from deployments.security import KeyStore, on_kubernetes
 from deployments.serving.models import DeploymentState
 from deployments.serving.services import build_services
+from deployments.state.config import DATABASE_URL_ENV
+from deployments.state.gateway import GatewayState, database_url, open_database
 
 log = logging.getLogger("ray.serve")
 
@@ -68,16 +70,29 @@ class RouterIngress:
         self.config = AppConfig.model_validate(config)
         # Our model handles live here: a request at zero replicas must reach the controller now.
         sample_queue_before_push_at_zero()
+        self.state = _gateway_state(self.config)
+        observability = RouterObservability(
+            self.config.observability,
+            self.config.models,
+            ledger=self.state.ledger if self.state is not None else None,
+        )
+        keys = KeyStore.from_env(
+            os.environ,
+            self.config.security,
+            log,
+            virtual=self.state.follower if self.state is not None else None,
+        )
         self.services = build_services(
             self.config,
             servers,
-            keys=KeyStore.from_env(os.environ, self.config.security, log),
+            keys=keys,
             control=control,
             warm_pool=warm_pool,
-            observability=RouterObservability(self.config.observability, self.config.models),
+            observability=observability,
             deployment_states=_deployment_states,
             rate_limit_share=1 / _router_replicas(),
             cache_store=open_cache_store(self.config, os.environ),
+            state=self.state,
         )
         self._fault_sync: asyncio.Task[None] | None = None
         self._traffic_publish: asyncio.Task[None] | None = None
@@ -85,6 +100,33 @@ class RouterIngress:
     async def __serve_build_asgi_app__(self) -> FastAPI:
         """Called by Ray Serve once the replica is constructed, on its event loop."""
         loop = asyncio.get_running_loop()
+        if self.state is not None:
+            self.state.start()
         self._fault_sync = loop.create_task(self.services.drills.sync_forever())
         self._traffic_publish = loop.create_task(self.services.dashboard.traffic.publish_forever())
         return make_app(self.config, self.services)
+
+    async def __del__(self) -> None:
+        """Ray Serve's graceful shutdown of the replica: the queued ledger records written."""
+        if self.state is not None:
+            await self.state.close()
+
+
+def _gateway_state(config: AppConfig) -> GatewayState | None:
+    """The replica's gateway state (docs/gateway-state.md), or None with `state.enabled` off."""
+    if not config.state.enabled:
+        return None
+    if on_kubernetes(os.environ) and database_url(config.state, os.environ) is None:
+        log.warning(
+            "state: no %s on Kubernetes: keys, budgets and the request log stay in each "
+            "router pod's own SQLite file (docs/kubernetes.md, the database Secret)",
+            DATABASE_URL_ENV,
+        )
+    database = open_database(config.state, config.data_path, os.environ)
+    return GatewayState.build(
+        config.state,
+        database,
+        config.security,
+        config.observability.prices,
+        metrics_backend=RayServeMetricsBackend() if config.observability.metrics else None,
+    )

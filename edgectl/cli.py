@@ -19,7 +19,8 @@ except ImportError as missing:  # `edge` is installed with the package; its libr
     ) from None
 
 from edge_sim.clock import Clock
-from edgectl import drill
+from edgectl import drill, gateway
+from edgectl.gateway import add_keys_parser
 from edgectl.serve_state import DEFAULT_APP, ServeDashboard, default_dashboard
 
 OK, FAILED, USAGE = 0, 1, 2
@@ -85,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     fault.add_argument("--error-rate", type=float, default=0.5, help="errors: share failed")
     _router_options(fault)
 
+    add_keys_parser(commands, _router_options, _duration)
+
     for name, summary in PASS_THROUGH.items():
         if name != "check":
             commands.add_parser(name, help=summary, add_help=False)
@@ -131,6 +134,8 @@ def main(
     console = console or Console()
     if args.command == "status":
         return _status(args, console, transport, sleep, refreshes, wall_clock)
+    if args.command in ("keys", "usage"):
+        return _gateway(args, console, transport, wall_clock)
     return _drill(args, console, transport)
 
 
@@ -185,6 +190,40 @@ def _status(
     return code
 
 
+def _admin_client(
+    args: argparse.Namespace, transport: httpx.BaseTransport | None, timeout_s: float
+) -> httpx.Client:
+    """The router's admin API with the admin key (--url, --admin-key)."""
+    return httpx.Client(
+        base_url=args.url,
+        transport=transport,
+        timeout=timeout_s,
+        trust_env=False,
+        headers={"authorization": f"Bearer {args.admin_key}"},
+    )
+
+
+def _gateway(
+    args: argparse.Namespace,
+    console: Console,
+    transport: httpx.BaseTransport | None,
+    wall_clock: Clock,
+) -> int:
+    if not args.admin_key:
+        console.print(f"edge {args.command}: set EDGE_ADMIN_KEY or pass --admin-key")
+        return USAGE
+    with _admin_client(args, transport, gateway.HTTP_TIMEOUT_S) as client:
+        try:
+            if args.command == "keys":
+                gateway.run_keys(args, client, console, wall_clock)
+            else:
+                gateway.run_usage(args, client, console, wall_clock)
+        except gateway.AdminError as error:
+            console.print(f"edge {args.command}: {error}", highlight=False)
+            return FAILED
+    return OK
+
+
 def _drill(
     args: argparse.Namespace, console: Console, transport: httpx.BaseTransport | None
 ) -> int:
@@ -201,13 +240,7 @@ def _drill(
     except ValueError as error:  # pydantic: e.g. an error rate above 1
         console.print(f"edge drill: {error}", highlight=False)
         return USAGE
-    with httpx.Client(
-        base_url=args.url,
-        transport=transport,
-        timeout=drill.HTTP_TIMEOUT_S,
-        trust_env=False,
-        headers={"authorization": f"Bearer {args.admin_key}"},
-    ) as client:
+    with _admin_client(args, transport, drill.HTTP_TIMEOUT_S) as client:
         try:
             result = drill.run_drill(client, args.action, args.target, fault)
         except drill.UnknownTargetError as error:

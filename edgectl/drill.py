@@ -13,8 +13,8 @@ import httpx
 from edge_sim.faults import ColoFault
 
 HTTP_TIMEOUT_S = 10.0
-DURATION_UNITS_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$")
+DURATION_UNITS_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 
 
 class DrillError(Exception):
@@ -26,7 +26,7 @@ class UnknownTargetError(DrillError):
 
 
 def parse_duration_s(text: str) -> float:
-    """'60', '60s', '2m', '1.5h' -> seconds (for argparse's `type=`)."""
+    """'60', '60s', '2m', '1.5h', '30d' -> seconds (for argparse's `type=`)."""
     match = _DURATION.match(text.lower())
     if match is None or float(match[1]) <= 0:
         raise ValueError(f"{text!r} is not a duration such as 30s, 2m or 1h")

@@ -176,10 +176,7 @@ class PostgresServer:
 
     @property
     def dsn(self) -> str:
-        return (
-            f"postgresql://{POSTGRES_ROLE}:{self.password}@127.0.0.1:{self.port}/"
-            f"{POSTGRES_DATABASE}"
-        )
+        return self.dsn_of(POSTGRES_DATABASE)
 
     @classmethod
     def start(cls, root: Path | None = None) -> PostgresServer:
@@ -272,9 +269,14 @@ class PostgresServer:
             raise RuntimeError(f"postgres exited:\n{self.log_tail()}")
         # initdb made the role; the database of the same name is made once, on the first start.
         if not (self.root / ".database-created").exists():
-            self._create_database()
+            self.create_database(POSTGRES_DATABASE)
+            (self.root / ".database-created").touch()
 
-    def _create_database(self) -> None:
+    def dsn_of(self, database: str) -> str:
+        return f"postgresql://{POSTGRES_ROLE}:{self.password}@127.0.0.1:{self.port}/{database}"
+
+    def create_database(self, name: str) -> str:
+        """A new, empty database owned by `edge`; its DSN."""
         done = subprocess.run(
             [
                 str(self.bin_dir / "createdb"),
@@ -284,7 +286,7 @@ class PostgresServer:
                 str(self.port),
                 "-U",
                 POSTGRES_ROLE,
-                POSTGRES_DATABASE,
+                name,
             ],
             env={**os.environ, "PGPASSWORD": self.password},
             capture_output=True,
@@ -293,7 +295,7 @@ class PostgresServer:
         )
         if done.returncode != 0:
             raise RuntimeError(f"createdb failed ({done.returncode}):\n{done.stderr[-2000:]}")
-        (self.root / ".database-created").touch()
+        return self.dsn_of(name)
 
     def log_tail(self, chars: int = 2000) -> str:
         log = self.root / "postgres.log"

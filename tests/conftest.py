@@ -5,9 +5,10 @@ PostgreSQL servers of the test's own (Debian's binaries, edgectl.local_services)
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import secrets
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -37,31 +38,45 @@ def _missing(reason: str) -> None:
     pytest.skip(reason)
 
 
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    """A redis-server of this test's own: its temp dir, a free port, a password; removed after."""
+ServerT = TypeVar("ServerT", RedisServer, PostgresServer)
+
+
+def _own_server(start: Callable[[], ServerT]) -> Iterator[ServerT]:
+    """A server of the fixture's own, removed after; skipped (failed under CI) without one."""
     try:
-        server = RedisServer.start()
+        server = start()
     except ServiceUnavailable as missing:
         _missing(str(missing))
     try:
         yield server
     finally:
         server.remove()
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A redis-server of this test's own: its temp dir, a free port, a password; removed after."""
+    yield from _own_server(RedisServer.start)
 
 
 @pytest.fixture
 def postgres_server() -> Iterator[PostgresServer]:
     """A PostgreSQL cluster of this test's own (initdb in a temp dir, a free port, database and
     role `edge`); stopped and removed after."""
-    try:
-        server = PostgresServer.start()
-    except ServiceUnavailable as missing:
-        _missing(str(missing))
-    try:
-        yield server
-    finally:
-        server.remove()
+    yield from _own_server(PostgresServer.start)
+
+
+@pytest.fixture(scope="session")
+def shared_postgres() -> Iterator[PostgresServer]:
+    """One PostgreSQL cluster for the session's tests that only need a database of their own
+    (postgres_database); a test that kills or restarts its server takes postgres_server."""
+    yield from _own_server(PostgresServer.start)
+
+
+@pytest.fixture
+def postgres_database(shared_postgres: PostgresServer) -> str:
+    """A new, empty database on the session's PostgreSQL: its DSN."""
+    return shared_postgres.create_database(f"test_{secrets.token_hex(6)}")
 
 
 @pytest.fixture

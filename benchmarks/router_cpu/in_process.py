@@ -2,7 +2,7 @@
 (benchmarks.lib.fake_handles; 384-dimensional float32 vectors, as the default embedding model
 returns), driven by direct ASGI calls, so the figure is the router's own work (routes, validation,
 edge, telemetry, encoding) without Ray or a socket. Beside it, the embeddings body's old and new
-encoders on the same vectors.
+encoders on the same vectors, and the ledger's cost (gateway state off vs on, in one run).
 
 `python -m benchmarks.router_cpu.in_process --profile ENDPOINT` prints the hot path of one
 endpoint (cProfile).
@@ -19,8 +19,9 @@ import json
 import os
 import pstats
 import statistics
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -53,6 +54,8 @@ from deployments.protocol import (
 from deployments.protocol.embeddings import EncodingFormat
 from deployments.security import KeyStore
 from deployments.serving.services import build_services
+from deployments.state.gateway import GatewayState
+from deployments.state.sqlite import SqliteDatabase
 
 DIMENSION = 384  # all-MiniLM-L6-v2, the default embedding model
 USER_KEY = "sk-bench-0123456789abcdef"
@@ -68,17 +71,23 @@ def _fake_handle(task: str) -> Any:
     return handle_for_task(task)
 
 
-def bench_app(config: AppConfig) -> Any:
+def bench_app(config: AppConfig, state: GatewayState | None = None) -> Any:
     """The router's app as the replica builds it, on fake handles (one per model, shared by
-    every region; the embedding's rows 384-wide and random, so encoding costs what it costs)."""
+    every region; the embedding's rows 384-wide and random, so encoding costs what it costs).
+    `state`: gateway state, its ledger recording every request (None: state off)."""
     handles = {name: _fake_handle(model.task) for name, model in config.models.items()}
-    keys = KeyStore.from_env({"EDGE_API_KEYS": f"bench:{USER_KEY}"}, config.security)
+    keys = KeyStore.from_env(
+        {"EDGE_API_KEYS": f"bench:{USER_KEY}"},
+        config.security,
+        virtual=state.follower if state is not None else None,
+    )
     # The access log is formatted and written, as in the replica, but to /dev/null.
     devnull = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - lives as long as the app
     observability = RouterObservability(
         config.observability,
         config.models,
         access_logger=configure_access_logger(stream=devnull, name="benchmarks.router_cpu"),
+        ledger=state.ledger if state is not None else None,
     )
     # The rate limiter runs as it does for real, on a clock that refills every bucket between
     # requests, so the measurement never hits a 429.
@@ -89,6 +98,7 @@ def bench_app(config: AppConfig) -> Any:
         keys=keys,
         observability=observability,
         clock=lambda: 3600.0 * next(ticks),
+        state=state,
     )
     return make_app(config, services)
 
@@ -192,10 +202,16 @@ async def asgi_call(app: Any, method: str, path: str, body: bytes) -> tuple[int,
 
 
 def cpu_per_request_us(
-    app: Any, endpoint: Endpoint, requests: int, rounds: int, loop: asyncio.AbstractEventLoop
+    app: Any,
+    endpoint: Endpoint,
+    requests: int,
+    rounds: int,
+    loop: asyncio.AbstractEventLoop,
+    after_round: Callable[[], Awaitable[Any]] | None = None,
 ) -> dict[str, Any]:
     """Process CPU time per request (µs), median and spread over `rounds` runs of `requests`
-    sequential calls; the first response is checked, so a broken route cannot look fast."""
+    sequential calls; the first response is checked, so a broken route cannot look fast.
+    `after_round` runs inside each round's measured time (the ledger's queue written)."""
     status, payload = loop.run_until_complete(asgi_call(app, *endpoint.request(-1)))
     if status != 200:
         raise RuntimeError(f"{endpoint.path}: {status} {payload[:300]!r}")
@@ -208,6 +224,8 @@ def cpu_per_request_us(
         async def drive(bodies: list[tuple[str, str, bytes]] = bodies) -> None:
             for request in bodies:
                 await asgi_call(app, *request)
+            if after_round is not None:
+                await after_round()
 
         started = time.process_time()
         loop.run_until_complete(drive())
@@ -261,7 +279,49 @@ def measure_in_process(
         "rounds": rounds,
         "endpoints": measured,
         "encoders": encoder_comparison(),
+        "ledger": ledger_overhead(config, requests, rounds),
     }
+
+
+LEDGER_ENDPOINTS = ("embeddings_float", "chat")
+
+
+def ledger_overhead(config: AppConfig, requests: int, rounds: int) -> dict[str, Any]:
+    """Router CPU per request with gateway state off, and on (SQLite in a temp dir, one ledger
+    record per request, the queue written inside each round's measured time: its thread's CPU
+    counts, process time is every thread's), rounds of the two alternated in one run; the
+    ratio on/off per endpoint. The key is a configured one: no budget, no database wait."""
+    loop = asyncio.new_event_loop()
+    with tempfile.TemporaryDirectory(prefix="edge-bench-state-") as folder:
+        database = SqliteDatabase(Path(folder) / "gateway.sqlite3")
+        state = GatewayState.build(
+            config.state, database, config.security, config.observability.prices
+        )
+        try:
+            if not loop.run_until_complete(state.ensure_ready()):
+                raise RuntimeError(f"the benchmark's SQLite store in {folder} did not open")
+            apps = {"off": (bench_app(config), None), "on": (bench_app(config, state), state)}
+            medians: dict[str, dict[str, list[float]]] = {"off": {}, "on": {}}
+            for _ in range(rounds):
+                for side, (app, side_state) in apps.items():
+                    flush = side_state.writer.flush_ready if side_state is not None else None
+                    for name in LEDGER_ENDPOINTS:
+                        endpoint = served_endpoints(config)[name]
+                        figure = cpu_per_request_us(app, endpoint, requests, 1, loop, flush)
+                        medians[side].setdefault(name, []).append(figure["cpu_us_per_request"])
+            written = state.writer.written
+        finally:
+            loop.run_until_complete(database.close())
+            loop.close()
+    out: dict[str, Any] = {"records_written": written}
+    for name in LEDGER_ENDPOINTS:
+        off, on = (statistics.median(medians[side][name]) for side in ("off", "on"))
+        out[name] = {
+            "off_cpu_us": round(off, 1),
+            "on_cpu_us": round(on, 1),
+            "on_over_off": round(on / off, 3),
+        }
+    return out
 
 
 def served_endpoints(config: AppConfig) -> dict[str, Endpoint]:

@@ -1,7 +1,8 @@
 """The router_cpu suite: CPU per request of the router, two ways.
 
 - in process (no Ray): the router's app alone on fake model handles, per endpoint, plus the
-  embeddings body's old and new encoders (benchmarks.router_cpu.in_process);
+  embeddings body's old and new encoders and the ledger's cost, on vs off
+  (benchmarks.router_cpu.in_process);
 - in its replicas: our application on a private Ray + Serve, the router replicas' and the
   front's own process counters around N requests per endpoint (benchmarks.router_cpu.replicas);
   `--router-cpu-in-process-only` skips it.
@@ -27,6 +28,8 @@ NEEDS_RAY = True  # the replicas' part; the in-process part runs anywhere
 # Router-replica CPU per embedding request, at most. The app's own share (in process) must stay
 # well under it, so it is held to the same bound.
 EMBEDDING_CPU_TARGET_US = 1000.0
+# The usage ledger may cost the router at most 5% more CPU per request.
+LEDGER_CPU_RATIO_TARGET = 1.05
 
 
 class RouterCpuBenchConfig(ServedBenchConfig):
@@ -96,6 +99,14 @@ def goals(result: dict[str, Any], *, replicas_measured: bool) -> dict[str, GoalR
             "adds Ray Serve's per-request work (router_cpu_per_embedding_request)",
         )
     }
+    verdicts["ledger_router_cpu_ratio"] = goal(
+        dig(result, "in_process", "ledger", "embeddings_float", "on_over_off"),
+        LEDGER_CPU_RATIO_TARGET,
+        "x",
+        at_most=True,
+        note="router CPU per embedding request with the ledger on / off (SQLite), in process, "
+        "rounds alternated in one run",
+    )
     if replicas_measured:
         verdicts["router_cpu_per_embedding_request"] = goal(
             dig(result, "replicas", "embeddings", "router_cpu_us_per_request"),

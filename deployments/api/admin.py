@@ -3,6 +3,8 @@ dashboard's data. It needs the admin key, and does not exist (404) when none is 
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from fastapi import APIRouter, Depends, Request, Response
 
 from deployments.api.responses import json_response
@@ -10,11 +12,19 @@ from deployments.serving.services import RouterServices
 from edge_sim.faults import ColoFault
 
 
-def admin_routes(services: RouterServices) -> APIRouter:
-    async def admin_only(request: Request) -> None:  # async: no thread-pool hop (caller.py)
+def admin_only(services: RouterServices) -> Callable[[Request], Awaitable[None]]:
+    """The dependency of every /admin route: the admin key, or 404/401/403."""
+
+    async def authorized(request: Request) -> None:  # async: no thread-pool hop (caller.py)
         services.keys.authorize_admin(request.headers.get("authorization"), request.url.path)
 
-    routes = APIRouter(prefix="/admin", include_in_schema=False, dependencies=[Depends(admin_only)])
+    return authorized
+
+
+def admin_routes(services: RouterServices) -> APIRouter:
+    routes = APIRouter(
+        prefix="/admin", include_in_schema=False, dependencies=[Depends(admin_only(services))]
+    )
 
     @routes.get("/colos")
     async def colos() -> Response:

@@ -10,6 +10,7 @@ from deployments.api.body_limit import BodyLimitMiddleware
 from deployments.api.dashboard import dashboard_routes
 from deployments.api.docs import install_docs
 from deployments.api.errors import ErrorShapes, install_error_handler
+from deployments.api.gateway_admin import gateway_admin_routes
 from deployments.api.health import health_routes
 from deployments.api.openai import openai_routes
 from deployments.config import AppConfig
@@ -36,6 +37,7 @@ def make_app(config: AppConfig, services: RouterServices) -> FastAPI:
         app.include_router(workers_ai.workers_ai_routes(services, prefix))
         app.include_router(openai_routes(services), prefix=prefix)
     app.include_router(admin_routes(services))
+    app.include_router(gateway_admin_routes(services))
     app.include_router(dashboard_routes())
     install_docs(app)
     app.add_middleware(BodyLimitMiddleware, limit=config.router.max_body_bytes, shapes=shapes)

@@ -29,7 +29,7 @@ def caller_of(keys: KeyStore) -> Callable[[Request], Awaitable[Caller]]:
     async def authenticated(request: Request) -> Caller:
         principal = keys.authenticate(request.headers.get("authorization"))
         telemetry = request_telemetry(request)
-        telemetry.authenticated(principal.key_id)
+        telemetry.authenticated(principal.key_id, principal.collect_payloads)
         context = RequestContext(
             principal=principal,
             request_id=request.headers.get("x-request-id") or telemetry.request_id,

@@ -174,9 +174,9 @@ def _finish_group(
     group: dict[str, Any], where: str, *, labels: dict[str, str], kubernetes_api: bool, pins: Pins
 ) -> None:
     """One group's pods: labelled for the NetworkPolicy, hardened, given the API keys and the
-    response cache's Redis password where the router may run, on the pinned serving image, with
-    the cluster's Ray Serve switches (a proxy reads them when it starts, on whichever node it
-    runs)."""
+    response cache's Redis password and the database URL where the router may run, on the pinned
+    serving image, with the cluster's Ray Serve switches (a proxy reads them when it starts, on
+    whichever node it runs)."""
     _label_pods(group, labels)
     pod = group["template"]["spec"]
     pod_security.require_resources(pod, where)
@@ -184,6 +184,7 @@ def _finish_group(
     if hosts_replicas(group):
         secrets.mount_api_keys(pod)
         response_cache.give_redis_password(pod)
+        secrets.database_url_env(pod)
     for container in pod["containers"]:
         repository = container["image"].rsplit(":", 1)[0]
         container["image"] = f"{repository}:{pins.image_tag('gpu')}"

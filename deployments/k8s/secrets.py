@@ -7,7 +7,9 @@
   hands it to the GCS from this Secret.
 - The API keys: a file in a Secret, mounted read-only where the router may run
   (EDGE_API_KEYS_FILE), and the admin key from the same Secret (EDGE_ADMIN_KEY, optional: no
-  admin key, no admin API)."""
+  admin key, no admin API).
+- The gateway state's PostgreSQL URL (EDGE_DATABASE_URL, optional), where the router may run:
+  its password stays out of serve_config.yaml and the RayService."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Any
 
 from deployments.k8s.manifest_yaml import FileMode
 from deployments.security import ADMIN_KEY_ENV, API_KEYS_FILE_ENV
+from deployments.state.config import DATABASE_URL_ENV
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,7 @@ RAY_TOKEN = SecretKey("ray-edge-ai-ray-token", "auth_token")
 REDIS_PASSWORD = SecretKey("ray-edge-ai-redis", "password")
 API_KEYS_FILE = SecretKey("ray-edge-ai-api-keys", "api-keys")
 ADMIN_KEY = SecretKey("ray-edge-ai-api-keys", "admin-key")
+DATABASE_URL = SecretKey("ray-edge-ai-database", "url")
 API_KEYS_VOLUME = "api-keys"
 API_KEYS_DIR = "/etc/ray-edge-ai/api-keys"
 # Owner and group (the pod's fsGroup) may read; nobody may write, others see nothing.
@@ -84,6 +88,24 @@ def mount_api_keys(pod: dict[str, Any]) -> None:
         )
 
 
+def database_url_env(pod: dict[str, Any]) -> None:
+    """Give every container of the pod EDGE_DATABASE_URL from the database Secret. Optional:
+    without the Secret the router keeps its state in SQLite, one file per pod (and warns)."""
+    for container in pod["containers"]:
+        container.setdefault("env", []).append(
+            {
+                "name": DATABASE_URL_ENV,
+                "valueFrom": {
+                    "secretKeyRef": {
+                        "name": DATABASE_URL.secret,
+                        "key": DATABASE_URL.key,
+                        "optional": True,
+                    }
+                },
+            }
+        )
+
+
 def _secret(name: str, string_data: dict[str, str]) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
@@ -97,7 +119,8 @@ def _secret(name: str, string_data: dict[str, str]) -> dict[str, Any]:
 def example_secrets() -> dict[str, dict[str, Any]]:
     """File name -> an example Secret. Applied as they are, they fail closed: an empty Ray token
     stops Ray from starting, a key file with no key stops the router, no admin key means no
-    admin API, an empty Redis password is refused by a Redis that requires one. The `kubectl
+    admin API, an empty Redis password is refused by a Redis that requires one, an empty
+    database URL leaves gateway state in SQLite per pod. The `kubectl
     create secret` commands of docs/kubernetes.md make real ones."""
     return {
         "ray-token-secret.yaml": _secret(RAY_TOKEN.secret, {RAY_TOKEN.key: ""}),
@@ -108,5 +131,9 @@ def example_secrets() -> dict[str, dict[str, Any]]:
                 API_KEYS_FILE.key: "# one `[name:]key` per line, e.g. team-a:sk-<random>\n",
                 ADMIN_KEY.key: "",
             },
+        ),
+        "database-secret.yaml": _secret(
+            DATABASE_URL.secret,
+            {DATABASE_URL.key: ""},  # postgresql://user:password@host:5432/database
         ),
     }

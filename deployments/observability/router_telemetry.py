@@ -42,6 +42,9 @@ from deployments.observability.tracing import (
 
 ROUTER_ROLE = "router"
 MAX_MODEL_NAME_CHARS = 128  # a client-supplied name, as logged
+# AI Gateway's per-request switch of payload logging: "true" keeps this request's payload in
+# the request log, "false" keeps it out whatever its key says.
+COLLECT_PAYLOAD_HEADER = "cf-aig-collect-log-payload"
 
 
 class RouterObservability:
@@ -60,8 +63,12 @@ class RouterObservability:
         clock: Callable[[], float] = time.perf_counter,
         wall_clock: Callable[[], float] = time.time,
         recent: RecentTraffic | None = None,
+        ledger: Callable[[RequestTelemetry, RequestOutcome], None] | None = None,
     ):
+        """`ledger`: where each finished request also goes (deployments.state's request log),
+        set once the gateway's state is open."""
         self.config = config
+        self.ledger = ledger
         self.recent = (
             recent if recent is not None else RecentTraffic(clock=wall_clock, prices=config.prices)
         )
@@ -111,6 +118,7 @@ class RouterObservability:
             key_id=api_key_id(lowered.get("authorization")),
             clock=self._clock,
             on_finish=self._record,
+            payload_opt_in=_opt_in(lowered.get(COLLECT_PAYLOAD_HEADER)),
         )
 
     def _record(self, telemetry: RequestTelemetry, outcome: RequestOutcome) -> None:
@@ -125,6 +133,14 @@ class RouterObservability:
                 trace_id=telemetry.trace_id,
                 prompt=telemetry.prompt,
             )
+        if self.ledger is not None:
+            self.ledger(telemetry, outcome)
+
+
+def _opt_in(header: str | None) -> bool | None:
+    """The payload header as a yes or no; absent or unreadable: None (the key decides)."""
+    value = (header or "").strip().lower()
+    return True if value == "true" else False if value == "false" else None
 
 
 def _phases(phases: Mapping[str, float | None] | None) -> tuple[tuple[str, float], ...]:
@@ -153,6 +169,7 @@ class RequestTelemetry:
         key_id: str | None = None,
         clock: Callable[[], float] = time.perf_counter,
         on_finish: Callable[[RequestTelemetry, RequestOutcome], None] | None = None,
+        payload_opt_in: bool | None = None,
     ):
         self.span = span
         self.endpoint = endpoint
@@ -173,6 +190,12 @@ class RequestTelemetry:
         self._flagged: list[str] = []
         self._error: BaseException | None = None
         self.outcome: RequestOutcome | None = None
+        self._payload_opt_in = payload_opt_in
+        self._key_collects_payloads = False
+        # What a key's budget decided (deployments.state.budgets), for its ledger record.
+        self.served_model: str | None = None
+        self.budget_period: str | None = None
+        self.reserved_cost_units = 0.0
 
     @classmethod
     def disabled(cls) -> RequestTelemetry:
@@ -216,11 +239,28 @@ class RequestTelemetry:
             )
         )
 
-    def authenticated(self, key_id: str) -> None:
+    def authenticated(self, key_id: str, collect_payloads: bool = False) -> None:
         """The key id the security layer resolved (a named key keeps its name): usage and cost
-        are counted per key only from here on, so a label never comes from an unchecked key."""
+        are counted per key only from here on, so a label never comes from an unchecked key.
+        `collect_payloads`: the key keeps its requests' payloads in the request log."""
         self.key_id = key_id
         self._authenticated_key = key_id
+        self._key_collects_payloads = collect_payloads
+
+    @property
+    def collect_payload(self) -> bool:
+        """Whether the request log keeps this request's payload: the request's header if it
+        sent one, else its key's setting."""
+        if self._payload_opt_in is not None:
+            return self._payload_opt_in
+        return self._key_collects_payloads
+
+    def spend_admitted(self, model: str, period: str | None, reserved_cost_units: float) -> None:
+        """What the key's budget decided: the model that serves it (its fallback past the
+        budget), the period its cost counts in (None: no budget) and what was reserved."""
+        self.served_model = model
+        self.budget_period = period
+        self.reserved_cost_units = reserved_cost_units
 
     def routed(self, route: RouteDecision, client: ClientPlace | None = None) -> None:
         """Where the edge sent it. Read at `finish`, so a cache result set later still counts."""

@@ -3,6 +3,7 @@ any), per-key rate limits, request limits and the moderation gate of chat models
 
 from deployments.errors import ContentPolicyViolationError, RateLimitedError
 from deployments.security.config import (
+    KeyBudget,
     ModerationGateConfig,
     ParamRange,
     RateLimits,
@@ -16,7 +17,9 @@ from deployments.security.keys import (
     KeyConfigError,
     KeyStore,
     Principal,
+    VirtualKeyLookup,
     bearer_token,
+    key_digest,
 )
 from deployments.security.moderation_gate import Classify, ModerationGate
 from deployments.security.open_mode import KUBERNETES_ENV, on_kubernetes, open_start_refusal
@@ -36,6 +39,7 @@ __all__ = [
     "API_KEYS_FILE_ENV",
     "Classify",
     "ContentPolicyViolationError",
+    "KeyBudget",
     "KeyConfigError",
     "KUBERNETES_ENV",
     "KeyStore",
@@ -48,8 +52,10 @@ __all__ = [
     "RateLimiter",
     "RequestLimits",
     "Reservation",
+    "VirtualKeyLookup",
     "SecurityConfig",
     "bearer_token",
+    "key_digest",
     "check_chat",
     "check_texts",
     "estimate_chat_tokens",

@@ -23,6 +23,22 @@ class RateLimits(_Strict):
     tokens_per_minute: int | None = Field(default=None, ge=1, le=10_000_000_000)
 
 
+BudgetPeriod = Literal["day", "month"]
+
+
+class KeyBudget(_Strict):
+    """What a key may spend per UTC day or month, in observability.prices' cost units, and what
+    serves it past that: a cheaper fallback model, or nothing (429 budget_exceeded)."""
+
+    cost_units: float = Field(gt=0, le=1e15)
+    period: BudgetPeriod = "month"
+    fallback_model: str | None = Field(
+        default=None,
+        min_length=1,
+        description="past the budget, requests are served by this model instead of a 429",
+    )
+
+
 class ParamRange(_Strict):
     """Inclusive bounds for a sampling parameter; they can only narrow what the protocol allows."""
 

@@ -12,9 +12,10 @@ import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from deployments.errors import AuthenticationError, PermissionDeniedError, RouteNotFoundError
-from deployments.security.config import RateLimits, SecurityConfig
+from deployments.security.config import KeyBudget, RateLimits, SecurityConfig
 from deployments.security.open_mode import open_start_refusal
 
 API_KEYS_ENV = "EDGE_API_KEYS"
@@ -41,11 +42,29 @@ class KeyConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Principal:
-    """Who a request comes from, as far as the router needs to know."""
+    """Who a request comes from, as far as the router needs to know. The last three are set
+    for virtual keys (deployments/state) only."""
 
     key_id: str
     limits: RateLimits
     is_admin: bool = False
+    models: frozenset[str] | None = None  # the models it may use; None: every one
+    budget: KeyBudget | None = None
+    collect_payloads: bool = False  # its requests' payloads are kept in the request log
+
+    def may_use(self, model: str) -> bool:
+        return self.models is None or model in self.models
+
+
+class VirtualKeyLookup(Protocol):
+    """The keys made through the admin API, as this process last loaded them."""
+
+    @property
+    def has_keys(self) -> bool: ...
+
+    def principal(self, digest: bytes) -> Principal | None:
+        """The key with this digest; AuthenticationError if it expired."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -164,10 +183,12 @@ class KeyStore:
         admin_key: str | None = None,
         config: SecurityConfig | None = None,
         log: logging.Logger | None = None,
+        virtual: VirtualKeyLookup | None = None,
     ):
         self.config = config or SecurityConfig()
         self.log = log or logging.getLogger("ray.serve")
         self._entries = self._index(user_keys)
+        self.virtual = virtual
         short = sorted(
             name or hash_key_id(key_digest(secret))
             for name, secret in user_keys
@@ -195,6 +216,7 @@ class KeyStore:
         environ: Mapping[str, str],
         config: SecurityConfig | None = None,
         log: logging.Logger | None = None,
+        virtual: VirtualKeyLookup | None = None,
     ) -> KeyStore:
         """Keys from EDGE_API_KEYS and the file named by EDGE_API_KEYS_FILE (both may be set),
         the admin key from EDGE_ADMIN_KEY. A named key file that cannot be read, or holds no key,
@@ -215,7 +237,7 @@ class KeyStore:
             log.error(message)
             raise KeyConfigError(message)
         admin_key = environ.get(ADMIN_KEY_ENV, "").strip() or None
-        return cls(keys, admin_key, config, log)
+        return cls(keys, admin_key, config, log, virtual)
 
     @staticmethod
     def _index(user_keys: Iterable[tuple[str | None, str]]) -> tuple[KeyEntry, ...]:
@@ -250,7 +272,9 @@ class KeyStore:
 
     @property
     def is_open(self) -> bool:
-        return not self._entries
+        """No key at all: neither a configured one nor an unrevoked virtual one. The first
+        virtual key made closes an open API."""
+        return not self._entries and not (self.virtual is not None and self.virtual.has_keys)
 
     @property
     def key_ids(self) -> tuple[str, ...]:
@@ -288,9 +312,12 @@ class KeyStore:
                 code="missing_api_key",
             )
         entry = self._match(token)
-        if entry is None:
+        if entry is not None:
+            return Principal(entry.key_id, self._limits[entry.key_id])
+        virtual = self.virtual.principal(key_digest(token)) if self.virtual else None
+        if virtual is None:
             raise AuthenticationError("invalid API key")
-        return Principal(entry.key_id, self._limits[entry.key_id])
+        return virtual
 
     def authorize_admin(self, authorization: str | None, path: str = "/admin") -> Principal:
         """The caller of an /admin route: 404 when no admin key is configured, 401 without a
@@ -305,6 +332,8 @@ class KeyStore:
             )
         if self._is_admin(token):
             return Principal(ADMIN_KEY_ID, UNLIMITED, is_admin=True)
-        if self._match(token) is not None:
+        if self._match(token) is not None or (
+            self.virtual is not None and self.virtual.principal(key_digest(token)) is not None
+        ):
             raise PermissionDeniedError("this key may not use the admin API")
         raise AuthenticationError("invalid admin key")

@@ -95,15 +95,16 @@ class ChatService(ModelService):
         use_cache: bool = True,
     ) -> Answer[ChatCompletion]:
         """A whole answer; a deterministic one is cached when `use_cache`."""
-        model = self._begin(chat, telemetry)
-        messages, params, quota = self.admission.admit_chat(chat, ctx.principal)
+        admitted = await self.admission.admit_chat(
+            chat, self._begin(chat, telemetry), ctx, telemetry
+        )
+        model, messages, params, quota, fallback = admitted
         features = chat_features(chat)
         call = HandleCall("complete_choices", (messages, params, ctx.traceparent, features))
         used_tokens = 0
         try:
-            cached = await self.cached.lookup(
-                "chat", chat, ctx, cacheable=use_cache and is_deterministic(chat)
-            )
+            cacheable = use_cache and is_deterministic(chat) and not fallback
+            cached = await self.cached.lookup("chat", chat, ctx, cacheable=cacheable)
             if cached.hit is not None:
                 completion, trace = cached.hit, await self.edge.nearest(model.name, ctx, telemetry)
             else:
@@ -144,8 +145,10 @@ class ChatService(ModelService):
         and an error has a real status; after it, the route turns errors into an error event.
         `notice` hears if the edge waits for a cold replica meanwhile. The key's tokens are
         settled when the stream ends, fails or is abandoned."""
-        model = self._begin(chat, telemetry)
-        messages, params, quota = self.admission.admit_chat(chat, ctx.principal)
+        admitted = await self.admission.admit_chat(
+            chat, self._begin(chat, telemetry), ctx, telemetry
+        )
+        model, messages, params, quota, _ = admitted
         features = chat_features(chat)
         call = HandleCall("stream", (messages, params, ctx.traceparent, features), stream=True)
         try:

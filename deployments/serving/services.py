@@ -25,6 +25,7 @@ from deployments.serving.caching import CachedAnswers
 from deployments.serving.chat import ChatService
 from deployments.serving.dashboard import DashboardService, RegionsSource, TrafficShare
 from deployments.serving.drills import FaultDrills
+from deployments.serving.gateway_admin import GatewayAdmin
 from deployments.serving.models import (
     DeploymentState,
     DeploymentStates,
@@ -32,6 +33,7 @@ from deployments.serving.models import (
     ServedModel,
 )
 from deployments.serving.texts import EmbeddingService, ModerationService
+from deployments.state.gateway import GatewayState
 from edge_sim.network import EdgeNetwork
 
 
@@ -46,8 +48,10 @@ class RouterServices:
     dashboard: DashboardService
     pools: RegionPools
     deployment_states: DeploymentStates
+    gateway: GatewayAdmin  # the admin API of keys, logs and usage
     observability: RouterObservability | None = None
     warm_pool: Any | None = None  # deployments.warm_pool's handle, None when it is off
+    state: GatewayState | None = None  # keys, budgets and the request log; None when off
 
     async def readiness(self) -> dict[str, Any]:
         states = await self.deployment_states()
@@ -75,6 +79,7 @@ def build_services(
     regions: RegionsSource | None = None,
     open_gate_classifier: OpenClassifier = open_embedded_classifier,
     cache_store: SharedStore | None = None,
+    state: GatewayState | None = None,
 ) -> RouterServices:
     """`handles`: model -> region -> the handle of that model's deployment in that region.
     `control`: the edge-control deployment, where routers share region state and drills.
@@ -83,7 +88,8 @@ def build_services(
     /admin/regions from edge-control when there is one; None: the cluster as one region).
     `open_gate_classifier`: opens the moderation gate's model in this process when it is small
     enough to (tests pass a fake). `cache_store`: the response cache's shared tier
-    (`open_cache_store`; None: this process's memory alone)."""
+    (`open_cache_store`; None: this process's memory alone). `state`: the gateway's database
+    (virtual keys' budgets, the admin API of keys, logs and usage); None: off."""
     router, edge_config = config.router, config.edge
     deployments: dict[str, dict[str, str]] = {}
     for deployment, (model, region) in config.model_deployments().items():
@@ -128,7 +134,12 @@ def build_services(
         )
     )
     security = config.security
-    admission = Admission(RateLimiter(clock=clock, share=rate_limit_share), security.request_limits)
+    admission = Admission(
+        RateLimiter(clock=clock, share=rate_limit_share),
+        security.request_limits,
+        catalogue,
+        budgets=state.budgets if state is not None else None,
+    )
     gate_config = security.moderation_gate
 
     async def deployment_flags(texts: list[str]) -> list[bool]:
@@ -171,4 +182,6 @@ def build_services(
         deployment_states=deployment_states,
         observability=observability,
         warm_pool=warm_pool,
+        state=state,
+        gateway=GatewayAdmin(catalogue, state),
     )

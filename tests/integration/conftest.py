@@ -18,7 +18,9 @@ import pytest
 import yaml
 
 from deployments.config import CLUSTER_SERVE_ENV, without_regions
+from deployments.state.config import DATABASE_URL_ENV
 from edgectl.local_cluster import LocalCluster, free_port, wait_until
+from edgectl.local_services import PostgresServer, ServiceUnavailable
 
 REPO = Path(__file__).resolve().parents[2]
 # Replicas inherit the environment their node was started with: API keys and the admin API.
@@ -48,12 +50,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @dataclass
 class ServeCluster:
-    """The session's own Ray cluster (see edgectl.local_cluster) running the edge app."""
+    """The session's own Ray cluster (see edgectl.local_cluster) running the edge app, its
+    gateway state on a PostgreSQL of its own (None where the machine has none: SQLite)."""
 
     ray: LocalCluster
     base_url: str
     config_path: Path
     config: dict[str, Any]
+    postgres: PostgresServer | None = None
 
     @property
     def env(self) -> dict[str, str]:
@@ -141,9 +145,20 @@ def serve_cluster(
     models_root: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServeCluster]:
     """Its own Ray (temp dir, free ports, own process groups), stopped by its own process ids:
-    another Ray on this machine is never touched."""
+    another Ray on this machine is never touched. The routers keep gateway state in a
+    PostgreSQL of the session's own (EDGE_DATABASE_URL), so a test can kill the database under
+    load; SQLite, the default, is covered by the unit tests."""
     TRACES_FILE.unlink(missing_ok=True)
-    ray = LocalCluster.start(num_cpus=4, env=CLUSTER_ENV)
+    postgres = _session_postgres()
+    env = dict(CLUSTER_ENV)
+    if postgres is not None:
+        env[DATABASE_URL_ENV] = postgres.dsn
+    try:
+        ray = LocalCluster.start(num_cpus=4, env=env)
+    except BaseException:
+        if postgres is not None:
+            postgres.remove()
+        raise
     try:
         http_port = free_port()
         config = scaled_down(
@@ -152,11 +167,14 @@ def serve_cluster(
             http_port,
             tmp_path_factory.mktemp("data"),
         )
+        # Never the repository's data/ (a developer's own gateway state lives there).
+        config["applications"][0]["args"]["data_dir"] = str(tmp_path_factory.mktemp("data"))
         cluster = ServeCluster(
             ray,
             f"http://127.0.0.1:{http_port}",
             tmp_path_factory.mktemp("serve") / "serve_config.yaml",
             config,
+            postgres,
         )
         cluster.deploy(config, attempts=3)  # the first deploy also starts Serve
         wait_until(
@@ -173,6 +191,19 @@ def serve_cluster(
         yield cluster
     finally:
         ray.stop()
+        if postgres is not None:
+            postgres.remove()
+
+
+def _session_postgres() -> PostgresServer | None:
+    """The cluster's PostgreSQL; None where the machine has no server binaries (CI has them,
+    and there their absence fails the session)."""
+    try:
+        return PostgresServer.start()
+    except ServiceUnavailable:
+        if os.environ.get("CI") == "true":
+            raise
+        return None
 
 
 def kimi_burst_after_idle(

@@ -3,13 +3,16 @@ auth of its data, what the data holds after traffic, and the page in a real head
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -23,7 +26,11 @@ from deployments.observability.access_log import configure_access_logger
 from deployments.security import KeyStore
 from deployments.serving.models import DeploymentState
 from deployments.serving.services import RouterServices, build_services
+from deployments.state.gateway import GatewayState
+from deployments.state.request_log import RequestLog, RequestRecord
+from deployments.state.sqlite import SqliteDatabase
 
+T = TypeVar("T")
 ADMIN_KEY = "admin-secret"
 USER_KEY = "sk-user"
 ENV = {"EDGE_ADMIN_KEY": ADMIN_KEY, "EDGE_API_KEYS": f"alice:{USER_KEY}"}
@@ -224,3 +231,77 @@ def test_the_page_asks_for_the_key_and_keeps_it_in_the_session(chromium):
         assert stored == ADMIN_KEY
         page.reload()
         page.wait_for_selector("#colos circle[data-state]", timeout=5_000)  # no second prompt
+
+
+def apart(coroutine: Callable[[], Awaitable[T]]) -> T:
+    """Run a coroutine on a loop of its own thread: Playwright's sync API holds this one's."""
+    with ThreadPoolExecutor(1) as thread:
+        return thread.submit(asyncio.run, coroutine()).result()  # type: ignore[arg-type]
+
+
+def test_the_page_shows_the_request_log_and_usage_with_filters(chromium, tmp_path):
+    """Gateway state on (SQLite): rows written by another router replica to the same file are on
+    the page, newest first; a status filter and the usage table follow the admin API."""
+    config = app_config()
+    state = GatewayState.build(
+        config.state,
+        SqliteDatabase(tmp_path / "gateway.sqlite3"),
+        config.security,
+        config.observability.prices,
+    )
+    assert apart(state.ensure_ready)
+    now = time.time()
+    day = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%d")
+    rows = [
+        RequestRecord(
+            ts=now - 10 + i, day=day, request_id=f"req-{i}", key_id="alice", endpoint="/v1/x",
+            model="glm", region="eu", colo="FRA", route_reason="nearest",
+            status=429 if i == 2 else 200, stream=False, input_tokens=7, output_tokens=5,
+            cost_units=0.0 if i == 2 else 0.5, latency_ms=12.0, ttft_ms=None,
+            cold_start_ms=None, cache=None, error_type=None,
+        )
+        for i in range(3)
+    ]  # fmt: skip
+
+    async def other_replica_writes() -> None:
+        database = SqliteDatabase(tmp_path / "gateway.sqlite3")
+        await RequestLog(database).write(rows)
+        await database.close()
+
+    apart(other_replica_writes)
+    router = build_services(
+        config,
+        in_every_region(config, fake_handles()),
+        keys=KeyStore.from_env(ENV, config.security, virtual=state.follower),
+        deployment_states=FakeServe(),
+        state=state,
+    )
+    with served(make_app(config, router)) as base_url:
+        page = chromium.new_page(viewport={"width": 1400, "height": 1400})
+        errors: list[str] = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(f"{base_url}/dashboard#key={ADMIN_KEY}")
+        page.wait_for_selector('#log-rows tr[data-request-id="req-0"]', timeout=10_000)
+        shown = page.eval_on_selector_all(
+            "#log-rows tr[data-request-id]", "rs => rs.map(r => r.dataset.requestId)"
+        )
+        assert shown == ["req-2", "req-1", "req-0"]
+        usage = page.locator('#usage tr[data-key="alice"][data-model="glm"] td')
+        assert usage.nth(3).inner_text() == "3" and usage.nth(6).inner_text() == "1.000000"
+
+        page.fill("#log-status", "4xx")
+        page.click("#log-apply")
+        page.wait_for_selector('#log-rows tr[data-request-id="req-1"]', state="detached")
+        assert page.eval_on_selector_all(
+            "#log-rows tr[data-request-id]", "rs => rs.map(r => r.dataset.requestId)"
+        ) == ["req-2"]
+        assert errors == []
+    apart(state.database.close)
+
+
+def test_the_page_says_when_gateway_state_is_off(chromium):
+    with served(make_app(app_config(), services())) as base_url:
+        page = chromium.new_page()
+        page.goto(f"{base_url}/dashboard#key={ADMIN_KEY}")
+        page.wait_for_selector("#state-note:not([hidden])", timeout=10_000)
+        assert "gateway state is off" in page.inner_text("#state-note")

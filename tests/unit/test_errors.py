@@ -45,6 +45,9 @@ EXPECTED_STATUS: dict[type[ServingError], int] = {
     errors.RegionFaultError: 503,
     errors.WaitBudgetExceededError: 503,
     errors.InternalServerError: 500,
+    errors.BudgetExceededError: 429,
+    errors.KeyNotFoundError: 404,
+    errors.StateUnavailableError: 503,
 }
 
 
@@ -193,6 +196,8 @@ EXPECTED_HEADER_NAMES: dict[type[ServingError], set[str]] = {
     errors.WaitBudgetExceededError: {"retry-after"},
     errors.BusyError: {"retry-after"},
     errors.MethodNotAllowedError: {"allow"},
+    errors.BudgetExceededError: {"retry-after", "x-ratelimit-remaining-requests"},
+    errors.StateUnavailableError: {"retry-after"},
 }
 
 

@@ -21,6 +21,7 @@ import yaml
 from deployments import k8s
 from deployments.k8s import pod_security, secrets
 from deployments.security import ADMIN_KEY_ENV, API_KEYS_FILE_ENV, KeyConfigError, KeyStore
+from deployments.state.config import DATABASE_URL_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"
@@ -141,7 +142,7 @@ def test_the_router_reads_its_keys_from_the_secret_wherever_it_may_run(
     head, workers = groups[0], groups[1:]
     assert not k8s.hosts_replicas(head) and all(k8s.hosts_replicas(g) for g in workers)
     for container in head["template"]["spec"]["containers"]:
-        assert not {API_KEYS_FILE_ENV, ADMIN_KEY_ENV} & _env(container).keys()
+        assert not {API_KEYS_FILE_ENV, ADMIN_KEY_ENV, DATABASE_URL_ENV} & _env(container).keys()
     for group in workers:
         pod = group["template"]["spec"]
         volumes = {v["name"]: v for v in pod["volumes"]}
@@ -158,6 +159,8 @@ def test_the_router_reads_its_keys_from_the_secret_wherever_it_may_run(
             assert secret["defaultMode"] == 0o440
             admin = env[ADMIN_KEY_ENV]["valueFrom"]["secretKeyRef"]
             assert (admin["name"], admin["key"]) == (secrets.ADMIN_KEY.secret, "admin-key")
+            database = env[DATABASE_URL_ENV]["valueFrom"]["secretKeyRef"]
+            assert database == {"name": "ray-edge-ai-database", "key": "url", "optional": True}
 
 
 def test_ray_token_auth_uses_the_token_secret(
@@ -183,6 +186,7 @@ def test_example_secrets_are_core_v1_secrets_with_the_keys_the_pods_read(
         "ray-edge-ai-ray-token": {"auth_token"},
         "ray-edge-ai-redis": {"password"},
         "ray-edge-ai-api-keys": {"api-keys", "admin-key"},
+        "ray-edge-ai-database": {"url"},
     }
     for doc in examples.values():
         assert (doc["apiVersion"], doc["kind"], doc["type"]) == ("v1", "Secret", "Opaque")

@@ -24,5 +24,9 @@ def test_every_measured_endpoint_answers_through_the_real_app() -> None:
     assert result["goals"]["embedding_router_app_cpu_us"]["value"] > 0
     # Not measured, so not judged: no replica goal without the cluster.
     assert "router_cpu_per_embedding_request" not in result["goals"]
+    ledger = result["in_process"]["ledger"]
+    assert ledger["records_written"] == 2 * (1 + 2)  # per endpoint: its check request + a round
+    assert ledger["embeddings_float"]["on_cpu_us"] > 0 and ledger["chat"]["off_cpu_us"] > 0
+    assert result["goals"]["ledger_router_cpu_ratio"]["value"] > 0
     for name, encoded in result["in_process"]["encoders"].items():
         assert encoded["fast_bytes"] > 0 and encoded["legacy_bytes"] > 0, name

@@ -1,5 +1,6 @@
 // The live edge map: polls /admin/dashboard-data every second with the admin key, draws colos
-// on the world outline (/dashboard/world.json), runs fault drills through /admin/colos/*.
+// on the world outline (/dashboard/world.json), runs fault drills through /admin/colos/*; the
+// request log and usage (/admin/logs, /admin/usage) every few seconds.
 // The key lives in sessionStorage (this tab only) or arrives in the URL fragment (#key=...),
 // which browsers never send to the server.
 "use strict";
@@ -7,13 +8,19 @@
 const KEY_STORE = "ray-edge-ai.admin-key";
 const POLL_MS = 1000;
 const ADMIN_OFF_POLL_MS = 5000;
+const STATE_POLL_MS = 5000;
+const LOG_PAGE_ROWS = 50;
+const USAGE_DAYS = 7;
 const NEW_EVENT_S = 10;
 const SVG = "http://www.w3.org/2000/svg";
 const STATE_LABEL = { healthy: "healthy", degraded: "region unhealthy", down: "drilled down" };
 
 const $ = (id) => document.getElementById(id);
 let pollTimer = null;
+let stateTimer = null;
 let drawnColos = "";
+let logBefore = null; // the shown page's before_id (null: the newest rows)
+let logNext = null; // the next older page's before_id (null: none)
 
 function adminKey() {
   return sessionStorage.getItem(KEY_STORE);
@@ -227,6 +234,95 @@ function drawKeys(keys) {
   $("keys").replaceChildren(...rows);
 }
 
+// ---- request log and usage -----------------------------------------------------------------
+
+const LOG_COLUMNS = [
+  ["time", (r) => new Date(r.ts * 1000).toLocaleTimeString()], ["key", (r) => r.key_id],
+  ["model", (r) => r.model], ["status", (r) => String(r.status)], ["colo", (r) => r.colo],
+  ["region", (r) => r.region], ["route", (r) => r.route_reason],
+  ["tokens in/out", (r) => `${r.input_tokens}/${r.output_tokens}`],
+  ["cost", (r) => r.cost_units.toFixed(6)], ["latency", (r) => `${Math.round(r.latency_ms)} ms`],
+  ["cache", (r) => r.cache], ["request id", (r) => r.request_id],
+];
+
+function logPath() {
+  const query = new URLSearchParams({ limit: String(LOG_PAGE_ROWS) });
+  for (const [name, id] of [["key_id", "log-key"], ["model", "log-model"], ["status", "log-status"]]) {
+    const value = $(id).value.trim();
+    if (value) query.set(name, value);
+  }
+  if (logBefore !== null) query.set("before_id", String(logBefore));
+  return "/admin/logs?" + query;
+}
+
+function stateNote(text) {
+  $("state-note").textContent = text || "";
+  $("state-note").hidden = !text;
+}
+
+function drawLog(rows) {
+  const head = el("tr");
+  for (const [title] of LOG_COLUMNS) head.appendChild(el("th", {}, title));
+  const drawn = [head, ...rows.map((row) => {
+    const tr = el("tr", { "data-id": row.id, "data-request-id": row.request_id });
+    for (const [title, value] of LOG_COLUMNS) {
+      const cell = el("td", {}, value(row) ?? "");
+      if (title === "status" && row.status >= 400) cell.classList.add("error-status");
+      tr.appendChild(cell);
+    }
+    return tr;
+  })];
+  if (!rows.length) {
+    const empty = el("tr");
+    empty.appendChild(el("td", { class: "dim", colspan: LOG_COLUMNS.length }, "no request matches"));
+    drawn.push(empty);
+  }
+  $("log-rows").replaceChildren(...drawn);
+}
+
+function drawUsage(rows) {
+  const head = el("tr");
+  for (const title of ["day", "key", "model", "requests", "input tokens", "output tokens", "cost units"]) {
+    head.appendChild(el("th", {}, title));
+  }
+  const drawn = [head, ...rows.map((row) => {
+    const tr = el("tr", { "data-day": row.day, "data-key": row.key_id, "data-model": row.model });
+    for (const value of [row.day, row.key_id, row.model]) tr.appendChild(el("td", {}, value ?? ""));
+    for (const value of [row.requests, row.input_tokens, row.output_tokens]) {
+      tr.appendChild(el("td", { class: "num" }, String(value)));
+    }
+    tr.appendChild(el("td", { class: "num" }, row.cost_units.toFixed(6)));
+    return tr;
+  })];
+  $("usage").replaceChildren(...drawn);
+}
+
+async function refreshState() {
+  clearTimeout(stateTimer);
+  stateTimer = setTimeout(refreshState, STATE_POLL_MS);
+  if (!adminKey() || $("board").hidden) return;
+  const since = Date.now() / 1000 - USAGE_DAYS * 86400;
+  let logs, usage;
+  try {
+    [logs, usage] = await Promise.all([api("GET", logPath()), api("GET", `/admin/usage?since=${since}`)]);
+  } catch (error) {
+    stateNote(`request log unreachable (${error.message})`);
+    return;
+  }
+  if (!logs.ok || !usage.ok) {
+    const failed = logs.ok ? usage : logs;
+    const answer = await failed.json().catch(() => ({}));
+    stateNote((answer.error && answer.error.message) || `HTTP ${failed.status}`);
+    return;
+  }
+  const page = await logs.json();
+  stateNote(null);
+  logNext = page.next_cursor;
+  $("log-older").disabled = logNext === null;
+  drawLog(page.data);
+  drawUsage((await usage.json()).data);
+}
+
 // ---- polling and drills -------------------------------------------------------------------
 
 function schedule(ms) {
@@ -262,6 +358,7 @@ async function refresh() {
   drawKeys(data.keys);
   setStatus(`updated ${new Date(data.generated_at_unix * 1000).toLocaleTimeString()}`);
   document.body.dataset.updatedAt = String(data.generated_at_unix);
+  if (stateTimer === null) refreshState(); // the board is up: its request log too
   schedule(POLL_MS);
 }
 
@@ -299,6 +396,13 @@ function start() {
   $("drill-form").addEventListener("submit", (event) => { event.preventDefault(); drill("POST"); });
   $("drill-clear").addEventListener("click", () => drill("DELETE"));
   $("drill-colo").addEventListener("change", highlightSelected);
+  $("log-filter").addEventListener("submit", (event) => {
+    event.preventDefault();
+    logBefore = null;
+    refreshState();
+  });
+  $("log-newest").addEventListener("click", () => { logBefore = null; refreshState(); });
+  $("log-older").addEventListener("click", () => { logBefore = logNext; refreshState(); });
   drawWorld().catch((error) => setStatus(`world map failed: ${error.message}`, true));
   refresh();
 }

@@ -1,0 +1,83 @@
+"""The `state:` settings (serve_config.yaml `args.state`): where the gateway keeps its keys,
+budgets and request log, and how records reach the database (docs/gateway-state.md)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# The database URL, when set, wins over `state.database_url`: on Kubernetes it comes from a
+# Secret, and a password never belongs in serve_config.yaml.
+DATABASE_URL_ENV = "EDGE_DATABASE_URL"
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+BudgetWhenStoreDown = Literal["admit", "refuse"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LedgerConfig(_Strict):
+    """The usage ledger and request log: one row per model request, written behind the
+    request path in batches."""
+
+    queue_max_records: int = Field(
+        default=10_000,
+        ge=1,
+        le=10_000_000,
+        description="records held while the database is slow or down (the batch being written "
+        "included); past it new records are dropped and counted",
+    )
+    batch_max_records: int = Field(default=500, ge=1, le=100_000)
+    flush_interval_s: float = Field(
+        default=0.5, gt=0, le=60, description="the longest a record waits for its batch"
+    )
+    retry_max_s: float = Field(
+        default=5.0, gt=0, le=300, description="the longest wait between tries while it fails"
+    )
+    retention_days: float = Field(
+        default=30.0, gt=0, le=3650, description="rows older than this are pruned"
+    )
+    prune_interval_s: float = Field(default=3600.0, gt=0, le=86_400)
+
+
+class StateConfig(_Strict):
+    """Gateway state. No `database_url` (and no EDGE_DATABASE_URL): an embedded SQLite file
+    under `data_dir`, enough for one machine; PostgreSQL to share it across nodes."""
+
+    enabled: bool = True
+    database_url: str | None = Field(
+        default=None,
+        description="postgresql://... (EDGE_DATABASE_URL wins); none: SQLite under data_dir",
+    )
+    sqlite_file: str = Field(default="gateway.sqlite3", min_length=1)
+    connect_timeout_s: float = Field(default=5.0, gt=0, le=120)
+    statement_timeout_s: float = Field(default=5.0, gt=0, le=600)
+    keys_poll_interval_s: float = Field(
+        default=0.25,
+        gt=0,
+        le=60,
+        description="how often each router replica checks whether the keys table changed",
+    )
+    budget_reserve_timeout_s: float = Field(
+        default=0.5,
+        gt=0,
+        le=30,
+        description="the longest a request of a key with a budget waits for its reservation",
+    )
+    budget_when_store_down: BudgetWhenStoreDown = Field(
+        default="admit",
+        description="a key with a budget while the database does not answer: admit (served, "
+        "spend counted once it is back) or refuse (503)",
+    )
+    ledger: LedgerConfig = LedgerConfig()
+
+    @field_validator("database_url")
+    @classmethod
+    def _postgres_only(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(POSTGRES_SCHEMES):
+            # Never echo it: it may hold a password.
+            raise ValueError("only postgresql:// URLs (leave it out for the SQLite file)")
+        return url

@@ -1,0 +1,390 @@
+"""The gateway's store on both backends, the same tests each: SQLite in a temp file, and a real
+PostgreSQL (a database of its own on the session's server). Migrations, the request log and
+usage, virtual keys, and budgets reserved by several routers at once against one database."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from deployments.errors import BudgetExceededError
+from deployments.observability import ModelPrice
+from deployments.security import Principal, RateLimits, SecurityConfig
+from deployments.security.config import KeyBudget
+from deployments.state.budgets import BudgetGuard, SpendAdmission
+from deployments.state.config import StateConfig
+from deployments.state.database import Database, StoreUnavailable
+from deployments.state.gateway import GatewayState
+from deployments.state.migrations import MIGRATIONS, Migration, migrate
+from deployments.state.postgres import PostgresDatabase, numbered_placeholders
+from deployments.state.request_log import LogFilter, RequestLog, RequestRecord
+from deployments.state.spend import KeySpend, PeriodSpend, period_of
+from deployments.state.sqlite import SqliteDatabase
+from deployments.state.virtual_keys import NewKey, VirtualKeys
+
+T = TypeVar("T")
+DAY_S = 86_400.0
+NOW = 1_764_633_600.0  # 2025-12-02 00:00 UTC
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def open_db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], Database]]:
+    """Opens a database on the backend (several may be open at once: several routers)."""
+    if request.param == "sqlite":
+        path = tmp_path / "state.sqlite3"
+        yield lambda: SqliteDatabase(path)
+    else:
+        dsn = request.getfixturevalue("postgres_database")
+        yield lambda: PostgresDatabase(dsn)
+
+
+def run(open_db: Callable[[], Database], scenario: Callable[[Database], Awaitable[T]]) -> T:
+    async def main() -> T:
+        database = open_db()
+        try:
+            await migrate(database, NOW)
+            return await scenario(database)
+        finally:
+            await database.close()
+
+    return asyncio.run(main())
+
+
+def record(**changes: Any) -> RequestRecord:
+    base = RequestRecord(
+        ts=NOW + 10,
+        day="2025-12-02",
+        request_id="req-1",
+        key_id="team-a",
+        endpoint="/v1/chat/completions",
+        model="glm",
+        region="eu",
+        colo="FRA",
+        route_reason="nearest",
+        status=200,
+        stream=True,
+        input_tokens=12,
+        output_tokens=30,
+        cost_units=0.5,
+        latency_ms=120.5,
+        ttft_ms=20.25,
+        cold_start_ms=None,
+        cache=None,
+        error_type=None,
+    )
+    return replace(base, **changes)
+
+
+def test_migrations_apply_once_in_order_and_are_recorded(open_db: Callable[[], Database]):
+    async def scenario(db: Database) -> None:
+        assert await migrate(db, NOW) == []  # run() applied them: nothing left
+        rows = await db.fetch("SELECT version, name FROM schema_migrations ORDER BY version")
+        assert [r[0] for r in rows] == [m.version for m in MIGRATIONS]
+        extra = Migration(99, "a later concern", ("CREATE TABLE later (id TEXT)",))
+        assert await migrate(db, NOW, [*MIGRATIONS, extra]) == [99]
+        assert await migrate(db, NOW, [*MIGRATIONS, extra]) == []
+        assert await db.fetch("SELECT COUNT(*) FROM later") == [(0,)]
+
+    run(open_db, scenario)
+
+
+def test_two_routers_migrating_at_once_apply_each_migration_once(
+    open_db: Callable[[], Database],
+):
+    async def main() -> list[list[int]]:
+        first, second = open_db(), open_db()
+        try:
+            return list(await asyncio.gather(migrate(first, NOW), migrate(second, NOW)))
+        finally:
+            await first.close()
+            await second.close()
+
+    applied = asyncio.run(main())
+    versions = [m.version for m in MIGRATIONS]
+    assert sorted(applied, key=len) == [[], versions]
+
+
+def test_a_failed_migration_leaves_nothing_half_done(open_db: Callable[[], Database]):
+    broken = Migration(50, "broken", ("CREATE TABLE half (id TEXT)", "NOT SQL AT ALL"))
+
+    async def scenario(db: Database) -> None:
+        with pytest.raises(Exception):  # noqa: B017 - each driver's own syntax error
+            await migrate(db, NOW, [*MIGRATIONS, broken])
+        assert await migrate(db, NOW) == []
+        versions = await db.fetch("SELECT version FROM schema_migrations")
+        assert 50 not in {row[0] for row in versions}
+        with pytest.raises(Exception):  # noqa: B017 - the table was rolled back
+            await db.fetch("SELECT * FROM half")
+
+    run(open_db, scenario)
+
+
+def test_request_log_pages_filters_and_totals(open_db: Callable[[], Database]):
+    async def scenario(db: Database) -> None:
+        log = RequestLog(db)
+        records = [
+            record(request_id=f"r{i}", ts=NOW + i, key_id="a" if i % 2 else "b", status=200)
+            for i in range(7)
+        ] + [
+            record(
+                request_id="limited",
+                ts=NOW + 8,
+                key_id="b",
+                status=429,
+                cost_units=0.0,
+                stream=False,
+            ),
+            record(
+                request_id="tomorrow",
+                ts=NOW + DAY_S,
+                day="2025-12-03",
+                key_id="a",
+                model="embedding",
+            ),
+        ]
+        await log.write(records)
+
+        first = await log.page(LogFilter(), limit=4)
+        assert [r["request_id"] for r in first.rows] == ["tomorrow", "limited", "r6", "r5"]
+        assert first.rows[1]["stream"] is False and first.rows[0]["stream"] is True
+        second = await log.page(LogFilter(), limit=4, before_id=first.next_cursor)
+        third = await log.page(LogFilter(), limit=4, before_id=second.next_cursor)
+        seen = [r["request_id"] for page in (first, second, third) for r in page.rows]
+        assert sorted(seen) == sorted(r.request_id for r in records if r.request_id)
+        assert third.next_cursor is None
+
+        assert {r["request_id"] for r in (await log.page(LogFilter(status="4xx"), 10)).rows} == {
+            "limited"
+        }
+        by_key = await log.page(LogFilter(key_id="a", until_s=NOW + 5), 10)
+        assert [r["request_id"] for r in by_key.rows] == ["r3", "r1"]
+        assert [r["request_id"] for r in (await log.page(LogFilter(model="embedding"), 10)).rows]
+        assert (await log.page(LogFilter(since_s=NOW + 8), 10)).rows[-1]["request_id"] == "limited"
+
+        usage = await log.usage(LogFilter())
+        totals = {(u.day, u.key_id, u.model): u for u in usage}
+        assert totals[("2025-12-02", "a", "glm")].requests == 3
+        assert totals[("2025-12-02", "b", "glm")].requests == 5  # 4 + the 429
+        assert totals[("2025-12-02", "b", "glm")].cost_units == pytest.approx(2.0)
+        assert totals[("2025-12-03", "a", "embedding")].input_tokens == 12
+        assert usage[0].day == "2025-12-03"  # newest day first
+
+        assert await log.prune(NOW + 5) == 5
+        assert len((await log.page(LogFilter(), 100)).rows) == 4
+
+    run(open_db, scenario)
+
+
+def test_virtual_keys_store_only_a_digest_and_follow_a_version(open_db: Callable[[], Database]):
+    async def scenario(db: Database) -> None:
+        keys = VirtualKeys(db)
+        start = await keys.version()
+        spec = NewKey(
+            name="team-a",
+            models=["glm"],
+            requests_per_minute=5,
+            budget=KeyBudget(cost_units=10, period="day", fallback_model="kimi"),
+            expires_at=NOW + DAY_S,
+        )
+        key, secret = await keys.create(spec, NOW)
+        assert secret.startswith("sk-edge-") and key.id.startswith("vk-")
+        stored = await db.fetch("SELECT * FROM api_keys")
+        assert secret not in repr(stored)
+        assert await keys.version() == start + 1
+        assert (await keys.get(key.id)) == key
+        assert key.budget == spec.budget and key.models == ("glm",)
+
+        new_secret = await keys.rotate(key.id)
+        assert new_secret is not None and new_secret != secret
+        assert await keys.version() == start + 2
+        assert await keys.revoke(key.id, NOW + 1)
+        assert await keys.revoke(key.id, NOW + 2)  # twice: still revoked, at the first time
+        assert await keys.version() == start + 3
+        assert (await keys.get(key.id)).revoked_at == NOW + 1  # type: ignore[union-attr]
+        assert await keys.unrevoked() == []
+        assert await keys.rotate(key.id) is None
+        assert not await keys.revoke("vk-nope", NOW)
+        assert [k.id for k in await keys.all()] == [key.id]
+
+    run(open_db, scenario)
+
+
+def test_a_budget_is_reserved_atomically_and_settled_with_the_records(
+    open_db: Callable[[], Database],
+):
+    period, _ = period_of("day", NOW)
+
+    async def scenario(db: Database) -> dict[str, PeriodSpend]:
+        spend = KeySpend(db)
+        assert await spend.reserve("k", period, 4.0, budget=10.0)
+        assert await spend.reserve("k", period, 6.0, budget=10.0)
+        assert not await spend.reserve("k", period, 0.5, budget=10.0)  # 10 reserved
+        assert not await spend.reserve("new", period, 11.0, budget=10.0)  # larger than it all
+        # The first request cost 1.0 of its 4.0: the rest is released with its record.
+        await RequestLog(db).write(
+            [record(key_id="k", cost_units=1.0, budget_period=period, reserved_cost_units=4.0)]
+        )
+        assert await spend.reserve("k", period, 3.0, budget=10.0)
+        return await spend.of_period({"k": period, "new": period})
+
+    spent = run(open_db, scenario)
+    assert spent == {"k": PeriodSpend(spent=1.0, reserved=9.0)}
+
+
+def test_routers_reserving_together_never_admit_past_the_budget(
+    open_db: Callable[[], Database],
+):
+    """Four routers (each its own connection to the one database) race 20 requests each for a
+    budget that holds 25: exactly 25 are admitted, however they interleave."""
+    period, _ = period_of("month", NOW)
+
+    async def main() -> tuple[int, list[Any]]:
+        routers = [open_db() for _ in range(4)]
+        try:
+            await migrate(routers[0], NOW)
+            attempts = [
+                KeySpend(db).reserve("shared", period, 1.0, budget=25.0)
+                for db in routers
+                for _ in range(20)
+            ]
+            admitted = sum(await asyncio.gather(*attempts))
+            return admitted, await routers[0].fetch("SELECT spent, reserved FROM key_spend")
+        finally:
+            for db in routers:
+                await db.close()
+
+    admitted, rows = asyncio.run(main())
+    assert admitted == 25
+    assert rows == [(0.0, 25.0)]
+
+
+def test_postgres_placeholders_are_numbered_in_order():
+    assert numbered_placeholders("a = ? AND b IN (?, ?)") == "a = $1 AND b IN ($2, $3)"
+
+
+def test_an_unreachable_database_is_store_unavailable(tmp_path: Path):
+    async def main() -> None:
+        gone = PostgresDatabase(
+            "postgresql://edge:x@127.0.0.1:1/edge", connect_timeout_s=2, statement_timeout_s=2
+        )
+        with pytest.raises(StoreUnavailable):
+            await migrate(gone, NOW)
+        await gone.close()
+        (tmp_path / "dir.sqlite3").mkdir()  # a folder where the file should be
+        blocked = SqliteDatabase(tmp_path / "dir.sqlite3")
+        with pytest.raises(StoreUnavailable):
+            await migrate(blocked, NOW)
+        await blocked.close()
+
+    asyncio.run(main())
+
+
+def test_sqlite_runs_in_wal_mode(tmp_path: Path):
+    run(lambda: SqliteDatabase(tmp_path / "wal.sqlite3"), lambda db: asyncio.sleep(0))
+    with sqlite3.connect(tmp_path / "wal.sqlite3") as connection:
+        assert connection.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+def test_routers_overshoot_a_budget_by_no_more_than_their_requests_in_flight(
+    open_db: Callable[[], Database],
+):
+    """Three routers, each its own BudgetGuard and connection on the one database, serve waves
+    of 4 concurrent requests per router until the budget refuses them. Every request really
+    costs 1.5x its estimate, settled after the wave (its ledger records): the spend ends within
+    the budget plus what the requests of one wave underestimated, the bound the docs give."""
+    budget, estimate, actual, wave = 20.0, 1.0, 1.5, 4
+    principal = Principal("shared", RateLimits(), budget=KeyBudget(cost_units=budget))
+    prices = {"glm": ModelPrice(per_request=estimate)}
+
+    async def main() -> tuple[float, int]:
+        routers = [open_db() for _ in range(3)]
+        try:
+            await migrate(routers[0], NOW)
+            guards = [
+                BudgetGuard(
+                    KeySpend(db), prices, reserve_timeout_s=30, when_store_down="refuse",
+                    wall_clock=lambda: NOW,
+                )
+                for db in routers
+            ]  # fmt: skip
+            served = 0
+            while True:
+                tries = [g.admit(principal, "glm", 1, 1) for g in guards for _ in range(wave)]
+                results = await asyncio.gather(*tries, return_exceptions=True)
+                admitted = [r for r in results if isinstance(r, SpendAdmission)]
+                if not admitted:
+                    assert all(isinstance(r, BudgetExceededError) for r in results)
+                    break
+                served += len(admitted)
+                await RequestLog(routers[0]).write(
+                    [
+                        record(
+                            key_id="shared",
+                            cost_units=actual,
+                            budget_period=a.period,
+                            reserved_cost_units=a.reserved_cost_units,
+                        )
+                        for a in admitted
+                    ]  # fmt: skip
+                )
+            spend = await KeySpend(routers[0]).of_period({"shared": period_of("month", NOW)[0]})
+            return spend["shared"].spent, served
+        finally:
+            for db in routers:
+                await db.close()
+
+    spent, served = asyncio.run(main())
+    in_flight = 3 * wave
+    assert spent == pytest.approx(served * actual)
+    assert budget < spent <= budget + in_flight * (actual - estimate)
+
+
+def test_postgres_killed_while_two_routers_write_loses_no_record(postgres_server: Any):
+    """Two routers' gateway state (their own pools) writing every 0.5 s while the server is
+    killed (SIGKILL) and restarted: every record offered is in the database afterwards, none
+    dropped. (A connection the server dropped mid-operation was once reused and its batch lost.)"""
+    config = StateConfig(connect_timeout_s=2, statement_timeout_s=2, ledger={"retry_max_s": 1.0})  # type: ignore[arg-type]
+
+    async def main() -> tuple[int, int, list[int]]:
+        states = [
+            GatewayState.build(config, PostgresDatabase(postgres_server.dsn, 2, 2),
+                               SecurityConfig(), {})
+            for _ in range(2)
+        ]  # fmt: skip
+        for state in states:
+            assert await state.ensure_ready()
+            state.start()
+        offered = 0
+
+        async def produce(seconds: float) -> None:
+            nonlocal offered
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                for state in states:
+                    offered += 1
+                    assert state.writer.offer(record(request_id=f"r{offered}"))
+                await asyncio.sleep(0.02)
+
+        await produce(1.5)
+        postgres_server.kill()
+        await produce(3)
+        await asyncio.to_thread(postgres_server.restart)
+        await produce(2)
+        deadline = time.monotonic() + 60
+        while any(s.writer.held for s in states) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        found = await states[0].database.fetch("SELECT COUNT(DISTINCT request_id) FROM request_log")
+        for state in states:
+            await state.close()
+        return offered, int(found[0][0]), [s.writer.dropped for s in states]
+
+    offered, in_database, dropped = asyncio.run(main())
+    assert dropped == [0, 0]
+    assert in_database == offered
