@@ -129,6 +129,7 @@ class EdgeDispatcher:
         """Run `call` on the handle of the region the plan picks, failing over on 5xx."""
         await self.pools.ready()
         entry, skipped, client, plan = self.plan(model, origin)
+        self.pools.note_demand(model, self.regions.home(entry.colo_id))
         if plan.wake is not None:
             self.pools.wake(model, plan.wake)
         arrived_at = self.clock.unix()

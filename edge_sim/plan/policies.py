@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edge_sim.plan.autoscaler import PoolSpec
-from edge_sim.plan.prewarm import PredictivePrewarm, PrewarmConfig
 from edge_sim.plan.simulator import (
     FloorPolicy,
     RegionOutage,
@@ -19,6 +18,7 @@ from edge_sim.plan.simulator import (
 )
 from edge_sim.plan.trace import Trace
 from edge_sim.plan.world import World
+from edge_sim.prewarm import PredictivePrewarm, PrewarmConfig
 
 Specs = Mapping[Any, PoolSpec]
 
@@ -114,7 +114,7 @@ def predictive(config: PrewarmConfig | None = None) -> Policy:
     return Policy(
         "predictive",
         floor=lambda world, trace: PredictivePrewarm(
-            config, [(m, r) for m in trace.models for r in world.region_names]
+            config, config.keys(trace.models, world.region_names)
         ),
         description=(
             f"one replica while max(same time yesterday, EWMA) expects >= "

@@ -18,7 +18,6 @@ from edge_sim.plan.policies import (
     predictive,
     scale_to_zero,
 )
-from edge_sim.plan.prewarm import PrewarmConfig
 from edge_sim.plan.simulator import (
     COLD_START_NO_WARM_POOL_S,
     COLD_START_S,
@@ -27,6 +26,7 @@ from edge_sim.plan.simulator import (
 )
 from edge_sim.plan.trace import Burst, Trace, TraceSpec, generate, read_loadtest_records
 from edge_sim.plan.world import World, synthetic_world
+from edge_sim.prewarm import PrewarmConfig
 from edge_sim.validation import EdgeConfigError
 from edgectl.loadtest.regions import DEFAULT_REGIONS
 from edgectl.plan.config import KeepWarmFloor, ServePlanConfig, load_serve_config
@@ -48,7 +48,7 @@ pre-warming on the shipped 3 regions, two days of office-hours traffic, figures 
 
 policies: config (serve_config.yaml as it is), zero:SECONDS (downscale_to_zero_delay_s),
 min:N (min_replicas), keep-warm:START-END (local hours per region), schedule (the config's own
-KeepWarm windows), predictive[:MIN_EXPECTED:LOOKAHEAD_S] (edge_sim/plan/prewarm.py).
+KeepWarm windows), predictive[:MIN_EXPECTED:LOOKAHEAD_S] (edge_sim/prewarm.py).
 """
 
 

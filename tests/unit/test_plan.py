@@ -12,11 +12,11 @@ import pytest
 from edge_sim.config import EdgeConfig
 from edge_sim.plan.autoscaler import AutoscalingSpec, PoolSpec, ServeAutoscaler
 from edge_sim.plan.policies import compare, predictive, scale_to_zero
-from edge_sim.plan.prewarm import PredictivePrewarm, PrewarmConfig
 from edge_sim.plan.simulator import RegionOutage, SimSettings, Simulator
 from edge_sim.plan.summary import totals
 from edge_sim.plan.trace import Trace, TraceChunk, TraceSpec, generate, read_loadtest_records
 from edge_sim.plan.world import Origin, World, synthetic_world
+from edge_sim.prewarm import PredictivePrewarm, PrewarmConfig
 from edgectl.loadtest.records import EdgeHeaders, RequestRecord, write_csv
 
 THREE_REGIONS = {
