@@ -24,13 +24,13 @@ from edge_sim.plan.simulator import (
     SERVICE_MS,
     RegionOutage,
 )
-from edge_sim.plan.trace import Burst, Trace, TraceSpec, generate, read_loadtest_records
+from edge_sim.plan.trace import Burst, TraceSpec, generate
 from edge_sim.plan.world import World, synthetic_world
 from edge_sim.prewarm import PrewarmConfig
 from edge_sim.validation import EdgeConfigError
-from edgectl.loadtest.regions import DEFAULT_REGIONS
 from edgectl.plan.config import KeepWarmFloor, ServePlanConfig, load_serve_config
 from edgectl.plan.report import REPORT_MD, write_plan_report
+from edgectl.plan.sources import SOURCES, replay_source
 
 EXAMPLE = """\
 worked example (a day of 1M requests over 300 colos and 20 regions, a region down for an hour
@@ -208,17 +208,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "edge plan") -> int:
 
 
 def _trace_factory(args: argparse.Namespace, world: World, config: ServePlanConfig, bursts):
-    if args.trace.startswith("records:"):
-        positions = {r.name: (r.lat, r.lon) for r in DEFAULT_REGIONS}
-        path = args.trace.removeprefix("records:")
-        read_loadtest_records(path, positions)  # fail early
-
-        def records() -> Trace:
-            return read_loadtest_records(path, positions)[0]
-
-        return records
+    replayed = replay_source(args.trace, config.edge)
+    if replayed is not None:
+        return replayed
     if args.trace not in ("diurnal", "follow-the-sun", "flat"):
-        raise ValueError(f"--trace {args.trace!r}: diurnal, follow-the-sun, flat or records:PATH")
+        raise ValueError(
+            f"--trace {args.trace!r}: diurnal, follow-the-sun, flat or "
+            + " or ".join(f"{name}:PATH" for name in SOURCES)
+        )
     spec = TraceSpec(
         requests=args.requests,
         duration_s=args.hours * 3600,

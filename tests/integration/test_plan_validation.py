@@ -18,10 +18,10 @@ from conftest import kimi_burst_after_idle
 
 from edge_sim.plan.simulator import Simulator
 from edge_sim.plan.stats import percentile_ms
-from edge_sim.plan.trace import read_loadtest_records
 from edge_sim.plan.world import World
 from edgectl.loadtest.regions import DEFAULT_REGIONS
 from edgectl.plan.config import load_serve_config
+from edgectl.plan.sources.loadtest import read_loadtest_records
 
 
 def _live_starts_from_zero(replicas_csv, deployment: str) -> int:

@@ -12,12 +12,14 @@ import pytest
 from edge_sim.config import EdgeConfig
 from edge_sim.plan.autoscaler import AutoscalingSpec, PoolSpec, ServeAutoscaler
 from edge_sim.plan.policies import compare, predictive, scale_to_zero
+from edge_sim.plan.replay import ReplayedRequest, replay_trace
 from edge_sim.plan.simulator import RegionOutage, SimSettings, Simulator
 from edge_sim.plan.summary import totals
-from edge_sim.plan.trace import Trace, TraceChunk, TraceSpec, generate, read_loadtest_records
+from edge_sim.plan.trace import Trace, TraceChunk, TraceSpec, generate
 from edge_sim.plan.world import Origin, World, synthetic_world
 from edge_sim.prewarm import PredictivePrewarm, PrewarmConfig
 from edgectl.loadtest.records import EdgeHeaders, RequestRecord, write_csv
+from edgectl.plan.sources.loadtest import read_loadtest_records
 
 THREE_REGIONS = {
     "eu": {"lat": 50.1109, "lon": 8.6821},
@@ -214,6 +216,22 @@ def test_load_tester_records_replay_as_a_trace(tmp_path: Path):
         csv.writer(handle).writerows([["seq", "when"], ["1", "x"]])
     with pytest.raises(ValueError, match="not a load tester record"):
         read_loadtest_records(path, positions)
+
+
+def test_a_replayed_trace_is_in_time_order_whatever_order_its_source_read():
+    requests = [
+        ReplayedRequest(2.0, "glm", "b"),
+        ReplayedRequest(0.5, "kimi", "a"),
+        ReplayedRequest(1.0, "glm", "a"),
+    ]
+    trace = replay_trace(requests, {"a": (0.0, 0.0), "b": (10.0, 10.0)})
+    (chunk,) = list(trace.chunks())
+    assert chunk.t_s.tolist() == [0.5, 1.0, 2.0]
+    assert [trace.models[m] for m in chunk.model] == ["kimi", "glm", "glm"]
+    assert [trace.origins[o].name for o in chunk.origin] == ["a", "a", "b"]
+    assert trace.duration_s == 3.0 and trace.expected_requests == 3
+    with pytest.raises(ValueError, match=r"log: origins without a position: \['b'\]"):
+        replay_trace(requests, {"a": (0.0, 0.0)}, source="log")
 
 
 def test_forecaster_wakes_a_region_ahead_of_yesterdays_morning():

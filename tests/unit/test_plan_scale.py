@@ -52,3 +52,10 @@ def test_edge_plan_writes_a_report_and_refuses_an_unknown_region(tmp_path: Path,
     assert (out / "replicas_over_time.png").stat().st_size > 1000
     assert plan_main(["--outage", "mars:1:1", "--out", str(out)]) == 2
     assert "unknown regions ['mars']" in capsys.readouterr().err
+
+
+def test_edge_plan_names_the_trace_sources_it_knows(tmp_path: Path, capsys):
+    assert plan_main(["--trace", "gateway:db", "--out", str(tmp_path)]) == 2
+    assert "diurnal, follow-the-sun, flat or records:PATH" in capsys.readouterr().err
+    assert plan_main(["--trace", f"records:{tmp_path / 'none.csv'}", "--out", str(tmp_path)]) == 2
+    assert "none.csv" in capsys.readouterr().err
