@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from edge_sim.faults import ColoFault
 from edge_sim.plan.autoscaler import PoolSpec
 from edge_sim.plan.simulator import (
     FloorPolicy,
@@ -130,12 +131,21 @@ def compare(
     policies: Sequence[Policy],
     settings: SimSettings | None = None,
     outages: Sequence[RegionOutage] = (),
+    colo_faults: Mapping[str, Sequence[ColoFault]] | None = None,
 ) -> list[tuple[Policy, SimulationResult]]:
-    """Every policy on the same trace (a factory: a trace streams once, so one per run)."""
+    """Every policy on the same trace (a factory: a trace streams once, so one per run) and the
+    same drills."""
     results = []
     for policy in policies:
         trace = trace_factory()
         floor = policy.floor(world, trace) if policy.floor else None
-        sim = Simulator(world, policy.specs(base), settings, outages=outages, policy=floor)
+        sim = Simulator(
+            world,
+            policy.specs(base),
+            settings,
+            outages=outages,
+            colo_faults=colo_faults,
+            policy=floor,
+        )
         results.append((policy, sim.run(trace)))
     return results

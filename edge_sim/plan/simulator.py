@@ -10,16 +10,23 @@ request waits for it. Each pool is `replicas x max_ongoing_requests` slots, firs
 served, with a fixed service time per model. Serve's autoscaler (`ServeAutoscaler`) runs every
 metrics interval on each busy pool; the board snapshot is refreshed every `sync_s`.
 
-Routing is cached, exactly: `ColoRanker.rank` is a pure function of (model, client position)
-when no colo is drilled, and `plan_regions` a pure function of (reachable regions, pool views,
-cold-start estimate); the planner keeps one plan per (model, origin) and drops a model's plans
-whenever its snapshot changes, so a cached decision is the decision the code would make.
+Colo drills are the router's own: `ColoFault` plans (the config's `edge.faults` and the run's
+own) in an `edge_sim.faults.FaultBook` on the virtual clock; a colo down or slowed changes the
+ranking, one failing a share of requests passes them to the next entry colo (a seeded draw), and
+a request no entry colo takes is shed, as the dispatcher does.
+
+Routing is cached, exactly: `ColoRanker.rank` is a pure function of (model, client position,
+active drills), and `plan_regions` a pure function of (reachable regions, pool views, cold-start
+estimate); the planner keeps one plan per (model, origin, entry colo) and drops plans whenever
+their inputs change (a snapshot, a drill starting or ending), so a cached decision is the
+decision the code would make.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,13 +36,15 @@ from typing import Protocol, cast
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from edge_sim.faults import ColoFault, FaultBook
 from edge_sim.geo import ClientLocation
 from edge_sim.plan.autoscaler import PoolSpec, ServeAutoscaler
 from edge_sim.plan.stats import N_BINS, bin_of
 from edge_sim.plan.trace import Trace
-from edge_sim.plan.world import World
+from edge_sim.plan.world import Origin, World
 from edge_sim.region_board import Outcome, RegionBoard
 from edge_sim.regions import PoolView, plan_regions
+from edge_sim.routing import NoColoAvailableError, RouteCandidate
 
 # Measured defaults (README "Cold start from zero" and the models suite, this 2-core machine):
 # zero replicas to the first response through the router with the warm worker pool, p50 per
@@ -155,11 +164,20 @@ class SimulationResult:
         return self.pools[(model, region)].replica_s * self.cost_per_replica_s.get(model, 1.0)
 
 
+@dataclass(frozen=True, slots=True)
+class _Drills:
+    """The colo drills active now: down, slowed (extra RTT ms), failing a share of requests."""
+
+    down: list[str] = field(default_factory=list)
+    added_latency_ms: dict[str, float] = field(default_factory=dict)
+    failing: set[str] = field(default_factory=set)
+
+
 def _routing_state(views: Mapping[str, PoolView]) -> dict[str, tuple[bool, bool, bool]]:
     return {region: (v.warm, v.ejected, v.saturated) for region, v in views.items()}
 
 
-_READY, _TICK, _SYNC, _OUTAGE, _POLICY, _TIMER = range(6)
+_READY, _TICK, _SYNC, _OUTAGE, _POLICY, _TIMER, _DRILL = range(7)
 
 
 class Simulator:
@@ -172,8 +190,11 @@ class Simulator:
         settings: SimSettings | None = None,
         *,
         outages: Sequence[RegionOutage] = (),
+        colo_faults: Mapping[str, Sequence[ColoFault]] | None = None,
         policy: FloorPolicy | None = None,
     ):
+        """colo_faults: drills set at t = 0 (their start_after_s: when into the trace), on top
+        of the config's `edge.faults`."""
         self.world = world
         self.settings = settings or SimSettings()
         self._specs = specs
@@ -182,6 +203,12 @@ class Simulator:
         unknown = sorted({o.region for o in self._outages} - set(world.region_names))
         if unknown:
             raise ValueError(f"outages: unknown regions {unknown}")
+        self._colo_faults = {colo: list(faults) for colo, faults in world.edge.faults.items()}
+        for colo, faults in (colo_faults or {}).items():
+            self._colo_faults.setdefault(colo, []).extend(faults)
+        unknown = sorted(set(self._colo_faults) - set(world.ranker.colo_ids))
+        if unknown:
+            raise ValueError(f"colo faults: unknown colos {unknown}")
 
     def _spec(self, model: str, region: str) -> PoolSpec:
         specs = self._specs
@@ -216,6 +243,7 @@ class Simulator:
         self._pools = pools
         self._model_index = {m: i for i, m in enumerate(models)}
         self._plan_cache: list[dict[int, tuple]] = [{} for _ in models]
+        self._entries: dict[int, list[RouteCandidate]] = {}
         self._events: list[tuple[float, int, int, object]] = []
         self._seq = 0
         self._tick_pending = self._sync_pending = False
@@ -225,7 +253,7 @@ class Simulator:
         self._dirty: dict[str, set[str]] = {m: set(regions) for m in models}
         self._views: dict[str, dict[str, PoolView]] = {m: {} for m in models}
         self._cold_ms: dict[str, float] = {}
-        measure_from = settings.measure_from_s
+        measure_from = measured_from = settings.measure_from_s
         self._measure_from = measure_from
         for pool in pools.values():
             start = pool.spec.autoscaling_config.start_replicas
@@ -254,7 +282,6 @@ class Simulator:
         failed_attempts: dict[tuple[str, str], int] = {}
         plan_cache = self._plan_cache
         model_of = dict(enumerate(models))
-        reachable_cache: dict[tuple[int, int], list[tuple[str, float]]] = {}
         origins = trace.origins
         service_s = [settings.service_ms.get(m, settings.default_service_ms) / 1000 for m in models]
         rng = np.random.default_rng(settings.seed)
@@ -266,18 +293,51 @@ class Simulator:
         failed_ms = settings.failed_attempt_ms
         tick_s = self._tick_s
 
-        def plan_for(origin: int, m: int) -> tuple:
-            key = (origin, m)
-            reachable = reachable_cache.get(key)
-            model = model_of[m]
-            if reachable is None:
+        faults = FaultBook(
+            world.ranker.colo_ids, lambda: self._now, random.Random(f"{world.edge.seed}:faults")
+        )
+        for colo, plans in self._colo_faults.items():
+            for fault in plans:
+                scheduled = faults.add(colo, fault)
+                self._push(scheduled.starts_at, _DRILL, None)
+                if math.isfinite(scheduled.ends_at):
+                    self._push(scheduled.ends_at, _DRILL, None)
+        self._faults = faults
+        self._apply_drills()
+        entry_slots = world.edge.routing.max_candidates + 1  # k = len(entries): none took it
+        entries_cache = self._entries
+
+        def entries_for(origin: int, m: int) -> list[RouteCandidate]:
+            """The ranked entry colos of this origin and model under the drills now."""
+            key = origin * len(models) + m
+            entries = entries_cache.get(key)
+            if entries is None:
                 o = origins[origin]
-                entry = world.ranker.rank(model, ClientLocation(o.lat, o.lon, "header"))[0]
-                reachable = [
-                    (region, entry.rtt_ms + backhaul_ms)
-                    for region, backhaul_ms in world.regions.from_colo(entry.colo_id)
-                ]
-                reachable_cache[key] = reachable
+                drill = self._drill
+                try:
+                    entries = world.ranker.rank(
+                        model_of[m],
+                        ClientLocation(o.lat, o.lon, "header"),
+                        unavailable=drill.down,
+                        added_latency_ms=drill.added_latency_ms,
+                    )
+                except NoColoAvailableError:
+                    entries = []
+                entries_cache[key] = entries
+            return entries
+
+        def plan_for(origin: int, m: int, k: int) -> tuple | None:
+            """Attempts (pool, RTT), the pool to wake and the home region, through the k-th
+            entry colo; None when there is no such colo (every one drilled down)."""
+            entries = entries_for(origin, m)
+            if k >= len(entries):
+                return None
+            model = model_of[m]
+            entry = entries[k]
+            reachable = [
+                (region, entry.rtt_ms + backhaul_ms)
+                for region, backhaul_ms in world.regions.from_colo(entry.colo_id)
+            ]
             plan = plan_regions(
                 reachable,
                 self._views[model],
@@ -304,13 +364,25 @@ class Simulator:
                 m = model_ids[i]
                 origin = origin_ids[i]
                 arrivals += 1
+                entry_k = 0
+                if self._drill.failing:
+                    # A colo drilled to fail a share passes those requests to the next one.
+                    entries = entries_for(origin, m)
+                    while entry_k < len(entries) and faults.should_fail(entries[entry_k].colo_id):
+                        entry_k += 1
                 cache = plan_cache[m]
-                plan = cache.get(origin) if settings.cache_routes else None
+                slot = origin * entry_slots + entry_k
+                plan = cache.get(slot) if settings.cache_routes else None
                 if plan is None:
-                    plan = plan_for(origin, m)
+                    plan = plan_for(origin, m, entry_k)
                     computed += 1
+                    if plan is None:
+                        if measured_from <= now:
+                            shed = (model_of[m], self._home_of(origins[origin], model_of[m]))
+                            sheds[shed] = sheds.get(shed, 0) + 1
+                        continue
                     if settings.cache_routes:
-                        cache[origin] = plan
+                        cache[slot] = plan
                 else:
                     hits += 1
                 attempts, wake, home = plan
@@ -416,6 +488,8 @@ class Simulator:
             elif kind == _SYNC:
                 self._sync_pending = False
                 self._sync(at)
+            elif kind == _DRILL:
+                self._apply_drills()
             elif kind == _OUTAGE:
                 region, down = cast(tuple[str, bool], payload)
                 for outage_pool in self._pools.values():
@@ -431,6 +505,26 @@ class Simulator:
                         pool.floor = floor
                         self._heat(pool, at)
                 self._push(at + self._policy.interval_s, _POLICY, None)
+
+    def _apply_drills(self) -> None:
+        """The drills active now, as the router's network reads them per request; entry colos
+        and plans routed under the previous ones are dropped."""
+        effects = self._faults.active_effects()
+        self._drill = _Drills(
+            down=[colo for colo, e in effects.items() if e.down],
+            added_latency_ms={
+                c: e.added_latency_ms for c, e in effects.items() if e.added_latency_ms
+            },
+            failing={colo for colo, e in effects.items() if e.error_rate},
+        )
+        self._entries.clear()
+        for cache in self._plan_cache:
+            cache.clear()
+
+    def _home_of(self, origin: Origin, model: str) -> str:
+        """The region of the origin's nearest colo without drills (where a shed is counted)."""
+        nearest = self.world.ranker.rank(model, ClientLocation(origin.lat, origin.lon, "header"))
+        return self.world.regions.home(nearest[0].colo_id)
 
     def _tick(self, k: int) -> None:
         """Serve's control loop, on the pools with something to decide."""

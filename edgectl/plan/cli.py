@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from deployments.config import ConfigError
+from edge_sim.faults import ColoFault
 from edge_sim.plan.policies import (
     Policy,
     always_warm,
@@ -46,6 +47,11 @@ pre-warming on the shipped 3 regions, two days of office-hours traffic, figures 
   edge plan --trace follow-the-sun --hours 48 --measure-from-h 24 --requests 40000 \\
       --trough 0 --policy config --policy predictive --policy min:1 --out prewarm-out
 
+a colo drill (the admin API's fault JSON): FRA down for an hour at noon, AMS 80 ms slower:
+
+  edge plan --colo-fault 'FRA:{"down": true, "start_after_s": 43200, "duration_s": 3600}' \\
+      --colo-fault 'AMS:{"added_latency_ms": 80}' --policy config --out drill-out
+
 policies: config (serve_config.yaml as it is), zero:SECONDS (downscale_to_zero_delay_s),
 min:N (min_replicas), keep-warm:START-END (local hours per region), schedule (the config's own
 KeepWarm windows), predictive[:MIN_EXPECTED:LOOKAHEAD_S] (edge_sim/prewarm.py).
@@ -78,6 +84,14 @@ def build_parser(prog: str = "edge plan") -> argparse.ArgumentParser:
     trace.add_argument("--seed", type=int, default=0)
     run = parser.add_argument_group("simulation")
     run.add_argument("--outage", action="append", default=[], metavar="REGION:START_S:DURATION_S")
+    run.add_argument(
+        "--colo-fault",
+        action="append",
+        default=[],
+        metavar="COLO:FAULT_JSON",
+        help="a colo drill, the admin API's and the load tester's fault JSON, e.g. "
+        '\'FRA:{"down": true, "start_after_s": 43200, "duration_s": 3600}\' (repeatable)',
+    )
     run.add_argument("--policy", action="append", default=[], help="repeatable; see below")
     run.add_argument(
         "--no-warm-pool", action="store_true", help="cold starts without the warm worker pool"
@@ -105,6 +119,31 @@ def _fields(value: str, what: str, n: int) -> list[str]:
     if len(parts) != n:
         raise ValueError(f"{what}: expected {n} ':'-separated fields, got {value!r}")
     return parts
+
+
+def parse_colo_faults(values: Sequence[str]) -> dict[str, list[ColoFault]]:
+    """`--colo-fault COLO:JSON`s, a colo's faults in the order given (faults at a colo combine)."""
+    faults: dict[str, list[ColoFault]] = {}
+    for value in values:
+        colo, colon, body = value.partition(":")
+        if not colon or not colo:
+            raise ValueError(f"--colo-fault: expected COLO:FAULT_JSON, got {value!r}")
+        try:
+            fault = ColoFault.model_validate_json(body)
+        except ValueError as error:
+            raise ValueError(f"--colo-fault {value!r}: {_short(error)}") from None
+        faults.setdefault(colo, []).append(fault)
+    return faults
+
+
+def _short(error: ValueError) -> str:
+    errors = getattr(error, "errors", None)
+    if errors is None:
+        return str(error)
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or 'fault'}: {e['msg']}"
+        for e in errors(include_url=False)
+    )
 
 
 def parse_policy(text: str, config: ServePlanConfig) -> Policy:
@@ -173,6 +212,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "edge plan") -> int:
             raise ValueError(
                 f"--outage: unknown regions {unknown}; known: {', '.join(world.region_names)}"
             )
+        colo_faults = parse_colo_faults(args.colo_fault)
+        unknown = sorted(set(colo_faults) - set(world.ranker.colo_ids))
+        if unknown:
+            raise ValueError(f"--colo-fault: unknown colos {unknown}")
         bursts = [
             Burst(start_s=float(s), duration_s=float(d), factor=float(f))
             for s, d, f in (_fields(b, "--burst", 3) for b in args.burst)
@@ -184,7 +227,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "edge plan") -> int:
         print(f"{prog}: {error}", file=sys.stderr)
         return 2
     started = time.perf_counter()
-    runs = compare(world, trace_factory, specs, policies, settings, outages)
+    runs = compare(world, trace_factory, specs, policies, settings, outages, colo_faults)
     first = runs[0][1]
     params = {
         "config": args.config,
@@ -194,6 +237,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "edge plan") -> int:
         "colos": len(world.topology.colos),
         "regions": list(world.region_names),
         "outages": [o.model_dump() for o in outages],
+        "colo_faults": {c: [f.model_dump() for f in fs] for c, fs in colo_faults.items()},
         "seed": args.seed,
         "simulated_in_s": round(time.perf_counter() - started, 2),
     }

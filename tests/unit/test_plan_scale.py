@@ -3,6 +3,7 @@ day of ten million, with its time and memory, is benchmarks/plan_scale.py)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from benchmarks.plan_scale import MODELS, SHIPPED
@@ -59,3 +60,16 @@ def test_edge_plan_names_the_trace_sources_it_knows(tmp_path: Path, capsys):
     assert "diurnal, follow-the-sun, flat or records:PATH" in capsys.readouterr().err
     assert plan_main(["--trace", f"records:{tmp_path / 'none.csv'}", "--out", str(tmp_path)]) == 2
     assert "none.csv" in capsys.readouterr().err
+
+
+def test_edge_plan_takes_colo_drills_as_the_admin_api_writes_them(tmp_path: Path, capsys):
+    out = tmp_path / "drill"
+    drill = 'FRA:{"down": true, "start_after_s": 3600, "duration_s": 1800}'
+    assert plan_main(["--requests", "2000", "--hours", "3", "--colo-fault", drill,
+                      "--out", str(out)]) == 0  # fmt: skip
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["params"]["colo_faults"]["FRA"][0]["duration_s"] == 1800
+    assert plan_main(["--colo-fault", 'XXX:{"down": true}', "--out", str(out)]) == 2
+    assert "--colo-fault: unknown colos ['XXX']" in capsys.readouterr().err
+    assert plan_main(["--colo-fault", 'FRA:{"slow": 1}', "--out", str(out)]) == 2
+    assert "slow: Extra inputs are not permitted" in capsys.readouterr().err
