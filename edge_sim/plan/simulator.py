@@ -28,6 +28,7 @@ import heapq
 import math
 import random
 import time
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from heapq import heappop, heappush, heapreplace
@@ -39,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from edge_sim.faults import ColoFault, FaultBook
 from edge_sim.geo import ClientLocation
 from edge_sim.plan.autoscaler import PoolSpec, ServeAutoscaler
-from edge_sim.plan.stats import N_BINS, bin_of
+from edge_sim.plan.stats import N_BINS, bins_of
 from edge_sim.plan.trace import Trace
 from edge_sim.plan.world import Origin, World
 from edge_sim.region_board import Outcome, RegionBoard
@@ -120,10 +121,11 @@ class _Pool:
     __slots__ = (
         "model", "region", "spec", "scaler", "per_replica", "max_queued", "running", "target",
         "pending", "slots", "in_system", "down", "floor", "stats", "last_t", "cold_start_s",
-        "watch_until", "hot", "timer_token",
+        "watch_until", "hot", "timer_token", "index",
     )  # fmt: skip
 
-    def __init__(self, model: str, region: str, spec: PoolSpec, cold_start_s: float):
+    def __init__(self, index: int, model: str, region: str, spec: PoolSpec, cold_start_s: float):
+        self.index = index  # position in the run's pools (rows of its per-chunk tallies)
         self.model, self.region, self.spec = model, region, spec
         self.scaler = ServeAutoscaler(spec.autoscaling_config)
         self.per_replica = spec.max_ongoing_requests
@@ -173,8 +175,38 @@ class _Drills:
     failing: set[str] = field(default_factory=set)
 
 
-def _routing_state(views: Mapping[str, PoolView]) -> dict[str, tuple[bool, bool, bool]]:
-    return {region: (v.warm, v.ejected, v.saturated) for region, v in views.items()}
+def _routing_state(view: PoolView | None) -> tuple[bool, bool, bool]:
+    """What plan_regions reads of a pool (a missing view is plan_regions' empty one)."""
+    view = view or PoolView()
+    return view.warm, view.ejected, view.saturated
+
+
+def plan_inputs(
+    reachable: Sequence[tuple[str, float]],
+    views: Mapping[str, PoolView],
+    candidates: int,
+    budget_ms: float,
+) -> Sequence[str]:
+    """The regions whose pool views `plan_regions(reachable, views, ...)` depends on: walking
+    the reachable regions in order, up to the one where it has `candidates` regions with room
+    and its detour scan is settled (the head warm, or past `budget_ms` of extra RTT). A region
+    past that cannot change the plan: ejected or full it only drops out of or moves behind a
+    list already long enough; warm or cold it is beyond the detour's reach. Conservative (the
+    budget's boundary included); every region when no such point is reached."""
+    empty = PoolView()
+    with_room = 0
+    head_rtt: float | None = None
+    head_warm = False
+    for index, (region, rtt_ms) in enumerate(reachable):
+        view = views.get(region, empty)
+        if not view.ejected and not view.saturated:
+            with_room += 1
+            if head_rtt is None:
+                head_rtt, head_warm = rtt_ms, view.warm
+        settled = head_rtt is not None and (head_warm or rtt_ms - head_rtt > budget_ms)
+        if with_room >= candidates and settled:
+            return [name for name, _ in reachable[: index + 1]]
+    return [name for name, _ in reachable]
 
 
 _READY, _TICK, _SYNC, _OUTAGE, _POLICY, _TIMER, _DRILL = range(7)
@@ -232,18 +264,21 @@ class Simulator:
         self._board = board
         pools = {
             (m, r): _Pool(
+                i * len(regions) + j,
                 m,
                 r,
                 self._spec(m, r),
                 settings.cold_start_s.get(m, settings.default_cold_start_s),
             )
-            for m in models
-            for r in regions
+            for i, m in enumerate(models)
+            for j, r in enumerate(regions)
         }
         self._pools = pools
         self._model_index = {m: i for i, m in enumerate(models)}
         self._plan_cache: list[dict[int, tuple]] = [{} for _ in models]
         self._entries: dict[int, list[RouteCandidate]] = {}
+        # Per model: region -> plan cache slots whose plan read that region's view.
+        self._plan_deps: list[dict[str, set[int]]] = [{} for _ in models]
         self._events: list[tuple[float, int, int, object]] = []
         self._seq = 0
         self._tick_pending = self._sync_pending = False
@@ -292,6 +327,7 @@ class Simulator:
         timeline_s = settings.timeline_s
         failed_ms = settings.failed_attempt_ms
         tick_s = self._tick_s
+        cache_routes = settings.cache_routes
 
         faults = FaultBook(
             world.ranker.colo_ids, lambda: self._now, random.Random(f"{world.edge.seed}:faults")
@@ -304,6 +340,8 @@ class Simulator:
                     self._push(scheduled.ends_at, _DRILL, None)
         self._faults = faults
         self._apply_drills()
+        # Regions from an entry colo, by RTT (RouteCandidate is a frozen value: one per RTT).
+        reachable_cache: dict[RouteCandidate, list[tuple[str, float]]] = {}
         entry_slots = world.edge.routing.max_candidates + 1  # k = len(entries): none took it
         entries_cache = self._entries
 
@@ -326,37 +364,56 @@ class Simulator:
                 entries_cache[key] = entries
             return entries
 
-        def plan_for(origin: int, m: int, k: int) -> tuple | None:
+        def plan_for(origin: int, m: int, k: int, slot: int | None) -> tuple | None:
             """Attempts (pool, RTT), the pool to wake and the home region, through the k-th
-            entry colo; None when there is no such colo (every one drilled down)."""
+            entry colo; None when there is no such colo (every one drilled down). With a cache
+            `slot`, the plan is kept there until a view it read moves."""
             entries = entries_for(origin, m)
             if k >= len(entries):
                 return None
             model = model_of[m]
             entry = entries[k]
-            reachable = [
-                (region, entry.rtt_ms + backhaul_ms)
-                for region, backhaul_ms in world.regions.from_colo(entry.colo_id)
-            ]
+            reachable = reachable_cache.get(entry)
+            if reachable is None:
+                reachable = reachable_cache[entry] = [
+                    (region, entry.rtt_ms + backhaul_ms)
+                    for region, backhaul_ms in world.regions.from_colo(entry.colo_id)
+                ]
+            views = self._views[model]
+            cold_ms = self._cold_ms.get(model, settings.default_cold_start_ms)
             plan = plan_regions(
                 reachable,
-                self._views[model],
-                cold_start_ms=self._cold_ms.get(model, settings.default_cold_start_ms),
+                views,
+                cold_start_ms=cold_ms,
                 max_extra_rtt_ms=max_extra,
                 max_candidates=attempts_allowed,
             )
             wake = pools[(model, plan.wake)] if plan.wake is not None else None
             attempts = tuple((pools[(model, c.region)], c.rtt_ms) for c in plan.candidates)
-            return attempts, wake, reachable[0][0]
+            found = attempts, wake, reachable[0][0]
+            if slot is not None:
+                plan_cache[m][slot] = found
+                deps = self._plan_deps[m]
+                budget_ms = cold_ms if max_extra is None else max_extra
+                for region in plan_inputs(reachable, views, attempts_allowed, budget_ms):
+                    deps.setdefault(region, set()).add(slot)
+            return found
 
+        # Served requests are tallied per chunk (which request, where, how long) and folded into
+        # the histograms and timeline with numpy at the chunk's end: cheaper than per request.
+        pool_list = list(pools.values())
+        histograms = np.zeros((len(pool_list), N_BINS), dtype=np.int64)
+        pool_region = np.array([region_index[p.region] for p in pool_list], dtype=np.int64)
+        service_by_model = np.array(service_s)
         for chunk in trace.chunks():
             times = chunk.t_s.tolist()
             origin_ids = chunk.origin.tolist()
             model_ids = chunk.model.tolist()
+            service = service_by_model[chunk.model]
             if settings.service_sigma > 0:
-                spread = rng.lognormal(0.0, settings.service_sigma, len(times)).tolist()
-            else:
-                spread = [1.0] * len(times)
+                service = service * rng.lognormal(0.0, settings.service_sigma, len(times))
+            service_time = service.tolist()
+            served_i, served_pool, served_ms = array("q"), array("q"), array("d")
             for i, now in enumerate(times):
                 if events and events[0][0] <= now:
                     self._run_events_until(now, demand)
@@ -372,17 +429,15 @@ class Simulator:
                         entry_k += 1
                 cache = plan_cache[m]
                 slot = origin * entry_slots + entry_k
-                plan = cache.get(slot) if settings.cache_routes else None
+                plan = cache.get(slot) if cache_routes else None
                 if plan is None:
-                    plan = plan_for(origin, m, entry_k)
+                    plan = plan_for(origin, m, entry_k, slot if cache_routes else None)
                     computed += 1
                     if plan is None:
                         if measured_from <= now:
                             shed = (model_of[m], self._home_of(origins[origin], model_of[m]))
                             sheds[shed] = sheds.get(shed, 0) + 1
                         continue
-                    if settings.cache_routes:
-                        cache[slot] = plan
                 else:
                     hits += 1
                 attempts, wake, home = plan
@@ -415,7 +470,7 @@ class Simulator:
                     cold = pool.running == 0
                     free = slots[0]
                     start = free if free > now else now
-                    finish = start + service_s[m] * spread[i]
+                    finish = start + service_time[i]
                     heapreplace(slots, finish)
                     heappush(finishing, finish)
                     # A request that is over before the controller's next sample is never
@@ -427,23 +482,30 @@ class Simulator:
                     if cold:
                         self._note_cold_start(pool, (start - now) * 1000.0)
                     if measured:
-                        stats = pool.stats
-                        stats.requests += 1
                         if cold:
-                            stats.cold += 1
+                            pool.stats.cold += 1
                         elif start > now:
-                            stats.queued += 1
-                        latency_ms = spent_ms + rtt_ms + (finish - now) * 1000.0
-                        stats.histogram[bin_of(latency_ms)] += 1
-                        bucket = int(now / timeline_s)
-                        if bucket < n_buckets:
-                            served_timeline[region_index[pool.region], bucket] += 1
+                            pool.stats.queued += 1
+                        served_i.append(i)
+                        served_pool.append(pool.index)
+                        served_ms.append(spent_ms + rtt_ms + (finish - now) * 1000.0)
                     break
                 else:
                     if measured:
                         k = (model_of[m], home)
                         sheds[k] = sheds.get(k, 0) + 1
+            if served_i:
+                where = np.frombuffer(served_pool, dtype=np.int64)
+                np.add.at(histograms, (where, bins_of(np.frombuffer(served_ms))), 1)
+                buckets = (chunk.t_s[np.frombuffer(served_i, dtype=np.int64)] / timeline_s).astype(
+                    np.int64
+                )
+                inside = buckets < n_buckets
+                np.add.at(served_timeline, (pool_region[where[inside]], buckets[inside]), 1)
         self._run_events_until(trace.duration_s, demand)
+        for pool in pool_list:
+            pool.stats.histogram = histograms[pool.index].tolist()
+            pool.stats.requests = int(histograms[pool.index].sum())
         for pool in pools.values():
             self._account(pool, trace.duration_s)
             pool.stats.timeline.append((trace.duration_s, pool.running, pool.target))
@@ -518,8 +580,9 @@ class Simulator:
             failing={colo for colo, e in effects.items() if e.error_rate},
         )
         self._entries.clear()
-        for cache in self._plan_cache:
+        for cache, deps in zip(self._plan_cache, self._plan_deps, strict=True):
             cache.clear()
+            deps.clear()
 
     def _home_of(self, origin: Origin, model: str) -> str:
         """The region of the origin's nearest colo without drills (where a shed is counted)."""
@@ -579,17 +642,23 @@ class Simulator:
         board = self._board
         still: dict[str, set[str]] = {}
         for model, regions in self._dirty.items():
-            views = dict(self._views[model])
+            before = self._views[model]
+            views = dict(before)
             for region in regions:
                 views[region] = board.pool(model, region)
             cold_ms = board.cold_start_ms(model)
             # plan_regions reads a view's warm, ejected and saturated only (not the count).
-            if _routing_state(views) != _routing_state(self._views[model]) or cold_ms != (
-                self._cold_ms.get(model)
-            ):
-                self._views[model] = views
-                self._cold_ms[model] = cold_ms
-                self._plan_cache[self._model_index[model]].clear()
+            moved = [
+                r for r in regions if _routing_state(views.get(r)) != _routing_state(before.get(r))
+            ]
+            m = self._model_index[model]
+            if cold_ms != self._cold_ms.get(model):
+                self._plan_cache[m].clear()  # the detour budget of every plan moved
+                self._plan_deps[m].clear()
+            else:
+                self._drop_plans(m, moved)
+            self._views[model] = views
+            self._cold_ms[model] = cold_ms
             # Saturation and ejection end on their own time: look again next refresh.
             timed = {
                 r
@@ -603,6 +672,13 @@ class Simulator:
         self._dirty = still
         if still:
             self._schedule_sync(now)
+
+    def _drop_plans(self, m: int, regions: Sequence[str]) -> None:
+        """Forget the cached plans of model index `m` that read any of these regions' views."""
+        cache, deps = self._plan_cache[m], self._plan_deps[m]
+        for region in regions:
+            for slot in deps.pop(region, ()):
+                cache.pop(slot, None)
 
     def _mark_dirty(self, model: str, region: str) -> None:
         self._dirty.setdefault(model, set()).add(region)
