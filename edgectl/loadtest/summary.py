@@ -105,8 +105,9 @@ def replica_summary(
 ) -> dict[str, dict[str, Any]]:
     """Per deployment: sample count, running min/max, running at each phase's start (the last
     sample before it, else the first after it; e.g. 0 at `burst` shows the model had scaled to
-    zero before the burst), and replica-seconds within each phase (each sample's count held
-    until the next sample; nothing after the last)."""
+    zero before the burst), and replica-seconds within each phase: replicas running or starting
+    (a starting replica already holds its share of a node), each sample's count held until the
+    next sample, nothing after the last."""
     by_deployment: dict[str, list[ReplicaSample]] = defaultdict(list)
     for sample in samples:
         by_deployment[sample.deployment].append(sample)
@@ -132,12 +133,13 @@ def replica_summary(
 
 
 def _replica_s(series: Sequence[ReplicaSample], start_s: float, end_s: float) -> float:
-    """Running replicas integrated over [start_s, end_s): a step through sorted samples."""
+    """Replicas running or starting (`wanted`) integrated over [start_s, end_s): a step through
+    sorted samples."""
     total = 0.0
     for sample, following in zip(series, series[1:], strict=False):
         overlap = min(following.t_s, end_s) - max(sample.t_s, start_s)
         if overlap > 0:
-            total += sample.running * overlap
+            total += sample.wanted * overlap
     return total
 
 

@@ -431,10 +431,11 @@ def test_replica_summary_reports_running_at_each_phase_start() -> None:
     summary = replica_summary(samples, phases)["glm"]
     assert summary["running_at_phase_start"] == {"warm": 1, "idle": 1, "burst": 0}
     assert (summary["min_running"], summary["max_running"], summary["max_wanted"]) == (0, 1, 1)
-    # One replica from 0 s to 200 s, none to 320 s, then the last sample (held no further).
-    assert summary["replica_s_by_phase"] == {"warm": 2.0, "idle": 198.0, "burst": 0.0}
+    # One replica from 0 s to 200 s, none to 310 s, one starting from 310 s (it counts), then
+    # the last sample (held no further).
+    assert summary["replica_s_by_phase"] == {"warm": 2.0, "idle": 198.0, "burst": 2.0}
     late = replica_summary(samples, [Phase("late", 100, 330)])["glm"]["replica_s_by_phase"]
-    assert late == {"late": 100.0}
+    assert late == {"late": 110.0}
 
 
 def test_requests_csv_has_one_row_per_request_in_order(tmp_path: Path) -> None:
