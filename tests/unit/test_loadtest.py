@@ -434,6 +434,7 @@ def test_replica_summary_reports_running_at_each_phase_start() -> None:
     # One replica from 0 s to 200 s, none to 310 s, one starting from 310 s (it counts), then
     # the last sample (held no further).
     assert summary["replica_s_by_phase"] == {"warm": 2.0, "idle": 198.0, "burst": 2.0}
+    assert summary["running_replica_s_by_phase"] == {"warm": 2.0, "idle": 198.0, "burst": 0.0}
     late = replica_summary(samples, [Phase("late", 100, 330)])["glm"]["replica_s_by_phase"]
     assert late == {"late": 110.0}
 
