@@ -40,11 +40,13 @@ class PoolHold:
 
     async def _hold_forever(self) -> None:
         while True:
-            response = self._handle.hold.remote(self._hold_s)
+            response = None
             try:
+                response = self._handle.hold.remote(self._hold_s)
                 await response
             except asyncio.CancelledError:
-                response.cancel()  # released: the replica stops holding at once
+                if response is not None:
+                    response.cancel()  # released: the replica stops holding at once
                 raise
             except Exception:  # noqa: BLE001 - a replica that stopped under a hold: hold again
                 self.failures += 1
