@@ -110,10 +110,10 @@ def keep_warm_hours(start_h: float, end_h: float, start_utc_hour: float = 0.0) -
     )
 
 
-def predictive(config: PrewarmConfig | None = None) -> Policy:
+def predictive(config: PrewarmConfig | None = None, name: str = "predictive") -> Policy:
     config = config or PrewarmConfig()
     return Policy(
-        "predictive",
+        name,
         floor=lambda world, trace: PredictivePrewarm(
             config, config.keys(trace.models, world.region_names)
         ),

@@ -27,7 +27,6 @@ from edge_sim.plan.simulator import (
 )
 from edge_sim.plan.trace import Burst, TraceSpec, generate
 from edge_sim.plan.world import World, synthetic_world
-from edge_sim.prewarm import PrewarmConfig
 from edge_sim.validation import EdgeConfigError
 from edgectl.plan.config import KeepWarmFloor, ServePlanConfig, load_serve_config
 from edgectl.plan.report import REPORT_MD, write_plan_report
@@ -52,9 +51,10 @@ a colo drill (the admin API's fault JSON): FRA down for an hour at noon, AMS 80 
   edge plan --colo-fault 'FRA:{"down": true, "start_after_s": 43200, "duration_s": 3600}' \\
       --colo-fault 'AMS:{"added_latency_ms": 80}' --policy config --out drill-out
 
-policies: config (serve_config.yaml as it is), zero:SECONDS (downscale_to_zero_delay_s),
-min:N (min_replicas), keep-warm:START-END (local hours per region), schedule (the config's own
-KeepWarm windows), predictive[:MIN_EXPECTED:LOOKAHEAD_S] (edge_sim/prewarm.py).
+policies: config (serve_config.yaml as it is, edge.prewarm too when enabled), zero:SECONDS
+(downscale_to_zero_delay_s), min:N (min_replicas), keep-warm:START-END (local hours per
+region), schedule (the config's own KeepWarm windows), predictive[:MIN_EXPECTED:LOOKAHEAD_S]
+(edge_sim/prewarm.py, the config's edge.prewarm settings unless given).
 """
 
 
@@ -149,7 +149,10 @@ def _short(error: ValueError) -> str:
 def parse_policy(text: str, config: ServePlanConfig) -> Policy:
     name, _, rest = text.partition(":")
     try:
+        prewarm = config.edge.prewarm  # the config's forecaster settings, on or off
         if name == "config":
+            if prewarm.enabled:  # as deployed: edge-control pre-warms
+                return predictive(prewarm, name="config (pre-warming)")
             return scale_to_zero()
         if name == "zero":
             return scale_to_zero(float(rest))
@@ -160,10 +163,12 @@ def parse_policy(text: str, config: ServePlanConfig) -> Policy:
             return keep_warm_hours(float(start), float(end))
         if name == "predictive":
             if not rest:
-                return predictive()
+                return predictive(prewarm)
             expected, lookahead = rest.split(":")
             return predictive(
-                PrewarmConfig(min_expected=float(expected), lookahead_s=float(lookahead))
+                prewarm.model_copy(
+                    update={"min_expected": float(expected), "lookahead_s": float(lookahead)}
+                )
             )
         if name == "schedule":
             if not config.keep_warm:
