@@ -43,6 +43,7 @@ MODEL = "moderation"  # the cheapest model: the figure is about replicas, not th
 LOAD_KEY = "sk-bench-load-0000"
 HIDDEN_GOAL, EXTRA_COST_GOAL = 0.80, 0.25
 MEASURED_DAY = "day 2"
+MAX_ERROR_SHARE = 0.01  # more failed requests than this in an arm: its figures are not a result
 log = logging.getLogger(__name__)
 
 
@@ -269,6 +270,15 @@ def run_prewarm_suite(bench: PrewarmBenchConfig) -> dict[str, Any]:
             pools = 3  # the shipped regions, one pool of MODEL each
             warm_s = pools * bench.day_s
             result["always_warm"] = {"cold_starts": 0, "replica_s": warm_s}
+            phase = "compare"
+            failing = {
+                arm: f"{day['errors']} of {day['requests']}"
+                for arm, day in arms.items()
+                if day["errors"] > MAX_ERROR_SHARE * max(1, day["requests"])
+            }
+            if failing:
+                # Cold starts of requests that failed are not seen: no comparison to make.
+                raise RuntimeError(f"requests failed on day two: {failing}")
             result["compared"] = compare_arms(arms["scale_to_zero"], arms["predictive"], warm_s)
             phase = "planner"
             result["planned"] = planned(
