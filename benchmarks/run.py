@@ -41,6 +41,7 @@ SUITES: dict[str, str] = {
     "security": "benchmarks.security",
     "structured": "benchmarks.structured",
     "plan": "benchmarks.plan_scale",
+    "prewarm": "benchmarks.prewarm",
 }
 
 LOG_FORMAT = "%(asctime)s %(name)s: %(message)s"

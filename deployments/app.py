@@ -85,6 +85,7 @@ def build_app(args: dict[str, Any]) -> Application:
             {m: {r: deployment_name(m, r) for r in regions} for m in config.models},
             policy.model_dump(mode="json"),
             config.router.default_cold_start_ms,
+            prewarm=config.edge.prewarm.model_dump(mode="json"),
         )
     )
     servers: dict[str, dict[str, Any]] = {}

@@ -191,6 +191,13 @@ class AppConfig(_Strict):
             raise ValueError(f"observability.prices: {unknown} are not served models")
         return self
 
+    @model_validator(mode="after")
+    def _prewarm_names_served_models(self) -> AppConfig:
+        unknown = sorted(set(self.edge.prewarm.models or ()) - set(self.models))
+        if unknown:
+            raise ValueError(f"edge.prewarm.models: {unknown} are not served models")
+        return self
+
     @field_validator("models")
     @classmethod
     def _names_are_deployment_names(cls, models: dict[str, ModelConfig]) -> dict[str, ModelConfig]:

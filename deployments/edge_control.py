@@ -11,6 +11,8 @@
   themselves, which then fail the requests that reach them, so routers see real errors.
 - Recent traffic: each router replica publishes its last minutes here, so the dashboard shows all
   of them.
+- Pre-warming (`edge.prewarm`, deployments.prewarm): routers hand over their demand per (model,
+  home region) on each sync; pools the forecast expects busy are held at one replica.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from deployments.prewarm import PredictiveWarmer
 from deployments.ray_ext.serve_details import DeploymentReader, DeploymentReplicas
 from edge_sim.clock import Clock
 from edge_sim.faults import ColoFault
 from edge_sim.network import EdgeNetwork
+from edge_sim.prewarm import PrewarmConfig
 from edge_sim.region_board import BoardSnapshot, Outcome, RegionBoard
 from edge_sim.regions import RegionPolicy
 
@@ -103,6 +107,12 @@ def _app_name() -> str:
     from ray import serve
 
     return serve.get_replica_context().app_name
+
+
+def _deployment_handle(name: str) -> Any:
+    from ray import serve
+
+    return serve.get_deployment_handle(name, _app_name())
 
 
 class ServeView:
@@ -202,8 +212,9 @@ class ServeView:
 
 class EdgeControl:
     """A Ray Serve deployment (one replica). `clock` is monotonic (health, pacing, staleness);
-    `wall_clock` is unix time, which every replica shares (fault windows); `read_serve` reads
-    Serve's deployments (blocking; run in a worker thread)."""
+    `wall_clock` is unix time, which every replica shares (fault windows, pre-warming's buckets);
+    `read_serve` reads Serve's deployments (blocking; run in a worker thread); `pool_handle`
+    gives a deployment's handle by name (pre-warming holds pools through it)."""
 
     def __init__(
         self,
@@ -213,6 +224,8 @@ class EdgeControl:
         clock: Clock = time.monotonic,
         wall_clock: Clock = time.time,
         read_serve: Callable[[], Mapping[str, DeploymentReplicas]] | None = None,
+        prewarm: dict[str, Any] | None = None,
+        pool_handle: Callable[[str], Any] = _deployment_handle,
     ) -> None:
         self._pools = pools or {}
         regions = sorted({r for by_region in self._pools.values() for r in by_region})
@@ -231,13 +244,29 @@ class EdgeControl:
         self._colo_faults = FaultStore(wall_clock)
         self._region_faults = FaultStore(wall_clock)
         self._poller: asyncio.Task[None] | None = None
+        prewarm_config = PrewarmConfig.model_validate(prewarm or {})
+        self.warmer: PredictiveWarmer | None = None
+        if prewarm_config.enabled:
+            self.warmer = PredictiveWarmer(
+                prewarm_config,
+                list(self._pools),
+                regions,
+                lambda model, region: pool_handle(self._pools[model][region]),
+                wall_clock,
+            )
+        self._warming: asyncio.Task[None] | None = None
         self._traffic: dict[str, tuple[float, dict[str, Any]]] = {}
 
     # ---- routers ------------------------------------------------------------------------------
 
-    async def sync(self, outcomes: list[Outcome]) -> BoardSnapshot:
-        """Take a router's outcomes since its last sync; give it every region's pool state."""
+    async def sync(
+        self, outcomes: list[Outcome], demand: Mapping[tuple[str, str], int] | None = None
+    ) -> BoardSnapshot:
+        """Take a router's outcomes and demand (requests per (model, home region)) since its
+        last sync; give it every region's pool state."""
         self._keep_polling()
+        if demand and self.warmer is not None:
+            self.warmer.note_demand(demand)
         if outcomes:
             self.serve.note_traffic()
         if not self.serve.polled.is_set():
@@ -288,6 +317,10 @@ class EdgeControl:
                 if fault_window(entry, now)[1] > now
             ]
             region["serve_view"] = serve_view
+            if self.warmer is not None:  # a hold of deployments.prewarm in flight there now
+                held = set(self.warmer.held)
+                for model, pool in region["models"].items():
+                    pool["prewarm_held"] = (model, region["region"]) in held
         return described
 
     async def report_traffic(self, replica_id: str, snapshot: dict[str, Any]) -> None:
@@ -311,6 +344,8 @@ class EdgeControl:
     def _keep_polling(self) -> None:
         if self._poller is None or self._poller.done():
             self._poller = asyncio.get_running_loop().create_task(self.serve.run())
+        if self.warmer is not None and (self._warming is None or self._warming.done()):
+            self._warming = asyncio.get_running_loop().create_task(self.warmer.run())
 
 
 def fault_window(entry: dict[str, Any], now: float) -> tuple[float, float]:

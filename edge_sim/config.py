@@ -1,4 +1,5 @@
-"""The `edge` section of the serving config: topology, latency, routing, regions, faults, GeoIP."""
+"""The `edge` section of the serving config: topology, latency, routing, regions, pre-warming,
+faults, GeoIP."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from pydantic import (
 from edge_sim.faults import ColoFault
 from edge_sim.geo import ClientLocation
 from edge_sim.latency import LatencyModel
+from edge_sim.prewarm import PrewarmConfig
 from edge_sim.regions import Region, RegionMap, RegionPolicy, validate_regions
 from edge_sim.routing import RoutingConfig
 from edge_sim.topology import Colo, Topology
@@ -94,6 +96,9 @@ class EdgeConfig(BaseModel):
         description="GPU datacentres, one replica pool per model each; None: one pool per model",
     )
     region_policy: RegionPolicy = Field(default_factory=RegionPolicy)
+    prewarm: PrewarmConfig = Field(
+        default_factory=PrewarmConfig, description="predictive pre-warming by edge-control"
+    )
     faults: dict[str, list[ColoFault]] = Field(
         default_factory=dict, description="colo id -> faults set when the network starts"
     )

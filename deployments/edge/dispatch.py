@@ -145,6 +145,7 @@ class EdgeDispatcher:
         the request's wait limits; `notice` hears when an attempt waits for a cold replica."""
         await self.pools.ready()
         entry, skipped, client, plan = self.plan(model, origin)
+        self.pools.note_demand(model, self.regions.home(entry.colo_id))
         if plan.wake is not None:
             self.pools.wake(model, plan.wake)
         limits = origin.wait_limits

@@ -1,5 +1,6 @@
 """This router replica's side of the shared region state: the handles of every (model, region)
-pool, edge-control's latest snapshot of their replicas, and what this replica saw since."""
+pool, edge-control's latest snapshot of their replicas, and what this replica saw since (how
+attempts went, and each region's demand for pre-warming)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ class RegionPools:
         self._synced = asyncio.Event() if control is not None else None
         self._full_until: dict[tuple[str, str], float] = {}
         self._outcomes: list[Outcome] = []
+        self._demand: dict[tuple[str, str], int] = {}
         self._wakes: dict[tuple[str, str], asyncio.Task[Any]] = {}
         self._woken_at: dict[tuple[str, str], float] = {}  # when each pool's wake was sent
         self._syncer: asyncio.Task[None] | None = None
@@ -107,6 +109,13 @@ class RegionPools:
         if self._control is not None:
             self._outcomes.append(Outcome(model, region, kind, cold_ms))
 
+    def note_demand(self, model: str, region: str) -> None:
+        """A request for `model` entered at a colo of `region` (wherever it is served): the
+        demand edge-control forecasts that region's traffic from (deployments.prewarm)."""
+        if self._control is not None:
+            key = (model, region)
+            self._demand[key] = self._demand.get(key, 0) + 1
+
     def note_cold_start(self, model: str, record: dict[str, Any]) -> None:
         """A request of `model` waited for a replica to start: `record` is /readyz's account."""
         self.last_cold_start[model] = record
@@ -149,12 +158,16 @@ class RegionPools:
                 log.warning("no region state from edge-control yet: routing by distance")
 
     async def sync(self) -> None:
-        """Hand edge-control this replica's outcomes; take every pool's state in return."""
+        """Hand edge-control this replica's outcomes and demand; take every pool's state in
+        return."""
         outcomes, self._outcomes = self._outcomes, []
+        demand, self._demand = self._demand, {}
         try:
-            self.snapshot = await self._control.sync.remote(outcomes)
+            self.snapshot = await self._control.sync.remote(outcomes, demand)
         except BaseException:
             self._outcomes[:0] = outcomes  # reported on the next sync instead
+            for key, count in demand.items():
+                self._demand[key] = self._demand.get(key, 0) + count
             raise
         if self._synced is not None:
             self._synced.set()

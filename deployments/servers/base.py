@@ -21,6 +21,7 @@ class Runtime(Protocol):
     def describe(self) -> dict[str, Any]: ...
 
 
+MAX_HOLD_S = 300.0  # a hold left by an edge-control that went away ends on its own
 R = TypeVar("R", bound=Runtime)
 T = TypeVar("T")
 RuntimeFactory = Callable[[Path, SessionConfig], R]
@@ -110,6 +111,13 @@ class ModelServer(Generic[R]):
     async def wake(self) -> float:
         """A no-op call that queues while the deployment is at zero, so Serve scales it up: the
         router wakes a cold region this way while a warm neighbour serves. Returns ready_at."""
+        return self.ready_at
+
+    async def hold(self, seconds: float) -> float:
+        """Stay in flight for `seconds` (at most MAX_HOLD_S), then return ready_at: Serve counts
+        a call in flight as an ongoing request, so while edge-control holds one here its
+        autoscaler keeps this deployment at one replica at least (deployments.prewarm)."""
+        await asyncio.sleep(min(max(0.0, seconds), MAX_HOLD_S))
         return self.ready_at
 
     async def describe(self) -> dict[str, Any]:

@@ -109,7 +109,9 @@ class ChatService(ModelService):
                 completion, trace = cached.hit, await self.edge.nearest(model.name, ctx, telemetry)
             else:
                 result, trace = await self._checked_dispatch(model, messages, ctx, telemetry, call)
-                completion = await self._completion(model, chat.model, result.reply.value)
+                # a key's fallback answers as the model that served, not the one its budget refused
+                named = model.name if fallback else chat.model
+                completion = await self._completion(model, named, result.reply.value)
                 await cached.store(completion, trace)
             usage = completion.usage
             used_tokens = usage.total_tokens

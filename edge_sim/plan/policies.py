@@ -8,8 +8,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from edge_sim.faults import ColoFault
 from edge_sim.plan.autoscaler import PoolSpec
-from edge_sim.plan.prewarm import PredictivePrewarm, PrewarmConfig
 from edge_sim.plan.simulator import (
     FloorPolicy,
     RegionOutage,
@@ -19,6 +19,7 @@ from edge_sim.plan.simulator import (
 )
 from edge_sim.plan.trace import Trace
 from edge_sim.plan.world import World
+from edge_sim.prewarm import PredictivePrewarm, PrewarmConfig
 
 Specs = Mapping[Any, PoolSpec]
 
@@ -109,12 +110,12 @@ def keep_warm_hours(start_h: float, end_h: float, start_utc_hour: float = 0.0) -
     )
 
 
-def predictive(config: PrewarmConfig | None = None) -> Policy:
+def predictive(config: PrewarmConfig | None = None, name: str = "predictive") -> Policy:
     config = config or PrewarmConfig()
     return Policy(
-        "predictive",
+        name,
         floor=lambda world, trace: PredictivePrewarm(
-            config, [(m, r) for m in trace.models for r in world.region_names]
+            config, config.keys(trace.models, world.region_names)
         ),
         description=(
             f"one replica while max(same time yesterday, EWMA) expects >= "
@@ -130,12 +131,21 @@ def compare(
     policies: Sequence[Policy],
     settings: SimSettings | None = None,
     outages: Sequence[RegionOutage] = (),
+    colo_faults: Mapping[str, Sequence[ColoFault]] | None = None,
 ) -> list[tuple[Policy, SimulationResult]]:
-    """Every policy on the same trace (a factory: a trace streams once, so one per run)."""
+    """Every policy on the same trace (a factory: a trace streams once, so one per run) and the
+    same drills."""
     results = []
     for policy in policies:
         trace = trace_factory()
         floor = policy.floor(world, trace) if policy.floor else None
-        sim = Simulator(world, policy.specs(base), settings, outages=outages, policy=floor)
+        sim = Simulator(
+            world,
+            policy.specs(base),
+            settings,
+            outages=outages,
+            colo_faults=colo_faults,
+            policy=floor,
+        )
         results.append((policy, sim.run(trace)))
     return results

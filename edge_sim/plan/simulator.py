@@ -10,17 +10,25 @@ request waits for it. Each pool is `replicas x max_ongoing_requests` slots, firs
 served, with a fixed service time per model. Serve's autoscaler (`ServeAutoscaler`) runs every
 metrics interval on each busy pool; the board snapshot is refreshed every `sync_s`.
 
-Routing is cached, exactly: `ColoRanker.rank` is a pure function of (model, client position)
-when no colo is drilled, and `plan_regions` a pure function of (reachable regions, pool views,
-cold-start estimate); the planner keeps one plan per (model, origin) and drops a model's plans
-whenever its snapshot changes, so a cached decision is the decision the code would make.
+Colo drills are the router's own: `ColoFault` plans (the config's `edge.faults` and the run's
+own) in an `edge_sim.faults.FaultBook` on the virtual clock; a colo down or slowed changes the
+ranking, one failing a share of requests passes them to the next entry colo (a seeded draw), and
+a request no entry colo takes is shed, as the dispatcher does.
+
+Routing is cached, exactly: `ColoRanker.rank` is a pure function of (model, client position,
+active drills), and `plan_regions` a pure function of (reachable regions, pool views, cold-start
+estimate); the planner keeps one plan per (model, origin, entry colo) and drops plans whenever
+their inputs change (a snapshot, a drill starting or ending), so a cached decision is the
+decision the code would make.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+import random
 import time
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from heapq import heappop, heappush, heapreplace
@@ -29,13 +37,15 @@ from typing import Protocol, cast
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from edge_sim.faults import ColoFault, FaultBook
 from edge_sim.geo import ClientLocation
 from edge_sim.plan.autoscaler import PoolSpec, ServeAutoscaler
-from edge_sim.plan.stats import N_BINS, bin_of
+from edge_sim.plan.stats import N_BINS, bins_of
 from edge_sim.plan.trace import Trace
-from edge_sim.plan.world import World
+from edge_sim.plan.world import Origin, World
 from edge_sim.region_board import Outcome, RegionBoard
 from edge_sim.regions import PoolView, plan_regions
+from edge_sim.routing import NoColoAvailableError, RouteCandidate
 
 # Measured defaults (README "Cold start from zero" and the models suite, this 2-core machine):
 # zero replicas to the first response through the router with the warm worker pool, p50 per
@@ -111,10 +121,11 @@ class _Pool:
     __slots__ = (
         "model", "region", "spec", "scaler", "per_replica", "max_queued", "running", "target",
         "pending", "slots", "in_system", "down", "floor", "stats", "last_t", "cold_start_s",
-        "watch_until", "hot", "timer_token",
+        "watch_until", "hot", "timer_token", "index",
     )  # fmt: skip
 
-    def __init__(self, model: str, region: str, spec: PoolSpec, cold_start_s: float):
+    def __init__(self, index: int, model: str, region: str, spec: PoolSpec, cold_start_s: float):
+        self.index = index  # position in the run's pools (rows of its per-chunk tallies)
         self.model, self.region, self.spec = model, region, spec
         self.scaler = ServeAutoscaler(spec.autoscaling_config)
         self.per_replica = spec.max_ongoing_requests
@@ -155,11 +166,50 @@ class SimulationResult:
         return self.pools[(model, region)].replica_s * self.cost_per_replica_s.get(model, 1.0)
 
 
-def _routing_state(views: Mapping[str, PoolView]) -> dict[str, tuple[bool, bool, bool]]:
-    return {region: (v.warm, v.ejected, v.saturated) for region, v in views.items()}
+@dataclass(frozen=True, slots=True)
+class _Drills:
+    """The colo drills active now: down, slowed (extra RTT ms), failing a share of requests."""
+
+    down: list[str] = field(default_factory=list)
+    added_latency_ms: dict[str, float] = field(default_factory=dict)
+    failing: set[str] = field(default_factory=set)
 
 
-_READY, _TICK, _SYNC, _OUTAGE, _POLICY, _TIMER = range(6)
+def _routing_state(view: PoolView | None) -> tuple[bool, bool, bool]:
+    """What plan_regions reads of a pool (a missing view is plan_regions' empty one)."""
+    view = view or PoolView()
+    return view.warm, view.ejected, view.saturated
+
+
+def plan_inputs(
+    reachable: Sequence[tuple[str, float]],
+    views: Mapping[str, PoolView],
+    candidates: int,
+    budget_ms: float,
+) -> Sequence[str]:
+    """The regions whose pool views `plan_regions(reachable, views, ...)` depends on: walking
+    the reachable regions in order, up to the one where it has `candidates` regions with room
+    and its detour scan is settled (the head warm, or past `budget_ms` of extra RTT). A region
+    past that cannot change the plan: ejected or full it only drops out of or moves behind a
+    list already long enough; warm or cold it is beyond the detour's reach. Conservative (the
+    budget's boundary included); every region when no such point is reached."""
+    empty = PoolView()
+    with_room = 0
+    head_rtt: float | None = None
+    head_warm = False
+    for index, (region, rtt_ms) in enumerate(reachable):
+        view = views.get(region, empty)
+        if not view.ejected and not view.saturated:
+            with_room += 1
+            if head_rtt is None:
+                head_rtt, head_warm = rtt_ms, view.warm
+        settled = head_rtt is not None and (head_warm or rtt_ms - head_rtt > budget_ms)
+        if with_room >= candidates and settled:
+            return [name for name, _ in reachable[: index + 1]]
+    return [name for name, _ in reachable]
+
+
+_READY, _TICK, _SYNC, _OUTAGE, _POLICY, _TIMER, _DRILL = range(7)
 
 
 class Simulator:
@@ -172,8 +222,11 @@ class Simulator:
         settings: SimSettings | None = None,
         *,
         outages: Sequence[RegionOutage] = (),
+        colo_faults: Mapping[str, Sequence[ColoFault]] | None = None,
         policy: FloorPolicy | None = None,
     ):
+        """colo_faults: drills set at t = 0 (their start_after_s: when into the trace), on top
+        of the config's `edge.faults`."""
         self.world = world
         self.settings = settings or SimSettings()
         self._specs = specs
@@ -182,6 +235,12 @@ class Simulator:
         unknown = sorted({o.region for o in self._outages} - set(world.region_names))
         if unknown:
             raise ValueError(f"outages: unknown regions {unknown}")
+        self._colo_faults = {colo: list(faults) for colo, faults in world.edge.faults.items()}
+        for colo, faults in (colo_faults or {}).items():
+            self._colo_faults.setdefault(colo, []).extend(faults)
+        unknown = sorted(set(self._colo_faults) - set(world.ranker.colo_ids))
+        if unknown:
+            raise ValueError(f"colo faults: unknown colos {unknown}")
 
     def _spec(self, model: str, region: str) -> PoolSpec:
         specs = self._specs
@@ -205,17 +264,21 @@ class Simulator:
         self._board = board
         pools = {
             (m, r): _Pool(
+                i * len(regions) + j,
                 m,
                 r,
                 self._spec(m, r),
                 settings.cold_start_s.get(m, settings.default_cold_start_s),
             )
-            for m in models
-            for r in regions
+            for i, m in enumerate(models)
+            for j, r in enumerate(regions)
         }
         self._pools = pools
         self._model_index = {m: i for i, m in enumerate(models)}
         self._plan_cache: list[dict[int, tuple]] = [{} for _ in models]
+        self._entries: dict[int, list[RouteCandidate]] = {}
+        # Per model: region -> plan cache slots whose plan read that region's view.
+        self._plan_deps: list[dict[str, set[int]]] = [{} for _ in models]
         self._events: list[tuple[float, int, int, object]] = []
         self._seq = 0
         self._tick_pending = self._sync_pending = False
@@ -225,7 +288,7 @@ class Simulator:
         self._dirty: dict[str, set[str]] = {m: set(regions) for m in models}
         self._views: dict[str, dict[str, PoolView]] = {m: {} for m in models}
         self._cold_ms: dict[str, float] = {}
-        measure_from = settings.measure_from_s
+        measure_from = measured_from = settings.measure_from_s
         self._measure_from = measure_from
         for pool in pools.values():
             start = pool.spec.autoscaling_config.start_replicas
@@ -254,7 +317,6 @@ class Simulator:
         failed_attempts: dict[tuple[str, str], int] = {}
         plan_cache = self._plan_cache
         model_of = dict(enumerate(models))
-        reachable_cache: dict[tuple[int, int], list[tuple[str, float]]] = {}
         origins = trace.origins
         service_s = [settings.service_ms.get(m, settings.default_service_ms) / 1000 for m in models]
         rng = np.random.default_rng(settings.seed)
@@ -265,38 +327,93 @@ class Simulator:
         timeline_s = settings.timeline_s
         failed_ms = settings.failed_attempt_ms
         tick_s = self._tick_s
+        cache_routes = settings.cache_routes
 
-        def plan_for(origin: int, m: int) -> tuple:
-            key = (origin, m)
-            reachable = reachable_cache.get(key)
-            model = model_of[m]
-            if reachable is None:
+        faults = FaultBook(
+            world.ranker.colo_ids, lambda: self._now, random.Random(f"{world.edge.seed}:faults")
+        )
+        for colo, plans in self._colo_faults.items():
+            for fault in plans:
+                scheduled = faults.add(colo, fault)
+                self._push(scheduled.starts_at, _DRILL, None)
+                if math.isfinite(scheduled.ends_at):
+                    self._push(scheduled.ends_at, _DRILL, None)
+        self._faults = faults
+        self._apply_drills()
+        # Regions from an entry colo, by RTT (RouteCandidate is a frozen value: one per RTT).
+        reachable_cache: dict[RouteCandidate, list[tuple[str, float]]] = {}
+        entry_slots = world.edge.routing.max_candidates + 1  # k = len(entries): none took it
+        entries_cache = self._entries
+
+        def entries_for(origin: int, m: int) -> list[RouteCandidate]:
+            """The ranked entry colos of this origin and model under the drills now."""
+            key = origin * len(models) + m
+            entries = entries_cache.get(key)
+            if entries is None:
                 o = origins[origin]
-                entry = world.ranker.rank(model, ClientLocation(o.lat, o.lon, "header"))[0]
-                reachable = [
+                drill = self._drill
+                try:
+                    entries = world.ranker.rank(
+                        model_of[m],
+                        ClientLocation(o.lat, o.lon, "header"),
+                        unavailable=drill.down,
+                        added_latency_ms=drill.added_latency_ms,
+                    )
+                except NoColoAvailableError:
+                    entries = []
+                entries_cache[key] = entries
+            return entries
+
+        def plan_for(origin: int, m: int, k: int, slot: int | None) -> tuple | None:
+            """Attempts (pool, RTT), the pool to wake and the home region, through the k-th
+            entry colo; None when there is no such colo (every one drilled down). With a cache
+            `slot`, the plan is kept there until a view it read moves."""
+            entries = entries_for(origin, m)
+            if k >= len(entries):
+                return None
+            model = model_of[m]
+            entry = entries[k]
+            reachable = reachable_cache.get(entry)
+            if reachable is None:
+                reachable = reachable_cache[entry] = [
                     (region, entry.rtt_ms + backhaul_ms)
                     for region, backhaul_ms in world.regions.from_colo(entry.colo_id)
                 ]
-                reachable_cache[key] = reachable
+            views = self._views[model]
+            cold_ms = self._cold_ms.get(model, settings.default_cold_start_ms)
             plan = plan_regions(
                 reachable,
-                self._views[model],
-                cold_start_ms=self._cold_ms.get(model, settings.default_cold_start_ms),
+                views,
+                cold_start_ms=cold_ms,
                 max_extra_rtt_ms=max_extra,
                 max_candidates=attempts_allowed,
             )
             wake = pools[(model, plan.wake)] if plan.wake is not None else None
             attempts = tuple((pools[(model, c.region)], c.rtt_ms) for c in plan.candidates)
-            return attempts, wake, reachable[0][0]
+            found = attempts, wake, reachable[0][0]
+            if slot is not None:
+                plan_cache[m][slot] = found
+                deps = self._plan_deps[m]
+                budget_ms = cold_ms if max_extra is None else max_extra
+                for region in plan_inputs(reachable, views, attempts_allowed, budget_ms):
+                    deps.setdefault(region, set()).add(slot)
+            return found
 
+        # Served requests are tallied per chunk (which request, where, how long) and folded into
+        # the histograms and timeline with numpy at the chunk's end: cheaper than per request.
+        pool_list = list(pools.values())
+        histograms = np.zeros((len(pool_list), N_BINS), dtype=np.int64)
+        pool_region = np.array([region_index[p.region] for p in pool_list], dtype=np.int64)
+        service_by_model = np.array(service_s)
         for chunk in trace.chunks():
             times = chunk.t_s.tolist()
             origin_ids = chunk.origin.tolist()
             model_ids = chunk.model.tolist()
+            service = service_by_model[chunk.model]
             if settings.service_sigma > 0:
-                spread = rng.lognormal(0.0, settings.service_sigma, len(times)).tolist()
-            else:
-                spread = [1.0] * len(times)
+                service = service * rng.lognormal(0.0, settings.service_sigma, len(times))
+            service_time = service.tolist()
+            served_i, served_pool, served_ms = array("q"), array("q"), array("d")
             for i, now in enumerate(times):
                 if events and events[0][0] <= now:
                     self._run_events_until(now, demand)
@@ -304,13 +421,23 @@ class Simulator:
                 m = model_ids[i]
                 origin = origin_ids[i]
                 arrivals += 1
+                entry_k = 0
+                if self._drill.failing:
+                    # A colo drilled to fail a share passes those requests to the next one.
+                    entries = entries_for(origin, m)
+                    while entry_k < len(entries) and faults.should_fail(entries[entry_k].colo_id):
+                        entry_k += 1
                 cache = plan_cache[m]
-                plan = cache.get(origin) if settings.cache_routes else None
+                slot = origin * entry_slots + entry_k
+                plan = cache.get(slot) if cache_routes else None
                 if plan is None:
-                    plan = plan_for(origin, m)
+                    plan = plan_for(origin, m, entry_k, slot if cache_routes else None)
                     computed += 1
-                    if settings.cache_routes:
-                        cache[origin] = plan
+                    if plan is None:
+                        if measured_from <= now:
+                            shed = (model_of[m], self._home_of(origins[origin], model_of[m]))
+                            sheds[shed] = sheds.get(shed, 0) + 1
+                        continue
                 else:
                     hits += 1
                 attempts, wake, home = plan
@@ -343,7 +470,7 @@ class Simulator:
                     cold = pool.running == 0
                     free = slots[0]
                     start = free if free > now else now
-                    finish = start + service_s[m] * spread[i]
+                    finish = start + service_time[i]
                     heapreplace(slots, finish)
                     heappush(finishing, finish)
                     # A request that is over before the controller's next sample is never
@@ -355,23 +482,30 @@ class Simulator:
                     if cold:
                         self._note_cold_start(pool, (start - now) * 1000.0)
                     if measured:
-                        stats = pool.stats
-                        stats.requests += 1
                         if cold:
-                            stats.cold += 1
+                            pool.stats.cold += 1
                         elif start > now:
-                            stats.queued += 1
-                        latency_ms = spent_ms + rtt_ms + (finish - now) * 1000.0
-                        stats.histogram[bin_of(latency_ms)] += 1
-                        bucket = int(now / timeline_s)
-                        if bucket < n_buckets:
-                            served_timeline[region_index[pool.region], bucket] += 1
+                            pool.stats.queued += 1
+                        served_i.append(i)
+                        served_pool.append(pool.index)
+                        served_ms.append(spent_ms + rtt_ms + (finish - now) * 1000.0)
                     break
                 else:
                     if measured:
                         k = (model_of[m], home)
                         sheds[k] = sheds.get(k, 0) + 1
+            if served_i:
+                where = np.frombuffer(served_pool, dtype=np.int64)
+                np.add.at(histograms, (where, bins_of(np.frombuffer(served_ms))), 1)
+                buckets = (chunk.t_s[np.frombuffer(served_i, dtype=np.int64)] / timeline_s).astype(
+                    np.int64
+                )
+                inside = buckets < n_buckets
+                np.add.at(served_timeline, (pool_region[where[inside]], buckets[inside]), 1)
         self._run_events_until(trace.duration_s, demand)
+        for pool in pool_list:
+            pool.stats.histogram = histograms[pool.index].tolist()
+            pool.stats.requests = int(histograms[pool.index].sum())
         for pool in pools.values():
             self._account(pool, trace.duration_s)
             pool.stats.timeline.append((trace.duration_s, pool.running, pool.target))
@@ -416,6 +550,8 @@ class Simulator:
             elif kind == _SYNC:
                 self._sync_pending = False
                 self._sync(at)
+            elif kind == _DRILL:
+                self._apply_drills()
             elif kind == _OUTAGE:
                 region, down = cast(tuple[str, bool], payload)
                 for outage_pool in self._pools.values():
@@ -431,6 +567,27 @@ class Simulator:
                         pool.floor = floor
                         self._heat(pool, at)
                 self._push(at + self._policy.interval_s, _POLICY, None)
+
+    def _apply_drills(self) -> None:
+        """The drills active now, as the router's network reads them per request; entry colos
+        and plans routed under the previous ones are dropped."""
+        effects = self._faults.active_effects()
+        self._drill = _Drills(
+            down=[colo for colo, e in effects.items() if e.down],
+            added_latency_ms={
+                c: e.added_latency_ms for c, e in effects.items() if e.added_latency_ms
+            },
+            failing={colo for colo, e in effects.items() if e.error_rate},
+        )
+        self._entries.clear()
+        for cache, deps in zip(self._plan_cache, self._plan_deps, strict=True):
+            cache.clear()
+            deps.clear()
+
+    def _home_of(self, origin: Origin, model: str) -> str:
+        """The region of the origin's nearest colo without drills (where a shed is counted)."""
+        nearest = self.world.ranker.rank(model, ClientLocation(origin.lat, origin.lon, "header"))
+        return self.world.regions.home(nearest[0].colo_id)
 
     def _tick(self, k: int) -> None:
         """Serve's control loop, on the pools with something to decide."""
@@ -485,17 +642,23 @@ class Simulator:
         board = self._board
         still: dict[str, set[str]] = {}
         for model, regions in self._dirty.items():
-            views = dict(self._views[model])
+            before = self._views[model]
+            views = dict(before)
             for region in regions:
                 views[region] = board.pool(model, region)
             cold_ms = board.cold_start_ms(model)
             # plan_regions reads a view's warm, ejected and saturated only (not the count).
-            if _routing_state(views) != _routing_state(self._views[model]) or cold_ms != (
-                self._cold_ms.get(model)
-            ):
-                self._views[model] = views
-                self._cold_ms[model] = cold_ms
-                self._plan_cache[self._model_index[model]].clear()
+            moved = [
+                r for r in regions if _routing_state(views.get(r)) != _routing_state(before.get(r))
+            ]
+            m = self._model_index[model]
+            if cold_ms != self._cold_ms.get(model):
+                self._plan_cache[m].clear()  # the detour budget of every plan moved
+                self._plan_deps[m].clear()
+            else:
+                self._drop_plans(m, moved)
+            self._views[model] = views
+            self._cold_ms[model] = cold_ms
             # Saturation and ejection end on their own time: look again next refresh.
             timed = {
                 r
@@ -509,6 +672,13 @@ class Simulator:
         self._dirty = still
         if still:
             self._schedule_sync(now)
+
+    def _drop_plans(self, m: int, regions: Sequence[str]) -> None:
+        """Forget the cached plans of model index `m` that read any of these regions' views."""
+        cache, deps = self._plan_cache[m], self._plan_deps[m]
+        for region in regions:
+            for slot in deps.pop(region, ()):
+                cache.pop(slot, None)
 
     def _mark_dirty(self, model: str, region: str) -> None:
         self._dirty.setdefault(model, set()).add(region)

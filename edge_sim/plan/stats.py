@@ -14,11 +14,10 @@ N_BINS = BINS_PER_DECADE * 8  # 0.01 ms .. 1000 s
 _LOG_MIN = math.log10(MIN_MS)
 
 
-def bin_of(latency_ms: float) -> int:
-    if latency_ms <= MIN_MS:
-        return 0
-    index = int((math.log10(latency_ms) - _LOG_MIN) * BINS_PER_DECADE)
-    return index if index < N_BINS else N_BINS - 1
+def bins_of(latency_ms: np.ndarray) -> np.ndarray:
+    """The histogram bin of each latency (a chunk's requests at once)."""
+    logs = np.log10(np.maximum(latency_ms, MIN_MS))
+    return np.minimum(((logs - _LOG_MIN) * BINS_PER_DECADE).astype(np.int64), N_BINS - 1)
 
 
 def bin_middle_ms(index: np.ndarray) -> np.ndarray:

@@ -1,15 +1,13 @@
 """Traces: when each request arrives, from which origin, for which model. Generated with numpy
-(diurnal per origin's local time, follow-the-sun office hours, bursts), or read from the load
-tester's `requests.csv`. A trace comes in time-ordered chunks, so a day of ten million requests
-never sits in memory at once."""
+(diurnal per origin's local time, follow-the-sun office hours, bursts), or replayed from what a
+source recorded (edge_sim.plan.replay). A trace comes in time-ordered chunks, so a day of ten
+million requests never sits in memory at once."""
 
 from __future__ import annotations
 
-import csv
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -101,14 +99,33 @@ class TraceSpec(BaseModel):
 
 def relative_rate(spec: TraceSpec, local_hour: np.ndarray) -> np.ndarray:
     """The shape's rate at these local hours, peak 1."""
-    if spec.shape == "flat":
+    return daily_rate(
+        spec.shape,
+        local_hour,
+        peak_hour=spec.peak_hour,
+        trough_ratio=spec.trough_ratio,
+        office_hours=spec.office_hours,
+    )
+
+
+def daily_rate(
+    shape: Shape,
+    local_hour: np.ndarray,
+    *,
+    peak_hour: float = 14.0,
+    trough_ratio: float = 0.05,
+    office_hours: tuple[float, float] = (9.0, 18.0),
+) -> np.ndarray:
+    """A day's traffic at these local hours, peak 1 (the planner's traces and the load tester's
+    diurnal scenario share it)."""
+    if shape == "flat":
         return np.ones_like(local_hour)
-    floor = spec.trough_ratio
-    if spec.shape == "diurnal":
+    floor = trough_ratio
+    if shape == "diurnal":
         # A cosine day: 1 at peak_hour, trough_ratio twelve hours away.
-        daily = 0.5 + 0.5 * np.cos(2 * math.pi * (local_hour - spec.peak_hour) / 24.0)
+        daily = 0.5 + 0.5 * np.cos(2 * math.pi * (local_hour - peak_hour) / 24.0)
         return floor + (1.0 - floor) * daily
-    start, end = spec.office_hours
+    start, end = office_hours
     inside = (local_hour >= start) & (local_hour < end)
     if end <= start:  # office hours past midnight
         inside = (local_hour >= start) | (local_hour < end)
@@ -168,64 +185,3 @@ def _burst_factors(
         rows = [names[n] for n in burst.origins] if burst.origins else slice(None)
         factors[rows, during] *= burst.factor
     return factors
-
-
-@dataclass(frozen=True, slots=True)
-class RecordedRequest:
-    """What the load tester saw for one request (for comparing a replay with the live run)."""
-
-    t_s: float
-    model: str
-    origin: str
-    ok: bool
-    latency_ms: float | None
-    cold_start: bool
-    colo: str
-    cold_start_ms: float | None = None
-
-
-def read_loadtest_records(
-    path: str | Path, origin_positions: Mapping[str, tuple[float, float]]
-) -> tuple[Trace, list[RecordedRequest]]:
-    """The load tester's `requests.csv` as a trace (scheduled send times, model, the client's
-    region as origin) and its recorded outcomes. `origin_positions`: client region -> (lat,
-    lon), e.g. from edgectl.loadtest.regions."""
-    rows: list[RecordedRequest] = []
-    with Path(path).open(newline="", encoding="utf-8") as handle:
-        for line, row in enumerate(csv.DictReader(handle), start=2):
-            try:
-                rows.append(
-                    RecordedRequest(
-                        t_s=float(row["scheduled_s"]),
-                        model=row["model"],
-                        origin=row["region"],
-                        ok=row["ok"] in ("1", "True", "true"),
-                        latency_ms=float(row["latency_ms"]) if row["latency_ms"] else None,
-                        cold_start=row.get("cold_start", "") in ("1", "True", "true"),
-                        colo=row.get("colo", ""),
-                        cold_start_ms=float(row["cold_start_ms"])
-                        if row.get("cold_start_ms")
-                        else None,
-                    )
-                )
-            except (KeyError, ValueError) as error:
-                raise ValueError(f"{path}:{line}: not a load tester record ({error})") from None
-    unknown = sorted({r.origin for r in rows} - set(origin_positions))
-    if unknown:
-        raise ValueError(f"{path}: client regions without a position: {unknown}")
-    rows.sort(key=lambda r: r.t_s)
-    origin_names = sorted({r.origin for r in rows})
-    models = sorted({r.model for r in rows})
-    origins = [Origin(n, *origin_positions[n]) for n in origin_names]
-    o_index = {n: i for i, n in enumerate(origin_names)}
-    m_index = {n: i for i, n in enumerate(models)}
-    t = np.array([r.t_s for r in rows], dtype=float)
-    duration = float(t[-1]) + 1.0 if len(t) else 1.0
-    chunk = TraceChunk(
-        0.0,
-        duration,
-        t,
-        np.array([o_index[r.origin] for r in rows], dtype=np.int32),
-        np.array([m_index[r.model] for r in rows], dtype=np.int16),
-    )
-    return Trace(origins, models, duration, [chunk], float(len(rows))), rows

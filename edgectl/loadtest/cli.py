@@ -50,7 +50,12 @@ def build_parser(prog: str = "python -m edgectl.loadtest") -> argparse.ArgumentP
     add("--scenario", required=True, choices=SCENARIOS, help="what traffic to send")
     add("--url", default="http://127.0.0.1:8000", help="the router (default: %(default)s)")
     add("--out", type=Path, help="output folder (default: reports/<scenario>)")
-    add("--rate", type=float, default=2.0, help="requests/s (ramp: final rate; burst: its rate)")
+    add(
+        "--rate",
+        type=float,
+        default=2.0,
+        help="requests/s (ramp: final rate; burst: its rate; diurnal: at every region's peak)",
+    )
     add("--duration-s", type=float, default=60.0, help="traffic time (burst: the burst's length)")
     add("--max-requests", type=int, help="send at most this many")
     add("--seed", type=int, default=0)
@@ -76,6 +81,8 @@ def build_parser(prog: str = "python -m edgectl.loadtest") -> argparse.ArgumentP
         f"--serve-config + {IDLE_MARGIN_S:g} s)",
     )
     add("--warm-s", type=float, default=2.0, help="burst-after-idle: priming phase before idle")
+    add("--day-s", type=float, default=86_400.0, help="diurnal: a day's length (compressed)")
+    add("--trough", type=float, default=0.05, help="diurnal: the night's rate over the peak's")
     add("--serve-config", type=Path, default=Path("serve_config.yaml"))
     add("--fault-colo", help="colo-outage: colo to fault (default: nearest to --region)")
     add("--fault-region", help="region-outage: the region to drill (eu, us, ap, ...)")
@@ -180,6 +187,8 @@ async def plan(
                 if args.idle_s is not None
                 else default_idle_s(args.serve_config, names, args.app)
             )
+        if args.scenario == "diurnal":
+            fields |= {"day_s": args.day_s, "trough_ratio": args.trough}
         if args.scenario == "region-outage":
             if not args.admin_key:
                 raise UsageError(

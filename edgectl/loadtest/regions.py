@@ -11,7 +11,7 @@ class ClientRegion:
     city: str
     lat: float
     lon: float
-    weight: float  # relative share of requests in the geo-mix scenario
+    weight: float  # relative share of requests in the geo-mix and diurnal scenarios
 
     @property
     def geo_header(self) -> str:

@@ -3,6 +3,7 @@ and which admin calls happen when. Pure and seeded: the same config gives the sa
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -11,10 +12,11 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from edge_sim.faults import ColoFault
+from edge_sim.plan.trace import daily_rate
 from edgectl.loadtest.regions import DEFAULT_REGION, DEFAULT_REGIONS, ClientRegion, region_named
 
 ScenarioName = Literal[
-    "steady", "ramp", "burst-after-idle", "geo-mix", "colo-outage", "region-outage"
+    "steady", "ramp", "burst-after-idle", "geo-mix", "diurnal", "colo-outage", "region-outage"
 ]
 SCENARIOS: tuple[str, ...] = get_args(ScenarioName)
 Task = Literal["chat", "embedding", "moderation"]
@@ -56,6 +58,12 @@ class ScenarioConfig(BaseModel):
     outage_fault: ColoFault = Field(default_factory=lambda: ColoFault(down=True))
     outage_start_s: float | None = Field(default=None, ge=0, description="None: duration / 3")
     outage_s: float | None = Field(default=None, gt=0, description="None: duration / 3")
+    day_s: float = Field(
+        default=86_400.0, gt=0, description="diurnal: a day's length (shorter: a day compressed)"
+    )
+    trough_ratio: float = Field(
+        default=0.05, ge=0, le=1, description="diurnal: the night's rate over the peak's"
+    )
 
     @model_validator(mode="after")
     def _scenario_needs(self) -> ScenarioConfig:
@@ -167,12 +175,20 @@ def build_schedule(
 ) -> Schedule:
     """The config's schedule; the same config (seed included) always gives the same one."""
     rng = np.random.default_rng(config.seed)
-    times, phases, actions = _timeline(config, rng)
+    region_index: np.ndarray | None = None  # the client region of each arrival, if drawn
+    actions: tuple[AdminAction, ...]
+    if config.scenario == "diurnal":
+        times, region_index = _diurnal(config, regions, rng)
+        phases, actions = _days(config), ()
+    else:
+        times, phases, actions = _timeline(config, rng)
     priming = _priming_count(config)
     if config.max_requests is not None:
         times = times[: config.max_requests]
     count = len(times)
-    if config.scenario == "geo-mix":
+    if region_index is not None:
+        clients = [regions[i] for i in region_index[:count]]
+    elif config.scenario == "geo-mix":
         weights = np.array([region.weight for region in regions], dtype=float)
         region_index = rng.choice(len(regions), size=count, p=weights / weights.sum())
         clients = [regions[i] for i in region_index]
@@ -195,6 +211,38 @@ def build_schedule(
         for i in range(count)
     )
     return Schedule(config.scenario, arrivals, phases, actions)
+
+
+def _diurnal(
+    config: ScenarioConfig, regions: tuple[ClientRegion, ...], rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each client region's requests follow a cosine day in its local solar time (15 degrees of
+    longitude an hour), the planner's `diurnal` shape; `rate_rps` is the total at every region's
+    peak. Send times, sorted, and the client region of each."""
+    weights = np.array([region.weight for region in regions], dtype=float)
+    weights /= weights.sum()
+    times, owners = [], []
+    for index, (region, weight) in enumerate(zip(regions, weights, strict=True)):
+        peak = config.rate_rps * weight
+
+        def rate_at(t: np.ndarray, offset_h: float = region.lon / 15.0, peak: float = peak):
+            local_hour = (t / config.day_s * 24.0 + offset_h) % 24.0
+            return peak * daily_rate("diurnal", local_hour, trough_ratio=config.trough_ratio)
+
+        sent = poisson_times(rng, 0.0, config.duration_s, peak, rate_at)
+        times.append(sent)
+        owners.append(np.full(len(sent), index))
+    merged = np.concatenate(times)
+    order = np.argsort(merged, kind="stable")
+    return merged[order], np.concatenate(owners)[order]
+
+
+def _days(config: ScenarioConfig) -> tuple[Phase, ...]:
+    day_s, duration = config.day_s, config.duration_s
+    return tuple(
+        Phase(f"day {n + 1}", n * day_s, min(duration, (n + 1) * day_s))
+        for n in range(math.ceil(duration / day_s))
+    )
 
 
 def _priming_count(config: ScenarioConfig) -> int:

@@ -103,9 +103,11 @@ def phase_of(t_s: float, phases: Sequence[Phase]) -> str:
 def replica_summary(
     samples: Sequence[ReplicaSample], phases: Sequence[Phase]
 ) -> dict[str, dict[str, Any]]:
-    """Per deployment: sample count, running min/max, and running at each phase's start (the
-    last sample before it, else the first after it; e.g. 0 at `burst` shows the model had
-    scaled to zero before the burst)."""
+    """Per deployment: sample count, running min/max, running at each phase's start (the last
+    sample before it, else the first after it; e.g. 0 at `burst` shows the model had scaled to
+    zero before the burst), and replica-seconds within each phase: of replicas running or
+    starting (a starting replica already holds its share of a node), and of running ones alone;
+    each sample's count held until the next sample, nothing after the last."""
     by_deployment: dict[str, list[ReplicaSample]] = defaultdict(list)
     for sample in samples:
         by_deployment[sample.deployment].append(sample)
@@ -122,8 +124,29 @@ def replica_summary(
             "max_running": max(s.running for s in series),
             "max_wanted": max(s.wanted for s in series),
             "running_at_phase_start": at_start,
+            "replica_s_by_phase": {
+                phase.name: _round(_replica_s(series, phase.start_s, phase.end_s, starting=True))
+                for phase in phases
+            },
+            "running_replica_s_by_phase": {
+                phase.name: _round(_replica_s(series, phase.start_s, phase.end_s, starting=False))
+                for phase in phases
+            },
         }
     return summary
+
+
+def _replica_s(
+    series: Sequence[ReplicaSample], start_s: float, end_s: float, *, starting: bool
+) -> float:
+    """Replicas running (and `starting`: those too, `wanted`) integrated over [start_s, end_s):
+    a step through sorted samples."""
+    total = 0.0
+    for sample, following in zip(series, series[1:], strict=False):
+        overlap = min(following.t_s, end_s) - max(sample.t_s, start_s)
+        if overlap > 0:
+            total += (sample.wanted if starting else sample.running) * overlap
+    return total
 
 
 def summarize(result: RunResult, params: Mapping[str, Any]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from deployments.config import ConfigError
+from edge_sim.faults import ColoFault
 from edge_sim.plan.policies import (
     Policy,
     always_warm,
@@ -18,19 +19,18 @@ from edge_sim.plan.policies import (
     predictive,
     scale_to_zero,
 )
-from edge_sim.plan.prewarm import PrewarmConfig
 from edge_sim.plan.simulator import (
     COLD_START_NO_WARM_POOL_S,
     COLD_START_S,
     SERVICE_MS,
     RegionOutage,
 )
-from edge_sim.plan.trace import Burst, Trace, TraceSpec, generate, read_loadtest_records
+from edge_sim.plan.trace import Burst, TraceSpec, generate
 from edge_sim.plan.world import World, synthetic_world
 from edge_sim.validation import EdgeConfigError
-from edgectl.loadtest.regions import DEFAULT_REGIONS
 from edgectl.plan.config import KeepWarmFloor, ServePlanConfig, load_serve_config
 from edgectl.plan.report import REPORT_MD, write_plan_report
+from edgectl.plan.sources import SOURCES, replay_source
 
 EXAMPLE = """\
 worked example (a day of 1M requests over 300 colos and 20 regions, a region down for an hour
@@ -46,9 +46,15 @@ pre-warming on the shipped 3 regions, two days of office-hours traffic, figures 
   edge plan --trace follow-the-sun --hours 48 --measure-from-h 24 --requests 40000 \\
       --trough 0 --policy config --policy predictive --policy min:1 --out prewarm-out
 
-policies: config (serve_config.yaml as it is), zero:SECONDS (downscale_to_zero_delay_s),
-min:N (min_replicas), keep-warm:START-END (local hours per region), schedule (the config's own
-KeepWarm windows), predictive[:MIN_EXPECTED:LOOKAHEAD_S] (edge_sim/plan/prewarm.py).
+a colo drill (the admin API's fault JSON): FRA down for an hour at noon, AMS 80 ms slower:
+
+  edge plan --colo-fault 'FRA:{"down": true, "start_after_s": 43200, "duration_s": 3600}' \\
+      --colo-fault 'AMS:{"added_latency_ms": 80}' --policy config --out drill-out
+
+policies: config (serve_config.yaml as it is, edge.prewarm too when enabled), zero:SECONDS
+(downscale_to_zero_delay_s), min:N (min_replicas), keep-warm:START-END (local hours per
+region), schedule (the config's own KeepWarm windows), predictive[:MIN_EXPECTED:LOOKAHEAD_S]
+(edge_sim/prewarm.py, the config's edge.prewarm settings unless given).
 """
 
 
@@ -78,6 +84,14 @@ def build_parser(prog: str = "edge plan") -> argparse.ArgumentParser:
     trace.add_argument("--seed", type=int, default=0)
     run = parser.add_argument_group("simulation")
     run.add_argument("--outage", action="append", default=[], metavar="REGION:START_S:DURATION_S")
+    run.add_argument(
+        "--colo-fault",
+        action="append",
+        default=[],
+        metavar="COLO:FAULT_JSON",
+        help="a colo drill, the admin API's and the load tester's fault JSON, e.g. "
+        '\'FRA:{"down": true, "start_after_s": 43200, "duration_s": 3600}\' (repeatable)',
+    )
     run.add_argument("--policy", action="append", default=[], help="repeatable; see below")
     run.add_argument(
         "--no-warm-pool", action="store_true", help="cold starts without the warm worker pool"
@@ -107,10 +121,38 @@ def _fields(value: str, what: str, n: int) -> list[str]:
     return parts
 
 
+def parse_colo_faults(values: Sequence[str]) -> dict[str, list[ColoFault]]:
+    """`--colo-fault COLO:JSON`s, a colo's faults in the order given (faults at a colo combine)."""
+    faults: dict[str, list[ColoFault]] = {}
+    for value in values:
+        colo, colon, body = value.partition(":")
+        if not colon or not colo:
+            raise ValueError(f"--colo-fault: expected COLO:FAULT_JSON, got {value!r}")
+        try:
+            fault = ColoFault.model_validate_json(body)
+        except ValueError as error:
+            raise ValueError(f"--colo-fault {value!r}: {_short(error)}") from None
+        faults.setdefault(colo, []).append(fault)
+    return faults
+
+
+def _short(error: ValueError) -> str:
+    errors = getattr(error, "errors", None)
+    if errors is None:
+        return str(error)
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or 'fault'}: {e['msg']}"
+        for e in errors(include_url=False)
+    )
+
+
 def parse_policy(text: str, config: ServePlanConfig) -> Policy:
     name, _, rest = text.partition(":")
     try:
+        prewarm = config.edge.prewarm  # the config's forecaster settings, on or off
         if name == "config":
+            if prewarm.enabled:  # as deployed: edge-control pre-warms
+                return predictive(prewarm, name="config (pre-warming)")
             return scale_to_zero()
         if name == "zero":
             return scale_to_zero(float(rest))
@@ -121,10 +163,12 @@ def parse_policy(text: str, config: ServePlanConfig) -> Policy:
             return keep_warm_hours(float(start), float(end))
         if name == "predictive":
             if not rest:
-                return predictive()
+                return predictive(prewarm)
             expected, lookahead = rest.split(":")
             return predictive(
-                PrewarmConfig(min_expected=float(expected), lookahead_s=float(lookahead))
+                prewarm.model_copy(
+                    update={"min_expected": float(expected), "lookahead_s": float(lookahead)}
+                )
             )
         if name == "schedule":
             if not config.keep_warm:
@@ -173,6 +217,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "edge plan") -> int:
             raise ValueError(
                 f"--outage: unknown regions {unknown}; known: {', '.join(world.region_names)}"
             )
+        colo_faults = parse_colo_faults(args.colo_fault)
+        unknown = sorted(set(colo_faults) - set(world.ranker.colo_ids))
+        if unknown:
+            raise ValueError(f"--colo-fault: unknown colos {unknown}")
         bursts = [
             Burst(start_s=float(s), duration_s=float(d), factor=float(f))
             for s, d, f in (_fields(b, "--burst", 3) for b in args.burst)
@@ -184,7 +232,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "edge plan") -> int:
         print(f"{prog}: {error}", file=sys.stderr)
         return 2
     started = time.perf_counter()
-    runs = compare(world, trace_factory, specs, policies, settings, outages)
+    runs = compare(world, trace_factory, specs, policies, settings, outages, colo_faults)
     first = runs[0][1]
     params = {
         "config": args.config,
@@ -194,6 +242,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "edge plan") -> int:
         "colos": len(world.topology.colos),
         "regions": list(world.region_names),
         "outages": [o.model_dump() for o in outages],
+        "colo_faults": {c: [f.model_dump() for f in fs] for c, fs in colo_faults.items()},
         "seed": args.seed,
         "simulated_in_s": round(time.perf_counter() - started, 2),
     }
@@ -208,17 +257,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "edge plan") -> int:
 
 
 def _trace_factory(args: argparse.Namespace, world: World, config: ServePlanConfig, bursts):
-    if args.trace.startswith("records:"):
-        positions = {r.name: (r.lat, r.lon) for r in DEFAULT_REGIONS}
-        path = args.trace.removeprefix("records:")
-        read_loadtest_records(path, positions)  # fail early
-
-        def records() -> Trace:
-            return read_loadtest_records(path, positions)[0]
-
-        return records
+    replayed = replay_source(args.trace, config.edge)
+    if replayed is not None:
+        return replayed
     if args.trace not in ("diurnal", "follow-the-sun", "flat"):
-        raise ValueError(f"--trace {args.trace!r}: diurnal, follow-the-sun, flat or records:PATH")
+        raise ValueError(
+            f"--trace {args.trace!r}: diurnal, follow-the-sun, flat or "
+            + " or ".join(f"{name}:PATH" for name in SOURCES)
+        )
     spec = TraceSpec(
         requests=args.requests,
         duration_s=args.hours * 3600,

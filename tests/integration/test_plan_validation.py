@@ -5,23 +5,26 @@ The trace: kimi (at zero, back to zero 3 s after idle) primed once, idle past it
 delay, then a 4 requests/s burst. The planner runs the cluster's own serve_config.yaml with the
 cold-start and service times measured in this run (parameters from measurement, as
 `--cold-start` and `--service-ms` are). Tolerances, stated: scale-ups from zero equal within 1;
-requests that met a cold start within max(2, 50%) of the live count; the p50 of every request
-(cold and warm, so the cold share and the queue behind a starting replica count) within 3x of
-the live one or 250 ms."""
+requests that met a cold start within max(2, 50%) of the live count; the planned p50 of every
+request (cold and warm, so the cold share and the queue behind a starting replica count) is a
+latency the live run's middle half holds: between its p25 and p75 (with 5% for the planner's
+histogram bins). A position in the live distribution, not a time: a busy machine stretches the
+live times and the times measured for the planner alike, and a burst half cold has its median
+anywhere between a warm answer and a cold start, which a fixed ratio of medians cannot take."""
 
 from __future__ import annotations
 
 import csv
-from statistics import median
+from statistics import median, quantiles
 
 from conftest import kimi_burst_after_idle
 
 from edge_sim.plan.simulator import Simulator
 from edge_sim.plan.stats import percentile_ms
-from edge_sim.plan.trace import read_loadtest_records
 from edge_sim.plan.world import World
 from edgectl.loadtest.regions import DEFAULT_REGIONS
 from edgectl.plan.config import load_serve_config
+from edgectl.plan.sources.loadtest import read_loadtest_records
 
 
 def _live_starts_from_zero(replicas_csv, deployment: str) -> int:
@@ -64,13 +67,15 @@ def test_planner_replays_a_live_burst_within_tolerance(serve_cluster, tmp_path):
     planned = result.pools[("kimi", region)]
 
     live_starts = _live_starts_from_zero(out / "replicas.csv", "kimi")
-    live_p50 = median(r.latency_ms for r in live if r.ok and r.latency_ms is not None)
+    live_ms = [r.latency_ms for r in live if r.ok and r.latency_ms is not None]
+    live_p25, live_p50, live_p75 = quantiles(live_ms, n=4, method="inclusive")
     planned_p50 = percentile_ms(planned.histogram, 50)
     # One line for the record (pytest -s): what was compared.
     print(
         f"plan vs live: starts from zero {planned.scale_from_zero} vs {live_starts}, cold "
-        f"{planned.cold} vs {len(live_cold)} of {len(live)}, p50 {planned_p50} vs {live_p50} ms, "
-        f"cold start {max(waits):.0f} ms"
+        f"{planned.cold} vs {len(live_cold)} of {len(live)}, p50 {planned_p50} vs {live_p50} ms "
+        f"(live p25-p75 {live_p25:.0f}-{live_p75:.0f} ms), cold start {max(waits):.0f} ms, "
+        f"service {warm_ms:.0f} ms"
     )
     assert abs(planned.scale_from_zero - live_starts) <= 1, (planned.timeline, live_starts)
     assert abs(planned.cold - len(live_cold)) <= max(2, 0.5 * len(live_cold)), (
@@ -78,5 +83,4 @@ def test_planner_replays_a_live_burst_within_tolerance(serve_cluster, tmp_path):
         len(live_cold),
     )
     assert planned_p50 is not None
-    assert planned_p50 <= max(3 * live_p50, live_p50 + 250), (planned_p50, live_p50)
-    assert live_p50 <= max(3 * planned_p50, planned_p50 + 250), (planned_p50, live_p50)
+    assert live_p25 / 1.05 <= planned_p50 <= live_p75 * 1.05, (planned_p50, live_p25, live_p75)

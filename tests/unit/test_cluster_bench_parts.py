@@ -1,13 +1,22 @@
-"""The pure parts of the suites that otherwise need a cluster (regions, security), run without
-Ray: what they measure in process, how the regions suite shapes its deployment, and its goals."""
+"""The pure parts of the suites that otherwise need a cluster (regions, security, prewarm), run
+without Ray: what they measure in process, how the suites shape their deployments, and their
+goals."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from benchmarks.prewarm import (
+    PrewarmBenchConfig,
+    compare_arms,
+    measured_day,
+    prewarm_goals,
+    prewarm_serve_config,
+)
 from benchmarks.regions import TIGHT, goals, regions_serve_config
 from benchmarks.regions import decision_cost_us as region_plan_cost_us
 from benchmarks.security import admission_cost_us
+from deployments.config import parse_app_config
 
 
 def test_the_region_plan_and_admission_costs_are_measured_in_process() -> None:
@@ -50,3 +59,47 @@ def test_regions_goals_judge_each_direction_and_miss_what_was_not_measured() -> 
         "overload_sheds_with_retry_after": False,
     }
     assert "miss" in verdicts["overload_regions_ejected"]["missing"]
+
+
+def test_the_prewarm_deployment_is_one_model_at_zero_in_every_region_on_the_compressed_day():
+    bench = PrewarmBenchConfig(models_dir=Path("models"))
+    config = prewarm_serve_config(Path("models"), 8999, bench, bench.prewarm(True))
+    app = config["applications"][0]
+    parsed = parse_app_config(app["args"])  # what `serve deploy` would validate
+    assert list(parsed.models) == ["moderation"] and parsed.edge.prewarm.enabled
+    assert parsed.edge.prewarm.period_s == bench.day_s
+    pools = [d for d in app["deployments"] if d["name"] != "router"]
+    assert sorted(d["name"] for d in pools) == ["moderation-ap", "moderation-eu", "moderation-us"]
+    for pool in pools:
+        scaling = pool["autoscaling_config"]
+        assert scaling["initial_replicas"] == 0 and scaling["max_replicas"] == 1
+        assert scaling["downscale_to_zero_delay_s"] == bench.to_zero_s
+
+
+def _summary(cold: int, replica_s: float, running_s: float) -> dict:
+    return {
+        "by_phase": {"day 2": {"requests": 10, "errors": {}, "cold_starts": cold}},
+        "route_reasons": {"nearest": 10},
+        "replicas": {
+            "moderation-eu": {
+                "replica_s_by_phase": {"day 1": 99.0, "day 2": replica_s},
+                "running_replica_s_by_phase": {"day 1": 99.0, "day 2": running_s},
+            }
+        },
+        "replica_sampling": {"samples": 5},
+    }
+
+
+def test_prewarm_figures_come_from_the_second_day_and_judge_both_halves_of_the_goal():
+    zero, ahead = measured_day(_summary(20, 100.0, 80.0)), measured_day(_summary(2, 120.0, 110.0))
+    assert (zero["cold_starts"], zero["replica_s"], zero["running_replica_s"]) == (20, 100.0, 80.0)
+    compared = compare_arms(zero, ahead, warm_s=300.0)
+    assert compared["hidden_vs_scale_to_zero"] == 0.9
+    assert compared["extra_replica_s_vs_scale_to_zero"] == 0.2
+    assert compared["extra_running_replica_s_vs_scale_to_zero"] == 0.375
+    verdicts = prewarm_goals(compared, "not run")
+    assert verdicts["prewarm_live_hidden_share"]["met"]
+    assert verdicts["prewarm_live_extra_replica_s"]["met"]
+    missed = prewarm_goals({}, "cluster: RuntimeError")
+    assert not missed["prewarm_live_hidden_share"]["met"]
+    assert missed["prewarm_live_extra_replica_s"]["missing"] == "cluster: RuntimeError"

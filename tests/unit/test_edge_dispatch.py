@@ -123,7 +123,13 @@ async def let_run(turns: int = 20) -> None:
 
 
 class Rig:
-    def __init__(self, running: dict[str, int], max_attempts: int = 3, deadline_s: float = 5.0):
+    def __init__(
+        self,
+        running: dict[str, int],
+        max_attempts: int = 3,
+        deadline_s: float = 5.0,
+        control: Any = None,
+    ):
         config = EdgeConfig.from_mapping({"regions": REGIONS, "latency": {"real_delay_scale": 0}})
         self.clock = ManualEdgeClock()
         self.handles = {region: FakeRegion(region) for region in REGIONS}
@@ -133,6 +139,7 @@ class Rig:
             {MODEL: self.handles},
             config.region_policy,
             default_cold_start_ms=3000.0,
+            control=control,
             clock=self.clock,
             after_cold_start=self._top_up_pool,
         )
@@ -547,3 +554,50 @@ def test_the_notice_hears_of_a_wait_for_a_cold_replica_and_only_of_that() -> Non
     rig2 = Rig({})
     asyncio.run(rig2.send(TOKYO, notice=cold_notice))
     assert cold_notice.region == "ap"
+
+
+class RecordingControl:
+    """Edge-control's handle as `RegionPools.sync` calls it: records each sync's arguments and
+    answers `snapshot`; `fail` makes the next sync raise, as a restarting edge-control would."""
+
+    def __init__(self, snapshot: BoardSnapshot) -> None:
+        self.snapshot = snapshot
+        self.synced: list[tuple[list[Outcome], dict[tuple[str, str], int]]] = []
+        self.fail = False
+        self.sync = self
+
+    def remote(self, outcomes: list[Outcome], demand: dict[tuple[str, str], int]) -> Any:
+        if self.fail:
+            self.fail = False
+            return _raise(RuntimeError("edge-control restarting"))
+        self.synced.append((outcomes, dict(demand)))
+        return self._answer()
+
+    async def _answer(self) -> BoardSnapshot:
+        return self.snapshot
+
+
+def test_demand_is_counted_by_the_entry_colo_s_region_and_survives_a_failed_sync() -> None:
+    running = {"eu": 1, "us": 0, "ap": 0}
+    control = RecordingControl(
+        BoardSnapshot({MODEL: {r: PoolView(running=n) for r, n in running.items()}}, {})
+    )
+    rig = Rig(running, control=control)
+
+    async def go() -> None:
+        for headers in (TOKYO, TOKYO, FRANKFURT):
+            await rig.send(headers)  # Tokyo's requests detour to eu: their demand is still ap's
+        control.fail = True
+        with pytest.raises(RuntimeError):
+            await rig.pools.sync()
+        await rig.send(TOKYO)
+        await rig.pools.sync()
+
+    asyncio.run(go())
+    demand: dict[tuple[str, str], int] = {}
+    for _, synced in control.synced:
+        for key, count in synced.items():
+            demand[key] = demand.get(key, 0) + count
+    assert demand == {(MODEL, "ap"): 3, (MODEL, "eu"): 1}  # none lost to the failed sync
+    served = [o.region for outcomes, _ in control.synced for o in outcomes if o.kind == "ok"]
+    assert served == ["eu"] * 4

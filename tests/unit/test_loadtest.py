@@ -147,6 +147,39 @@ def test_burst_after_idle_primes_each_model_then_stays_silent() -> None:
     assert schedule.end_s == 312.0
 
 
+def test_diurnal_follows_each_client_region_s_local_day() -> None:
+    day_s = 240.0
+    schedule = build_schedule(
+        config(scenario="diurnal", rate_rps=60, duration_s=2 * day_s, day_s=day_s,
+               trough_ratio=0.0, seed=2)
+    )  # fmt: skip
+    assert [(p.name, p.start_s, p.end_s) for p in schedule.phases] == [
+        ("day 1", 0.0, day_s),
+        ("day 2", day_s, 2 * day_s),
+    ]
+
+    def local_hours(name: str) -> np.ndarray:
+        region = region_named(name)
+        times = np.array([a.at_s for a in schedule.arrivals if a.region.name == name])
+        return (times / day_s * 24.0 + region.lon / 15.0) % 24.0
+
+    for name in ("eu-central", "asia-northeast", "na-west"):
+        hours = local_hours(name)
+        # A cosine day peaking at 14:00 local with a silent night: the afternoon is busy, the
+        # small hours next to empty, whatever the region's UTC offset.
+        afternoon = np.sum((hours >= 11) & (hours < 17))
+        night = np.sum((hours < 3) | (hours >= 23))
+        assert afternoon > 10 * max(1, night), (name, afternoon, night)
+    # Each region's share of the day follows its weight.
+    counts = Counter(a.region.name for a in schedule.arrivals)
+    weights = {r.name: r.weight for r in DEFAULT_REGIONS}
+    total = sum(weights.values())
+    for name in ("na-east", "asia-east"):
+        assert counts[name] / len(schedule.arrivals) == pytest.approx(
+            weights[name] / total, rel=0.2
+        )
+
+
 def test_geo_mix_spreads_clients_by_region_weight() -> None:
     schedule = build_schedule(config(scenario="geo-mix", rate_rps=50, duration_s=200))
     counts = Counter(a.region.name for a in schedule.arrivals)
@@ -398,6 +431,12 @@ def test_replica_summary_reports_running_at_each_phase_start() -> None:
     summary = replica_summary(samples, phases)["glm"]
     assert summary["running_at_phase_start"] == {"warm": 1, "idle": 1, "burst": 0}
     assert (summary["min_running"], summary["max_running"], summary["max_wanted"]) == (0, 1, 1)
+    # One replica from 0 s to 200 s, none to 310 s, one starting from 310 s (it counts), then
+    # the last sample (held no further).
+    assert summary["replica_s_by_phase"] == {"warm": 2.0, "idle": 198.0, "burst": 2.0}
+    assert summary["running_replica_s_by_phase"] == {"warm": 2.0, "idle": 198.0, "burst": 0.0}
+    late = replica_summary(samples, [Phase("late", 100, 330)])["glm"]["replica_s_by_phase"]
+    assert late == {"late": 110.0}
 
 
 def test_requests_csv_has_one_row_per_request_in_order(tmp_path: Path) -> None:

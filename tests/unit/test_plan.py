@@ -10,14 +10,19 @@ import numpy as np
 import pytest
 
 from edge_sim.config import EdgeConfig
+from edge_sim.faults import ColoFault
+from edge_sim.geo import ClientLocation
 from edge_sim.plan.autoscaler import AutoscalingSpec, PoolSpec, ServeAutoscaler
 from edge_sim.plan.policies import compare, predictive, scale_to_zero
-from edge_sim.plan.prewarm import PredictivePrewarm, PrewarmConfig
+from edge_sim.plan.replay import ReplayedRequest, replay_trace
 from edge_sim.plan.simulator import RegionOutage, SimSettings, Simulator
+from edge_sim.plan.stats import percentile_ms
 from edge_sim.plan.summary import totals
-from edge_sim.plan.trace import Trace, TraceChunk, TraceSpec, generate, read_loadtest_records
+from edge_sim.plan.trace import Trace, TraceChunk, TraceSpec, generate
 from edge_sim.plan.world import Origin, World, synthetic_world
+from edge_sim.prewarm import PredictivePrewarm, PrewarmConfig
 from edgectl.loadtest.records import EdgeHeaders, RequestRecord, write_csv
+from edgectl.plan.sources.loadtest import read_loadtest_records
 
 THREE_REGIONS = {
     "eu": {"lat": 50.1109, "lon": 8.6821},
@@ -127,6 +132,48 @@ def test_region_outage_moves_traffic_to_the_next_region_and_back():
     assert 3 <= failed < 0.2 * during  # ejected after a few failures, probed now and then
 
 
+def test_colo_drills_act_as_in_the_router_down_slowed_failing_and_windowed():
+    world = _world()
+    specs = {"glm": _spec(min_replicas=1, initial_replicas=1)}
+    down, slow = ColoFault(down=True), ColoFault(added_latency_ms=400)
+
+    def run(faults=None, **settings):
+        trace = _poisson(world, 5.0, 600.0)
+        sim = Simulator(world, specs, SimSettings(timeline_s=50, **settings), colo_faults=faults)
+        return sim.run(trace)
+
+    def p50(result) -> float:
+        return percentile_ms(result.pools[("glm", "eu")].histogram, 50)
+
+    base = run()
+    # FRA down: Frankfurt enters at the next colo, further away; failing every request there
+    # passes them on to that same next colo.
+    moved, passed_on = run({"FRA": [down]}), run({"FRA": [ColoFault(error_rate=1.0)]})
+    assert p50(moved) > p50(base) and p50(passed_on) == p50(moved)
+    slowed = run({"FRA": [slow]})
+    assert p50(base) < p50(slowed) <= p50(base) + 400  # another colo, if nearer than 400 ms more
+    # Every colo near Frankfurt failing: nothing takes the requests (503s).
+    near = [c.colo_id for c in world.ranker.rank("glm", ClientLocation(50.11, 8.68, "header"))]
+    shed = run({colo: [ColoFault(error_rate=1.0)] for colo in near})
+    assert shed.sheds[("glm", "eu")] == shed.arrivals and not shed.pools[("glm", "eu")].requests
+    # Every eu colo down from 200 s to 300 s: its clients enter at another region's colos and
+    # are served there meanwhile, then come home.
+    window = ColoFault(down=True, start_after_s=200, duration_s=100)
+    result = run({colo: [window] for colo in world.regions.colos_of("eu")})
+    served = result.requests_timeline
+    eu = result.regions.index("eu")
+    assert served[eu, :4].sum() > 0.99 * served[:, :4].sum()
+    assert served[eu, 4:6].sum() == 0 and served[:, 4:6].sum() > 0
+    assert served[eu, 6:].sum() > 0.99 * served[:, 6:].sum()
+    # Cached routing stays exact under drills.
+    computed = run({"FRA": [ColoFault(error_rate=0.5, start_after_s=100, duration_s=300)]},
+                   cache_routes=False)  # fmt: skip
+    cached = run({"FRA": [ColoFault(error_rate=0.5, start_after_s=100, duration_s=300)]})
+    assert cached.pools[("glm", "eu")].histogram == computed.pools[("glm", "eu")].histogram
+    with pytest.raises(ValueError, match=r"colo faults: unknown colos \['XXX'\]"):
+        Simulator(world, specs, colo_faults={"XXX": [down]})
+
+
 def test_longer_scale_to_zero_delay_means_fewer_cold_starts_and_more_replica_seconds():
     world = _world()
     runs = compare(
@@ -214,6 +261,22 @@ def test_load_tester_records_replay_as_a_trace(tmp_path: Path):
         csv.writer(handle).writerows([["seq", "when"], ["1", "x"]])
     with pytest.raises(ValueError, match="not a load tester record"):
         read_loadtest_records(path, positions)
+
+
+def test_a_replayed_trace_is_in_time_order_whatever_order_its_source_read():
+    requests = [
+        ReplayedRequest(2.0, "glm", "b"),
+        ReplayedRequest(0.5, "kimi", "a"),
+        ReplayedRequest(1.0, "glm", "a"),
+    ]
+    trace = replay_trace(requests, {"a": (0.0, 0.0), "b": (10.0, 10.0)})
+    (chunk,) = list(trace.chunks())
+    assert chunk.t_s.tolist() == [0.5, 1.0, 2.0]
+    assert [trace.models[m] for m in chunk.model] == ["kimi", "glm", "glm"]
+    assert [trace.origins[o].name for o in chunk.origin] == ["a", "a", "b"]
+    assert trace.duration_s == 3.0 and trace.expected_requests == 3
+    with pytest.raises(ValueError, match=r"log: origins without a position: \['b'\]"):
+        replay_trace(requests, {"a": (0.0, 0.0)}, source="log")
 
 
 def test_forecaster_wakes_a_region_ahead_of_yesterdays_morning():

@@ -3,7 +3,10 @@ day of ten million, with its time and memory, is benchmarks/plan_scale.py)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+import yaml
 
 from benchmarks.plan_scale import MODELS, SHIPPED
 from edge_sim.plan.simulator import SimSettings, Simulator
@@ -11,6 +14,8 @@ from edge_sim.plan.summary import totals
 from edge_sim.plan.trace import TraceSpec, generate
 from edge_sim.plan.world import synthetic_world
 from edgectl.plan.cli import main as plan_main
+from edgectl.plan.cli import parse_policy
+from edgectl.plan.config import load_serve_config
 
 
 def test_quick_day_over_300_colos_and_20_regions_accounts_for_every_request():
@@ -52,3 +57,38 @@ def test_edge_plan_writes_a_report_and_refuses_an_unknown_region(tmp_path: Path,
     assert (out / "replicas_over_time.png").stat().st_size > 1000
     assert plan_main(["--outage", "mars:1:1", "--out", str(out)]) == 2
     assert "unknown regions ['mars']" in capsys.readouterr().err
+
+
+def test_edge_plan_names_the_trace_sources_it_knows(tmp_path: Path, capsys):
+    assert plan_main(["--trace", "gateway:db", "--out", str(tmp_path)]) == 2
+    assert "diurnal, follow-the-sun, flat or records:PATH" in capsys.readouterr().err
+    assert plan_main(["--trace", f"records:{tmp_path / 'none.csv'}", "--out", str(tmp_path)]) == 2
+    assert "none.csv" in capsys.readouterr().err
+
+
+def test_edge_plan_takes_colo_drills_as_the_admin_api_writes_them(tmp_path: Path, capsys):
+    out = tmp_path / "drill"
+    drill = 'FRA:{"down": true, "start_after_s": 3600, "duration_s": 1800}'
+    assert plan_main(["--requests", "2000", "--hours", "3", "--colo-fault", drill,
+                      "--out", str(out)]) == 0  # fmt: skip
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["params"]["colo_faults"]["FRA"][0]["duration_s"] == 1800
+    assert plan_main(["--colo-fault", 'XXX:{"down": true}', "--out", str(out)]) == 2
+    assert "--colo-fault: unknown colos ['XXX']" in capsys.readouterr().err
+    assert plan_main(["--colo-fault", 'FRA:{"slow": 1}', "--out", str(out)]) == 2
+    assert "slow: Extra inputs are not permitted" in capsys.readouterr().err
+
+
+def test_edge_plan_takes_pre_warming_settings_from_the_config(tmp_path: Path):
+    config = yaml.safe_load((Path(__file__).parents[2] / "serve_config.yaml").read_text())
+    prewarm = {"enabled": True, "lookahead_s": 900, "min_expected": 2}
+    config["applications"][0]["args"]["edge"]["prewarm"] = prewarm
+    path = tmp_path / "serve_config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    plan_config = load_serve_config(path)
+    as_deployed = parse_policy("config", plan_config)
+    assert as_deployed.name == "config (pre-warming)" and as_deployed.floor is not None
+    assert "expects >= 2 requests in 900s" in parse_policy("predictive", plan_config).description
+    assert "in 300s" in parse_policy("predictive:2:300", plan_config).description
+    shipped = load_serve_config(Path(__file__).parents[2] / "serve_config.yaml")
+    assert parse_policy("config", shipped).floor is None  # off as shipped: scale-to-zero alone
