@@ -22,6 +22,8 @@ from typing import Any
 
 import httpx
 
+from edgectl.boot_priority import BOOT_NICE, set_session_nice
+
 BIN = Path(sys.executable).parent
 START_TIMEOUT_S = 120
 STOP_GRACE_S = 10
@@ -170,6 +172,7 @@ class LocalCluster:
             )
             if not head.alive:
                 raise RuntimeError(f"ray start exited:\n{_tail(head.log_path)}")
+            set_session_nice(head.process.pid, 0)
         except BaseException:
             cluster.stop()
             raise
@@ -179,13 +182,15 @@ class LocalCluster:
         """A worker node joining the head: its own raylet, its own process group. Returns once
         `ray start` says the node is up, not when the GCS first lists it: a raylet aborts when
         its dashboard agent has not written its ports within about 15 s (a fixed wait in Ray's
-        raylet), which a starved 2-core machine can exceed, and `ray start` then exits. Such a
-        start is retried; every failed one is reported."""
+        raylet). The node boots with a raised CPU share (edgectl.boot_priority) so that a
+        machine busy with other nodes and load does not starve its agent past that wait; a
+        start that dies all the same is retried, and every failed one is reported."""
         failures: list[str] = []
         for _ in range(NODE_START_ATTEMPTS):
             node = self._start_node(name, num_cpus, resources, ["--address", self.gcs_address])
             try:
                 self._wait_node_up(node)
+                set_session_nice(node.process.pid, 0)
                 return node
             except NodeStartFailed as failure:
                 failures.append(str(failure))
@@ -290,6 +295,8 @@ class LocalCluster:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # its own process group: ours alone to signal
             )
+        # Before `ray start` forks its daemons (it imports for a second first): they inherit it.
+        set_session_nice(process.pid, BOOT_NICE)
         node = RayNode(name, process, log_path, dict(resources), log_offset)
         self.nodes.append(node)
         return node
