@@ -212,6 +212,13 @@ class RegionFaultError(OverloadedError):
     default_code = "region_fault"
 
 
+class ControlUnavailableError(OverloadedError):
+    """edge-control (the admin API's drills and region view) did not answer: it is restarting,
+    or its node is gone. Serving requests never depends on it."""
+
+    default_code = "control_unavailable"
+
+
 class InternalServerError(ServingError):
     """A bug or an unexpected failure on our side; the message never carries a stack trace."""
 

@@ -48,9 +48,10 @@ def services_for(
     handles: Mapping[str, Any],
     environ: Mapping[str, str] | None = None,
     in_router: FakeInRouterModeration | None = None,
+    control: Any | None = None,
 ) -> RouterServices:
     """`handles` by model (see in_every_region); `in_router`: the gate's classifier when the
-    router runs its own (a fresh fake by default)."""
+    router runs its own (a fresh fake by default); `control`: an edge-control handle."""
     keys = KeyStore.from_env(environ or {}, config.security)
     # A clock that stands still: token buckets refill with time, and a loaded machine is slow.
     return build_services(
@@ -59,4 +60,5 @@ def services_for(
         keys=keys,
         clock=lambda: 0.0,
         open_gate_classifier=(in_router or FakeInRouterModeration()).open,
+        control=control,
     )

@@ -41,6 +41,7 @@ EXPECTED_STATUS: dict[type[ServingError], int] = {
     errors.QueueFullError: 503,
     errors.RegionNotFoundError: 404,
     errors.RegionFaultError: 503,
+    errors.ControlUnavailableError: 503,
     errors.InternalServerError: 500,
 }
 
@@ -166,6 +167,7 @@ EXPECTED_HEADER_NAMES: dict[type[ServingError], set[str]] = {
     errors.ModelNotReadyError: {"retry-after"},
     errors.QueueFullError: {"retry-after"},
     errors.RegionFaultError: {"retry-after"},
+    errors.ControlUnavailableError: {"retry-after"},
     errors.MethodNotAllowedError: {"allow"},
 }
 
