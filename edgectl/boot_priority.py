@@ -47,3 +47,14 @@ def session_nice(leader_pid: int) -> int:
         # "/autogroup-85 nice 0"
         return int(Path(f"/proc/{leader_pid}/autogroup").read_text().split()[-1])
     return os.getpriority(os.PRIO_PROCESS, leader_pid)
+
+
+def favour_process(pid: int, nice: int = BOOT_NICE) -> bool:
+    """One process ahead of the others of its session (per-process nice orders a session's
+    own processes). False when this process may not, or it is gone."""
+    try:
+        if os.getpriority(os.PRIO_PROCESS, pid) != nice:
+            os.setpriority(os.PRIO_PROCESS, pid, nice)
+    except (PermissionError, ProcessLookupError):
+        return False
+    return True

@@ -5,8 +5,10 @@ cluster of the test's own (edgectl.local_cluster): deployed with `serve deploy`,
 from __future__ import annotations
 
 import copy
+import threading
+import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +32,8 @@ CLUSTER_ENV = {
     "RAY_health_check_period_ms": "1000",
     "RAY_health_check_failure_threshold": "3",
 }
-# Cities and the region each is nearest to (through its nearest colo) in the shipped config.
+# A client waits longer than the router's own deadline across failovers (request_timeout_s).
+REQUEST_TIMEOUT_S = 150
 
 
 def region_config(
@@ -109,6 +112,66 @@ def running_app(ray: LocalCluster, config_dir: Path, config: dict[str, Any]) -> 
     app = RegionApp(ray, f"http://127.0.0.1:{port}", config_dir / "serve_config.yaml")
     app.deploy(config)
     yield app
+
+
+@dataclass
+class Answer:
+    sent_at: float  # monotonic
+    city: str
+    status: int
+    region: str | None
+    took_s: float = 0.0
+
+
+@dataclass
+class MixedLoad:
+    """One client per city (`entry_urls`: city -> the ingress it enters at), one uncached
+    embeddings request after another each, until stopped."""
+
+    entry_urls: Mapping[str, str]
+    answers: list[Answer] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    @classmethod
+    def everywhere(cls, base_url: str) -> MixedLoad:
+        """A client in every city of CITY_PROBES, all entering at `base_url`."""
+        return cls({city: base_url for city in CITY_PROBES})
+
+    def start(self) -> None:
+        for city in self.entry_urls:
+            thread = threading.Thread(target=self._client, args=(city,), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=150)
+
+    def from_city(self, city: str, since: float) -> list[Answer]:
+        return [a for a in list(self.answers) if a.city == city and a.sent_at >= since]
+
+    def _client(self, city: str) -> None:
+        geo, _ = CITY_PROBES[city]
+        headers = {**LOAD, "x-client-geo": geo, "x-edge-cache": "bypass"}
+        body = {"model": "embedding", "input": f"hello from {city}"}
+        with httpx.Client(base_url=self.entry_urls[city], timeout=REQUEST_TIMEOUT_S) as client:
+            while not self._stop.is_set():
+                sent_at = time.monotonic()
+                try:
+                    response = client.post("/v1/embeddings", json=body, headers=headers)
+                    answer = Answer(
+                        sent_at,
+                        city,
+                        response.status_code,
+                        response.headers.get("x-edge-region"),
+                        time.monotonic() - sent_at,
+                    )
+                except httpx.HTTPError:
+                    answer = Answer(sent_at, city, 0, None, time.monotonic() - sent_at)
+                self.answers.append(answer)
+                time.sleep(0.2)
 
 
 def embed(http: httpx.Client, city: str, model: str = "embedding") -> httpx.Response:
