@@ -19,13 +19,43 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
+import yaml
+
 from deployments.k8s.high_availability import serve_on_every_node
-from edgectl.local_cluster import LocalCluster, RayNode
+from edgectl.local_cluster import LocalCluster, RayNode, wait_until
 from edgectl.local_services import RedisServer
 from edgectl.netns import HostNetwork
+from edgectl.small_config import regional_config
 
 SERVE_PORT = 8000  # every node's own address: the same port everywhere, as in pods
 TCP_LISTEN = "0A"  # the state column of /proc/net/tcp
+
+# The layout: the head carries region eu; each worker a region and the ingress resource, which
+# the router and edge-control need, so that they live where the head's death does not reach.
+INGRESS_RESOURCE = "ingress"
+HEAD_RESOURCES = {"region:eu": 100}
+WORKERS = {
+    "us": {"region:us": 100, INGRESS_RESOURCE: 100},
+    "ap": {"region:ap": 100, INGRESS_RESOURCE: 100},
+}
+# Embeddings everywhere; moderation and chat warm in us (the other regions wake from zero on
+# failover): every replica more is a minute more of start on a loaded 2-core machine.
+SERVED = {
+    "embedding": {"eu": 1, "us": 1, "ap": 1},
+    "moderation": {"eu": 0, "us": 1, "ap": 0},
+    "glm": {"eu": 0, "us": 1, "ap": 0},
+}
+HA_ENV = {
+    # A killed node is declared dead after 3 missed 1 s health checks, not Ray's 5 x 3 s.
+    "RAY_health_check_period_ms": "1000",
+    "RAY_health_check_failure_threshold": "3",
+    # A proxy on a 1-CPU node passes Serve's readiness check in seconds on a quiet machine; on
+    # one shared with other tests at load 50-120 it took longer than Serve's 5 s again and again,
+    # and its controller killed and restarted it in a loop.
+    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
+}
+DEPLOY_S = 600  # the first deploy: every replica and proxy a new process, one at a time a node
 
 
 def every_node_ingress(serve_config: Mapping[str, Any], port: int = SERVE_PORT) -> dict[str, Any]:
@@ -41,24 +71,38 @@ def every_node_ingress(serve_config: Mapping[str, Any], port: int = SERVE_PORT) 
     return config
 
 
+def ha_serve_config(serve_config: Path, models_root: Path) -> dict[str, Any]:
+    """`serve_config` cut to SERVED in this layout, the ingress on every node, no warm pool
+    (its prestarted workers would double the processes a loaded machine starts)."""
+    config = every_node_ingress(
+        regional_config(
+            serve_config, models_root, SERVE_PORT, SERVED, ingress_resource=INGRESS_RESOURCE
+        )
+    )
+    config["applications"][0]["args"]["warm_pool"] = {"enabled": False}
+    return config
+
+
 @dataclass
 class HaCluster:
     network: HostNetwork
     redis: RedisServer
     ray: LocalCluster
     port: int = SERVE_PORT
+    deployed: tuple[dict[str, Any], Path] | None = None  # the config last deployed, and its file
 
     @classmethod
     def start(
         cls,
         *,
-        head_cpus: float,
-        head_resources: Mapping[str, float],
-        workers: Mapping[str, Mapping[str, float]],
-        worker_cpus: float,
         env: Mapping[str, str],
+        head_cpus: float = 2,
+        head_resources: Mapping[str, float] = HEAD_RESOURCES,
+        workers: Mapping[str, Mapping[str, float]] = WORKERS,
+        worker_cpus: float = 1,
     ) -> HaCluster:
-        """A head and one worker node per entry of `workers` ({name: resources})."""
+        """A head and one worker node per entry of `workers` ({name: resources}); `env` for
+        every node (HA_ENV's settings are added)."""
         network = HostNetwork.create()
         redis: RedisServer | None = None
         try:
@@ -66,7 +110,7 @@ class HaCluster:
             ray = LocalCluster.start(
                 num_cpus=head_cpus,
                 resources=head_resources,
-                env=env,
+                env={**env, **HA_ENV},
                 network=network,
                 gcs_redis=redis,
             )
@@ -83,6 +127,34 @@ class HaCluster:
             cluster.stop()
             raise
         return cluster
+
+    def deploy(self, config: Mapping[str, Any], config_path: Path) -> None:
+        """`serve deploy` of `config`, then until the cluster is whole."""
+        config_path.write_text(yaml.safe_dump(dict(config), sort_keys=False))
+        self.ray.serve_deploy(config_path, attempts=3)  # the first deploy starts Serve
+        self.deployed = (copy.deepcopy(dict(config)), config_path)
+        wait_until(self.whole, DEPLOY_S, "every node's ingress", every_s=2)
+
+    def whole(self) -> bool:
+        """Every node ALIVE, the app RUNNING, every node's ingress answering; else raises what
+        is missing (wait_until reports it at its deadline)."""
+        summary = self.ray.dashboard_get("/nodes?view=summary")["data"]["summary"]
+        alive = [n for n in summary if n.get("raylet", {}).get("state") == "ALIVE"]
+        if len(alive) != len(self.ray.nodes):
+            raise RuntimeError(f"{len(alive)} of {len(self.ray.nodes)} nodes alive")
+        status = self.ray.serve_applications()["applications"]["edge"]["status"]
+        if status != "RUNNING":
+            raise RuntimeError(f"the app is {status}")
+        silent = [node.name for node in self.ray.nodes if not self.ingress_answers(node)]
+        if silent:
+            raise RuntimeError(f"no ingress answers on {silent}")
+        return True
+
+    def ingress_answers(self, node: RayNode) -> bool:
+        try:
+            return httpx.get(f"{self.ingress_url(node)}/healthz", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def node(self, name: str) -> RayNode:
         (node,) = [node for node in self.ray.nodes if node.name == name]

@@ -4,7 +4,6 @@ cluster of the test's own (edgectl.local_cluster): deployed with `serve deploy`,
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -15,9 +14,10 @@ from typing import Any
 import httpx
 import yaml
 
-from deployments.config import CLUSTER_SERVE_ENV, serve_only
+from deployments.config import CLUSTER_SERVE_ENV
 from edgectl.loadtest.regions import CITY_PROBES
 from edgectl.local_cluster import LocalCluster, free_port, wait_until
+from edgectl.small_config import LOAD_KEY_NAME, regional_config
 
 REPO = Path(__file__).resolve().parents[2]
 ADMIN_KEY = "test-admin-key"
@@ -27,7 +27,7 @@ LOAD = {"authorization": f"Bearer {LOAD_KEY}"}
 CLUSTER_ENV = {
     **CLUSTER_SERVE_ENV,  # the shipped Serve switches (`make serve`, the k8s containers)
     "EDGE_ADMIN_KEY": ADMIN_KEY,
-    "EDGE_API_KEYS": f"load:{LOAD_KEY}",
+    "EDGE_API_KEYS": f"{LOAD_KEY_NAME}:{LOAD_KEY}",
     # A killed node is declared dead after 3 missed 1 s health checks, not Ray's default 5 x 3 s.
     "RAY_health_check_period_ms": "1000",
     "RAY_health_check_failure_threshold": "3",
@@ -43,33 +43,15 @@ def region_config(
     deployment_options: Mapping[str, Any] | None = None,
     ingress_resource: str | None = None,
 ) -> dict[str, Any]:
-    """serve_config.yaml serving only `models` ({model: {region: initial replicas}}), one
-    replica per region at most, replicas kept for 10 minutes, the gate off, RTT not slept."""
-    config = yaml.safe_load((REPO / "serve_config.yaml").read_text())
-    config["http_options"] = {"host": "127.0.0.1", "port": http_port}
-    app = config["applications"][0]
-    args = app["args"]
-    args["models_dir"] = str(models_root)
-    serve_only(args, models)
-    args["security"]["moderation_gate"]["models"] = []
-    args["security"]["per_key"] = {"load": {"requests_per_minute": None, "tokens_per_minute": None}}
-    args["edge"]["latency"]["real_delay_scale"] = 0
-    if ingress_resource is not None:
-        args["edge"]["region_policy"]["ingress_resource"] = ingress_resource
-    deployments = []
-    for deployment in app["deployments"]:
-        model, _, region = deployment["name"].rpartition("-")
-        if model in models:
-            deployment = copy.deepcopy(deployment)
-            scaling = deployment["autoscaling_config"]
-            scaling.update(max_replicas=1, initial_replicas=models[model][region])
-            scaling.update(downscale_delay_s=600, downscale_to_zero_delay_s=600)
-            deployment.update((deployment_options or {}).get(model, {}))
-            deployments.append(deployment)
-        elif deployment["name"] == "router":
-            deployments.append(deployment)
-    app["deployments"] = deployments
-    return config
+    """The shipped serve_config.yaml serving only `models` (edgectl.small_config)."""
+    return regional_config(
+        REPO / "serve_config.yaml",
+        models_root,
+        http_port,
+        models,
+        deployment_options,
+        ingress_resource,
+    )
 
 
 @dataclass

@@ -16,54 +16,24 @@ import yaml
 from region_app import (
     CLUSTER_ENV,
     LOAD,
+    LOAD_KEY,
+    REPO,
     Answer,
     MixedLoad,
-    region_config,
     wait_until,
 )
 
-from edgectl.ha_cluster import HaCluster, every_node_ingress
+from edgectl.ha_cluster import HaCluster, ha_serve_config
+from edgectl.loadtest.chaos import run_chaos
+from edgectl.loadtest.scenarios import ModelTarget
 from edgectl.netns import NetworkUnavailable, check_available
 
-INGRESS = "ingress"  # the resource the router (and edge-control) need: the workers have it
-WORKERS = {
-    "us": {"region:us": 100, INGRESS: 100},
-    "ap": {"region:ap": 100, INGRESS: 100},
-}
 # Clients enter at the workers' ingresses only: the head's goes with the head. Frankfurt's
 # region (eu) is on the head, so its requests fail over when the head is lost.
 ENTRY = {"frankfurt": "us", "new_york": "us", "tokyo": "ap"}
+# The chaos scenario in its fastest form: the faults that need no restart of a node.
+QUICK_FAULTS = ("model-replica", "router-replica", "edge-control", "serve-controller")
 WHOLE_S = 300  # node start, Serve's controller and proxies back, on a loaded 2-core machine
-HA_ENV = {
-    **CLUSTER_ENV,
-    # A proxy on a 1-CPU node passes Serve's readiness check in seconds on a quiet machine; on
-    # this one, shared with other tests at load 50-120, it took longer than Serve's 5 s again and
-    # again and its controller killed and restarted it in a loop.
-    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
-}
-
-
-def _whole(ha: HaCluster) -> bool:
-    """Every node ALIVE, the app RUNNING, every node's ingress answering; else raises what is
-    missing (wait_until reports it at its deadline)."""
-    summary = ha.ray.dashboard_get("/nodes?view=summary")["data"]["summary"]
-    alive = [n for n in summary if n.get("raylet", {}).get("state") == "ALIVE"]
-    if len(alive) != len(ha.ray.nodes):
-        raise RuntimeError(f"{len(alive)} of {len(ha.ray.nodes)} nodes alive")
-    status = ha.ray.serve_applications()["applications"]["edge"]["status"]
-    if status != "RUNNING":
-        raise RuntimeError(f"the app is {status}")
-    silent = [node.name for node in ha.ray.nodes if not _answers(ha.ingress_url(node))]
-    if silent:
-        raise RuntimeError(f"no ingress answers on {silent}")
-    return True
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/healthz", timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -72,26 +42,10 @@ def ha(models_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         check_available()
     except NetworkUnavailable as missing:
         pytest.skip(str(missing))
-    cluster = HaCluster.start(
-        head_cpus=2,
-        head_resources={"region:eu": 100},
-        workers=WORKERS,
-        worker_cpus=1,
-        env=HA_ENV,
-    )
+    cluster = HaCluster.start(env=CLUSTER_ENV)
     try:
-        config = every_node_ingress(
-            region_config(
-                models_root,
-                cluster.port,
-                {"embedding": {"eu": 1, "us": 1, "ap": 1}},
-                ingress_resource=INGRESS,
-            )
-        )
-        config_path = tmp_path_factory.mktemp("ha") / "serve_config.yaml"
-        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-        cluster.ray.serve_deploy(config_path, attempts=3)  # the first deploy starts Serve
-        wait_until(lambda: _whole(cluster), WHOLE_S, "every node's ingress", every_s=2)
+        config = ha_serve_config(REPO / "serve_config.yaml", models_root)
+        cluster.deploy(config, tmp_path_factory.mktemp("ha") / "serve_config.yaml")
         yield cluster
     finally:
         cluster.stop()
@@ -136,7 +90,7 @@ def test_an_ingress_killed_leaves_the_other_nodes_serving(ha: HaCluster, record_
         wait_until(
             lambda: (
                 any(a.status == 200 for a in load.answers if a.sent_at > killed_at + 1)
-                and _answers(ha.ingress_url(ha.node("us")))
+                and ha.ingress_answers(ha.node("us"))
             ),
             WHOLE_S,
             "us's ingress back",
@@ -150,6 +104,33 @@ def test_an_ingress_killed_leaves_the_other_nodes_serving(ha: HaCluster, record_
     # process, or that tried it while it was gone, could not be answered by anyone else.
     assert spared.answers and not _failed(spared.answers), _failed(spared.answers)[:5]
     record_property("failed_at_killed_ingress", len(_failed(load.answers)))
+
+
+def test_chaos_in_its_fastest_form_fails_no_request(ha: HaCluster, tmp_path: Path) -> None:
+    """The load tester's chaos scenario on this cluster: mixed load entering at us while a model
+    replica, a router replica, edge-control and Serve's controller are killed in turn."""
+    models = [
+        ModelTarget(name="embedding", task="embedding"),
+        ModelTarget(name="moderation", task="moderation"),
+        ModelTarget(name="glm", task="chat"),
+    ]
+    summary = run_chaos(
+        ha, tmp_path, models=models, faults=QUICK_FAULTS, window_s=30, rate_rps=3, api_key=LOAD_KEY
+    )
+    faults = summary["faults"]
+    print(yaml.safe_dump(faults, sort_keys=False))  # the per-fault table, in the test's log
+    assert list(faults) == list(QUICK_FAULTS)
+    for fault, outcome in faults.items():
+        assert outcome["injected"] and "pid" in outcome["injected"]["detail"], (fault, outcome)
+        # Nothing sent after a kill fails: retried elsewhere, or never needing what died.
+        assert outcome["sent"] and outcome["failed_after"] == 0, (fault, outcome)
+        if fault != "router-replica":
+            assert outcome["failed"] == outcome["streams_cut"] == 0, (fault, outcome)
+    # A router replica holds the HTTP requests it is answering: those die with it, and Serve's
+    # proxy does not retry a request a replica had accepted. Only those may fail.
+    router = faults["router-replica"]
+    assert router["failed_in_flight"] == router["failed"] + router["streams_cut"], router
+    assert (tmp_path / "summary.json").is_file() and (tmp_path / "faults.json").is_file()
 
 
 @pytest.mark.disruptive
@@ -174,7 +155,7 @@ def test_the_head_killed_under_load_fails_no_request_and_the_cluster_heals(
         )
         restarted_at = time.monotonic()
         ha.ray.restart_node(head)
-        wait_until(lambda: _whole(ha), WHOLE_S, "the cluster whole again", every_s=2)
+        wait_until(lambda: ha.whole(), WHOLE_S, "the cluster whole again", every_s=2)
         whole_at = time.monotonic()
         time.sleep(3)  # a few answers with the cluster whole
     finally:
