@@ -37,6 +37,7 @@ STARTED_LINE = "Ray runtime started"  # what `ray start` prints once every proce
 # exits (Ray's default is 60 s): KubeRay's value for worker pods when GCS FT is on.
 GCS_RECONNECT_TIMEOUT_S = 600
 DASHBOARD_AGENT = "dashboard/agent.py"  # in its command line; the raylet waits on its ports
+HEAD = "head"  # the head node's name (and its host's, with a network)
 
 
 class NodeStartFailed(RuntimeError):
@@ -141,7 +142,7 @@ class LocalCluster:
     @property
     def host_ip(self) -> str:
         """The head's address: where the GCS and the dashboard listen."""
-        return self.network.add_host("head").ip if self.network else "127.0.0.1"
+        return self.network.hosts[HEAD].ip if self.network else "127.0.0.1"
 
     @property
     def head(self) -> RayNode:
@@ -191,6 +192,8 @@ class LocalCluster:
         token_path = root / "auth_token"
         token_path.write_text(secrets.token_hex(32))
         token_path.chmod(0o600)
+        if network is not None:
+            network.add_host(HEAD)
         cluster = cls(
             root,
             gcs_port,
@@ -244,7 +247,7 @@ class LocalCluster:
                 "RAY_REDIS_ADDRESS": self.gcs_redis.address,
                 "RAY_external_storage_namespace": self.root.name,
             }
-        return self._start_until_up("head", num_cpus, resources, args, env)
+        return self._start_until_up(HEAD, num_cpus, resources, args, env)
 
     def add_node(self, name: str, *, num_cpus: float, resources: Mapping[str, float]) -> RayNode:
         """A worker node joining the head: its own raylet, its own process group. Returns once
