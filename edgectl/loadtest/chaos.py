@@ -1,7 +1,7 @@
 """The chaos scenario: steady mixed load (embeddings, moderation, chat streams, chat whole answers)
 entering at one worker node's ingress of an edgectl.ha_cluster cluster, while one fault after
 another is injected as a real crash (SIGKILL), each in a window of its own: `before`, the kill,
-`during`, `after`. The report is the load tester's (summary.json, CSVs, plots, kills marked) with
+`during`, `after`; the last "fault" is an operator's `serve deploy` of a changed config. The report is the load tester's (summary.json, CSVs, plots, kills marked) with
 a `faults` section: per fault sent, ok, failed (non-streaming apart from streams cut), p99
 before/during/after, and how long until requests stopped failing.
 
@@ -37,7 +37,7 @@ from edgectl.loadtest.runner import AdminEvent, LoadRunner, RunResult, RunSettin
 from edgectl.loadtest.scenarios import ModelTarget, Phase, ScenarioConfig, build_schedule
 from edgectl.loadtest.summary import error_label, latency_stats
 from edgectl.loadtest.workload import WorkloadSettings
-from edgectl.local_cluster import RayNode
+from edgectl.local_cluster import RayNode, wait_until
 from edgectl.netns import NetworkUnavailable, check_available
 from edgectl.small_config import LOAD_KEY_NAME
 
@@ -59,6 +59,7 @@ ENTRY_NODE = "us"  # clients enter here; the other worker ("ap") takes the node-
 OTHER_NODE = "ap"
 CLIENT_REGION = "na-east"  # New York: served from us, failing over to ap or eu
 FAULTS_JSON = "faults.json"
+GCS_GIVES_UP_S = 60  # Redis killed: how long the GCS is given to exit (seen: about 8 s)
 
 
 def fault_phases(faults: Sequence[str], window_s: float) -> tuple[Phase, ...]:
@@ -135,9 +136,18 @@ class FaultInjector:
         return f"node {node.name} killed and restarted"
 
     def _kill_redis(self) -> str:
+        """Redis killed and restarted (its append-only file kept). Ray's GCS exits when it loses
+        its store, and the head with it: that head is restarted too, as KubeRay restarts a head
+        pod."""
         self.cluster.redis.kill()
         self.cluster.redis.restart()
-        return "redis-server killed and restarted"
+        head = self.cluster.ray.head
+        with contextlib.suppress(TimeoutError):
+            wait_until(lambda: not head.alive, GCS_GIVES_UP_S, "the GCS to give up on Redis")
+        if head.alive:
+            return "redis-server killed and restarted; the GCS stayed up"
+        self.cluster.ray.restart_node(head)
+        return "redis-server killed and restarted; the GCS exited, the head restarted"
 
     def _redeploy(self) -> str:
         """Not a kill: `serve deploy` of the running config with an autoscaling change and a
@@ -265,7 +275,7 @@ def run_chaos(
             try:
                 detail = injector.inject(fault)
             except Exception as error:  # noqa: BLE001 - reported in the run's summary
-                detail = f"failed: {error!r}"[:500]
+                detail = f"failed: {error!r}"[-1000:]  # a command's error ends with the cause
             injections.append(Injection(fault, at_s, time.monotonic() - t0, detail))
 
     thread = threading.Thread(target=inject_in_turn, daemon=True)
