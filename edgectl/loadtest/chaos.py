@@ -1,9 +1,10 @@
 """The chaos scenario: steady mixed load (embeddings, moderation, chat streams, chat whole answers)
 entering at one worker node's ingress of an edgectl.ha_cluster cluster, while one fault after
 another is injected as a real crash (SIGKILL), each in a window of its own: `before`, the kill,
-`during`, `after`; the last "fault" is an operator's `serve deploy` of a changed config. The report is the load tester's (summary.json, CSVs, plots, kills marked) with
-a `faults` section: per fault sent, ok, failed (non-streaming apart from streams cut), p99
-before/during/after, and how long until requests stopped failing.
+`during`, `after`; the last "fault" is an operator's `serve deploy` of a changed config. The
+report is the load tester's (summary.json, CSVs, plots, kills marked) plus faults.json: per fault
+sent, ok, failed (non-streaming; streams cut apart), p99 before/during/after, and how long until
+requests stopped failing.
 
 It needs the cluster it kills: `edge loadtest chaos` starts one of its own (`main`); the tests
 pass theirs to `run_chaos`."""
