@@ -253,6 +253,13 @@ class StateUnavailableError(OverloadedError):
     default_code = "state_unavailable"
 
 
+class ControlUnavailableError(OverloadedError):
+    """edge-control (the admin API's drills and region view) did not answer: it is restarting,
+    or its node is gone. Serving requests never depends on it."""
+
+    default_code = "control_unavailable"
+
+
 class InternalServerError(ServingError):
     """A bug or an unexpected failure on our side; the message never carries a stack trace."""
 
@@ -297,6 +304,7 @@ ENVELOPE_CODES: Mapping[type[ServingError], int] = MappingProxyType(
         RegionFaultError: 9503,
         WaitBudgetExceededError: 9504,
         StateUnavailableError: 9505,
+        ControlUnavailableError: 9506,
     }
 )
 

@@ -143,6 +143,11 @@ def _pass_through(command: str, rest: list[str]) -> int:
     if command == "loadtest":
         from edgectl.loadtest.cli import main as loadtest
 
+        if rest[:1] == ["chaos"]:  # it starts and kills a cluster of its own
+            from edgectl.loadtest.chaos import main as chaos
+
+            return chaos(rest[1:])
+
         # `edge loadtest steady --rate 5` reads better than `--scenario steady`.
         if rest and not rest[0].startswith("-"):
             rest = ["--scenario", *rest]

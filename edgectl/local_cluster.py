@@ -18,15 +18,26 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
+
+from edgectl.boot_priority import BOOT_NICE, favour_process, set_session_nice
+
+if TYPE_CHECKING:
+    from edgectl.local_services import RedisServer
+    from edgectl.netns import Host, HostNetwork
 
 BIN = Path(sys.executable).parent
 START_TIMEOUT_S = 120
 STOP_GRACE_S = 10
 NODE_START_ATTEMPTS = 4
 STARTED_LINE = "Ray runtime started"  # what `ray start` prints once every process of the node is up
+# With GCS fault tolerance a worker node's raylet waits this long for a restarted GCS before it
+# exits (Ray's default is 60 s): KubeRay's value for worker pods when GCS FT is on.
+GCS_RECONNECT_TIMEOUT_S = 600
+DASHBOARD_AGENT = "dashboard/agent.py"  # in its command line; the raylet waits on its ports
+HEAD = "head"  # the head node's name (and its host's, with a network)
 
 
 class NodeStartFailed(RuntimeError):
@@ -66,6 +77,17 @@ class RayNode:
     log_path: Path
     resources: Mapping[str, float]
     log_offset: int = 0  # where this start's lines begin in a log a restart appends to
+    num_cpus: float = 1
+    start_args: list[str] = field(default_factory=list)  # what `ray start` got besides the common
+    host: Host | None = None  # its network namespace, when the cluster has hosts of its own
+
+    @property
+    def is_head(self) -> bool:
+        return "--head" in self.start_args
+
+    @property
+    def ip(self) -> str:
+        return self.host.ip if self.host else "127.0.0.1"
 
     def log_since_start(self) -> str:
         with self.log_path.open("rb") as log:
@@ -77,8 +99,28 @@ class RayNode:
         return self.process.poll() is None
 
     def signal_group(self, signum: int) -> None:
+        """Every process of the node: its `ray start` group and its session, which also holds
+        the workers Ray 2.60's raylet puts in process groups of their own."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signum)
+        for pid in self.pids(""):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+    def pids(self, command_part: str) -> list[int]:
+        """This node's processes (its `ray start` session) whose command line has
+        `command_part`: one daemon to kill (the GCS, say) as a real crash would."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                stat = (entry / "stat").read_text()
+                session = int(stat[stat.rindex(")") + 2 :].split()[3])
+                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                if session == self.process.pid and command_part in command:
+                    found.append(int(entry.name))
+        return found
 
 
 @dataclass
@@ -92,10 +134,24 @@ class LocalCluster:
     env: dict[str, str]
     token_path: Path
     nodes: list[RayNode] = field(default_factory=list)
+    # Each node in a network namespace of its own (edgectl.netns), when given.
+    network: HostNetwork | None = None
+    # GCS fault tolerance: the GCS keeps its state in this Redis, so the head may be restarted.
+    gcs_redis: RedisServer | None = None
+
+    @property
+    def host_ip(self) -> str:
+        """The head's address: where the GCS and the dashboard listen."""
+        return self.network.hosts[HEAD].ip if self.network else "127.0.0.1"
+
+    @property
+    def head(self) -> RayNode:
+        (head,) = [node for node in self.nodes if node.is_head]
+        return head
 
     @property
     def gcs_address(self) -> str:
-        return f"127.0.0.1:{self.gcs_port}"
+        return f"{self.host_ip}:{self.gcs_port}"
 
     @property
     def session_dir(self) -> Path:
@@ -104,7 +160,7 @@ class LocalCluster:
 
     @property
     def dashboard_url(self) -> str:
-        return f"http://127.0.0.1:{self.dashboard_port}"
+        return f"http://{self.host_ip}:{self.dashboard_port}"
 
     def dashboard_get(self, path: str) -> Any:
         """GET the dashboard's REST API (token auth on, as on an operator's cluster)."""
@@ -124,68 +180,98 @@ class LocalCluster:
         resources: Mapping[str, float] | None = None,
         env: Mapping[str, str] | None = None,
         root: Path | None = None,
+        network: HostNetwork | None = None,
+        gcs_redis: RedisServer | None = None,
     ) -> LocalCluster:
-        """A head node with the dashboard (Serve's REST API) and a Prometheus metrics port."""
+        """A head node with the dashboard (Serve's REST API) and a Prometheus metrics port. With
+        `network`, every node runs in a namespace of its own (the head's is "head"); with
+        `gcs_redis`, the GCS keeps its state there, as KubeRay's GCS fault tolerance does."""
         root = root or Path(tempfile.mkdtemp(prefix="edge-ray-"))
         gcs_port, dashboard_port, metrics_port = free_port(), free_port(), free_port()
         # A token of our own (never ~/.ray's): the cluster is as locked as an operator's.
         token_path = root / "auth_token"
         token_path.write_text(secrets.token_hex(32))
         token_path.chmod(0o600)
-        cluster_env = {
+        if network is not None:
+            network.add_host(HEAD)
+        cluster = cls(
+            root,
+            gcs_port,
+            dashboard_port,
+            metrics_port,
+            {},
+            token_path,
+            network=network,
+            gcs_redis=gcs_redis,
+        )
+        cluster.env = {
             **os.environ,
             **(env or {}),
             "RAY_AUTH_MODE": "token",
             "RAY_AUTH_TOKEN_PATH": str(token_path),
-            "RAY_ADDRESS": f"127.0.0.1:{gcs_port}",
-            "RAY_DASHBOARD_ADDRESS": f"http://127.0.0.1:{dashboard_port}",
+            "RAY_ADDRESS": cluster.gcs_address,
+            "RAY_DASHBOARD_ADDRESS": cluster.dashboard_url,
         }
-        cluster = cls(root, gcs_port, dashboard_port, metrics_port, cluster_env, token_path)
+        if gcs_redis is not None:
+            cluster.env["RAY_gcs_rpc_server_reconnect_timeout_s"] = str(GCS_RECONNECT_TIMEOUT_S)
         try:
-            cluster._start_node(
-                "head",
-                num_cpus,
-                resources or {},
-                [
-                    "--head",
-                    "--port",
-                    str(gcs_port),
-                    "--dashboard-host",
-                    "127.0.0.1",
-                    "--dashboard-port",
-                    str(dashboard_port),
-                    "--metrics-export-port",
-                    str(metrics_port),
-                    "--ray-client-server-port",
-                    str(free_port()),
-                    "--temp-dir",
-                    str(root / "ray"),
-                ],
-            )
-            head = cluster.nodes[0]
-            wait_until(
-                lambda: not head.alive or cluster._dashboard_answers(),
-                START_TIMEOUT_S,
-                "the Ray dashboard to answer",
-            )
-            if not head.alive:
-                raise RuntimeError(f"ray start exited:\n{_tail(head.log_path)}")
+            cluster._start_head(num_cpus, resources or {})
         except BaseException:
             cluster.stop()
             raise
         return cluster
 
+    def _start_head(self, num_cpus: float, resources: Mapping[str, float]) -> RayNode:
+        """The head on its fixed ports (a restarted head is found where the nodes look)."""
+        args = [
+            "--head",
+            "--port",
+            str(self.gcs_port),
+            "--dashboard-host",
+            self.host_ip,
+            "--dashboard-port",
+            str(self.dashboard_port),
+            "--metrics-export-port",
+            str(self.metrics_port),
+            "--ray-client-server-port",
+            str(free_port()),
+            "--temp-dir",
+            str(self.root / "ray"),
+        ]
+        env = {}
+        if self.gcs_redis is not None:
+            # What KubeRay sets on a head pod with gcsFaultToleranceOptions; the namespace keeps
+            # this cluster's keys apart from any other's in the same Redis.
+            args += ["--redis-password", self.gcs_redis.password]
+            env = {
+                "RAY_REDIS_ADDRESS": self.gcs_redis.address,
+                "RAY_external_storage_namespace": self.root.name,
+            }
+        return self._start_until_up(HEAD, num_cpus, resources, args, env)
+
     def add_node(self, name: str, *, num_cpus: float, resources: Mapping[str, float]) -> RayNode:
         """A worker node joining the head: its own raylet, its own process group. Returns once
         `ray start` says the node is up, not when the GCS first lists it: a raylet aborts when
         its dashboard agent has not written its ports within about 15 s (a fixed wait in Ray's
-        raylet), which a starved 2-core machine can exceed, and `ray start` then exits. Such a
-        start is retried; every failed one is reported."""
+        raylet). The node boots with a raised CPU share (edgectl.boot_priority) so that a
+        machine busy with other nodes and load does not starve its agent past that wait; a
+        start that dies all the same is retried, and every failed one is reported."""
+        return self._start_until_up(name, num_cpus, resources, ["--address", self.gcs_address])
+
+    def _start_until_up(
+        self,
+        name: str,
+        num_cpus: float,
+        resources: Mapping[str, float],
+        args: list[str],
+        env: Mapping[str, str] | None = None,
+    ) -> RayNode:
         failures: list[str] = []
         for _ in range(NODE_START_ATTEMPTS):
-            node = self._start_node(name, num_cpus, resources, ["--address", self.gcs_address])
+            node = self._start_node(name, num_cpus, resources, args, env)
             try:
                 self._wait_node_up(node)
+                set_session_nice(node.process.pid, 0)
                 return node
             except NodeStartFailed as failure:
                 failures.append(str(failure))
@@ -199,9 +285,18 @@ class LocalCluster:
         node.signal_group(signal.SIGKILL)
         node.process.wait(timeout=STOP_GRACE_S)
 
-    def restart_node(self, node: RayNode, *, num_cpus: float) -> RayNode:
+    def restart_node(self, node: RayNode) -> RayNode:
+        """The same node (name, CPUs, resources, host) started again; the head too, on its own
+        ports, which needs GCS fault tolerance for the cluster to survive it."""
         self.nodes.remove(node)
-        return self.add_node(node.name, num_cpus=num_cpus, resources=node.resources)
+        if node.is_head:
+            # `ray start --head` refuses a port that its temp dir's address file names while a
+            # process on this machine has that GCS address in its command line: on one machine
+            # the other nodes' daemons do. On hosts of their own they would not; the dead
+            # head's file goes.
+            (self.root / "ray" / "ray_current_cluster").unlink(missing_ok=True)
+            return self._start_head(node.num_cpus, node.resources)
+        return self.add_node(node.name, num_cpus=node.num_cpus, resources=node.resources)
 
     def stop(self) -> None:
         """SIGTERM each node's group (worker nodes first), then SIGKILL what is left."""
@@ -250,11 +345,17 @@ class LocalCluster:
         return dict(self.dashboard_get("/api/serve/applications/"))
 
     def _start_node(
-        self, name: str, num_cpus: float, resources: Mapping[str, float], extra: list[str]
+        self,
+        name: str,
+        num_cpus: float,
+        resources: Mapping[str, float],
+        extra: list[str],
+        env: Mapping[str, str] | None = None,
     ) -> RayNode:
         log_path = self.root / f"{name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_offset = log_path.stat().st_size if log_path.exists() else 0
+        host = self.network.add_host(name) if self.network else None
         command = [
             str(BIN / "ray"),
             "start",
@@ -281,24 +382,36 @@ class LocalCluster:
             "0",
             *extra,
         ]
+        if host is not None:
+            command = host.command([*command, "--node-ip-address", host.ip])
         with log_path.open("ab") as log:
             process = subprocess.Popen(
                 command,
-                env=self.env,
+                env={**self.env, **(env or {})},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # its own process group: ours alone to signal
             )
-        node = RayNode(name, process, log_path, dict(resources), log_offset)
-        self.nodes.append(node)
+        # Before `ray start` forks its daemons (it imports for a second first): they inherit it.
+        set_session_nice(process.pid, BOOT_NICE)
+        node = RayNode(
+            name, process, log_path, dict(resources), log_offset, num_cpus, list(extra), host
+        )
+        # The head first: it is stopped last.
+        self.nodes.insert(0, node) if node.is_head else self.nodes.append(node)
         return node
 
     def _wait_node_up(self, node: RayNode) -> None:
-        """Until `ray start` said the node is up and the GCS lists it ALIVE; fails at once if
-        `ray start` exits (it does when any of the node's processes fails to start)."""
+        """Until `ray start` said the node is up and the GCS lists it ALIVE (through the head's
+        dashboard: for the head itself, that it answers); fails at once if `ray start` exits
+        (it does when any of the node's processes fails to start). Meanwhile the node's dashboard
+        agent, the daemon racing Ray's fixed wait, is favoured within its session (a head boots
+        a dozen Python processes at once: the dashboard's modules, the GCS, the agents)."""
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
+            for agent in node.pids(DASHBOARD_AGENT):
+                favour_process(agent)
             if not node.alive:
                 raise NodeStartFailed(
                     f"ray start for {node.name} exited ({node.process.returncode}):\n"
@@ -330,10 +443,6 @@ class LocalCluster:
             if all(total.get(key) == value for key, value in resources.items()):
                 return True
         return False
-
-
-def _tail(path: Path, chars: int = 3000) -> str:
-    return path.read_text(errors="replace")[-chars:] if path.exists() else ""
 
 
 @contextlib.contextmanager

@@ -54,10 +54,10 @@ def postgres_bin_dir() -> Path:
     raise ServiceUnavailable("no PostgreSQL server on this machine (apt-get install postgresql)")
 
 
-def _answers(port: int) -> bool:
+def _answers(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as probe:
         probe.settimeout(0.5)
-        return probe.connect_ex(("127.0.0.1", port)) == 0
+        return probe.connect_ex((host, port)) == 0
 
 
 def _stop_group(process: subprocess.Popen[bytes], first: signal.Signals) -> None:
@@ -75,25 +75,27 @@ def _stop_group(process: subprocess.Popen[bytes], first: signal.Signals) -> None
 @dataclass
 class RedisServer:
     """`redis-server` with a password, append-only persistence in its own dir (GCS fault
-    tolerance needs what it wrote to survive a restart of Redis), on 127.0.0.1 only."""
+    tolerance needs what it wrote to survive a restart of Redis), on one address of this machine:
+    127.0.0.1, or the bridge of an edgectl.netns network for Ray nodes in namespaces."""
 
     root: Path
     port: int
     password: str
     process: subprocess.Popen[bytes] | None = None
+    host: str = "127.0.0.1"
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def url(self) -> str:
-        return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
+        return f"redis://:{self.password}@{self.host}:{self.port}/0"
 
     @classmethod
-    def start(cls, root: Path | None = None) -> RedisServer:
+    def start(cls, root: Path | None = None, host: str = "127.0.0.1") -> RedisServer:
         root = root or Path(tempfile.mkdtemp(prefix="edge-redis-"))
-        server = cls(root, free_port(), secrets.token_hex(16))
+        server = cls(root, free_port(), secrets.token_hex(16), host=host)
         server._launch()
         return server
 
@@ -102,7 +104,7 @@ class RedisServer:
         config.write_text(
             "\n".join(
                 [
-                    "bind 127.0.0.1",
+                    f"bind {self.host}",
                     f"port {self.port}",
                     f"dir {self.root}",
                     f"requirepass {self.password}",
@@ -125,7 +127,7 @@ class RedisServer:
         )
         process = self.process
         wait_until(
-            lambda: process.poll() is not None or _answers(self.port),
+            lambda: process.poll() is not None or _answers(self.port, self.host),
             START_TIMEOUT_S,
             f"redis-server on port {self.port}",
             every_s=0.1,

@@ -1,5 +1,7 @@
 """Fault drills of the admin API. With edge-control (the Serve app), a fault is recorded there and
-every router replica applies it on its next sync; without it (tests), it is applied here."""
+every router replica applies it on its next sync; without it (tests), it is applied here. An
+edge-control that does not answer (restarting, its node gone) is a 503 naming it; the colo view
+then shows what this router last applied."""
 
 from __future__ import annotations
 
@@ -7,12 +9,24 @@ import asyncio
 import logging
 from typing import Any
 
+from ray.exceptions import RayError
+from ray.serve.exceptions import RayServeException
+
 from deployments.edge_control import SYNC_INTERVAL_S, FaultEntries, apply_snapshot
-from deployments.errors import ColoNotFoundError, RegionNotFoundError
+from deployments.errors import (
+    ColoNotFoundError,
+    ControlUnavailableError,
+    RegionNotFoundError,
+    ServingError,
+)
 from edge_sim.faults import ColoFault
 from edge_sim.network import EdgeNetwork
 
 log = logging.getLogger("ray.serve")
+
+# An admin call waits this long for edge-control: with its node gone (and the GCS with it, when
+# that node is the head) a call is not refused, it hangs.
+CONTROL_TIMEOUT_S = 10.0
 
 
 class FaultDrills:
@@ -28,7 +42,7 @@ class FaultDrills:
         """Apply edge-control's faults if they changed since the last sync."""
         if self._control is None:
             return
-        self._apply(*await self._control.snapshot.remote())
+        self._apply(*await self._ask("snapshot"))
 
     async def sync_forever(self) -> None:
         """Follow edge-control's drills by long poll: a change applies at once, and an idle
@@ -49,7 +63,12 @@ class FaultDrills:
             self._version = version
 
     async def colos(self) -> list[dict[str, Any]]:
-        await self.sync()
+        """The colos as this router routes them: with edge-control's latest drills when it
+        answers, else with those it last applied (real state: what routing uses)."""
+        try:
+            await self.sync()
+        except ControlUnavailableError:
+            log.warning("edge-control did not answer; the colos as last synced", exc_info=True)
         return self.network.colo_states()
 
     async def set_fault(self, colo_id: str, fault: ColoFault) -> dict[str, Any]:
@@ -57,7 +76,7 @@ class FaultDrills:
         if self._control is None:
             self.network.set_fault(colo, fault)
         else:
-            await self._control.set_fault.remote(colo, fault.model_dump(mode="json"))
+            await self._ask("set_fault", colo, fault.model_dump(mode="json"))
             await self.sync()
         return self._colo_state(colo)
 
@@ -66,7 +85,7 @@ class FaultDrills:
         if self._control is None:
             self.network.clear_faults(colo)
         else:
-            await self._control.clear_faults.remote(colo)
+            await self._ask("clear_faults", colo)
             await self.sync()
         return self._colo_state(colo)
 
@@ -77,28 +96,42 @@ class FaultDrills:
         edge-control; empty without it)."""
         if self._control is None:
             return []
-        states: list[dict[str, Any]] = await self._control.regions.remote()
+        states: list[dict[str, Any]] = await self._ask("regions")
         return states
 
     async def set_region_fault(self, region: str, fault: ColoFault) -> list[dict[str, Any]]:
         """The region's replicas fail (or slow down) the requests that reach them."""
-        await self._region_control(region).set_region_fault.remote(
-            region, fault.model_dump(mode="json")
-        )
+        self._known_region(region)
+        await self._ask("set_region_fault", region, fault.model_dump(mode="json"))
         return await self.region_states()
 
     async def clear_region_faults(self, region: str) -> list[dict[str, Any]]:
-        await self._region_control(region).clear_region_faults.remote(region)
+        self._known_region(region)
+        await self._ask("clear_region_faults", region)
         return await self.region_states()
 
-    def _region_control(self, region: str) -> Any:
+    def _known_region(self, region: str) -> None:
         if region not in self.regions:
             raise RegionNotFoundError(
                 f"unknown region {region!r}; known: {list(self.regions)}", param="region"
             )
         if self._control is None:
             raise RegionNotFoundError("region drills need the edge-control deployment")
-        return self._control
+
+    async def _ask(self, method: str, *args: Any) -> Any:
+        """One call to edge-control. Its errors of our own pass through (a 4xx stays one); its
+        being gone, restarting or hung is a 503 that names it, never a 500."""
+        try:
+            call = getattr(self._control, method).remote(*args)
+            return await asyncio.wait_for(call, CONTROL_TIMEOUT_S)
+        except ServingError:
+            raise
+        except (RayError, RayServeException, TimeoutError) as error:
+            raise ControlUnavailableError(
+                f"edge-control did not answer {method} ({type(error).__name__}); "
+                "serving goes on, retry the admin call",
+                retry_after_s=SYNC_INTERVAL_S,
+            ) from None
 
     def _known_colo(self, colo_id: str) -> str:
         colo = colo_id.upper()

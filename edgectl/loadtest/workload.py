@@ -44,6 +44,9 @@ PROMPTS: Mapping[Task, tuple[str, ...]] = MappingProxyType(
 class WorkloadSettings:
     max_tokens: int = 32  # chat answers; short so a run measures serving, not generation length
     stream: bool = True  # chat requests stream (SSE), so TTFT and token counts are measured
+    # Of those, the share that streams; the rest ask for whole answers (chosen by the seeded
+    # prompt draw, so a schedule always splits the same way).
+    stream_share: float = 1.0
     api_key: str | None = None  # sent as a bearer token when the router asks for one
     # The router caches deterministic answers (embeddings, moderations); a load test of the
     # models bypasses it, "allow" measures the cache too (x-edge-cache: HIT in the records).
@@ -74,7 +77,8 @@ def build_request(arrival: Arrival, settings: WorkloadSettings, run_id: str) -> 
         headers["authorization"] = f"Bearer {settings.api_key}"
     if settings.cache == "bypass":
         headers[CACHE_HEADER] = "bypass"
-    stream = task == "chat" and settings.stream
+    streams = (arrival.prompt // 256) % 100 < settings.stream_share * 100  # apart from the text
+    stream = task == "chat" and settings.stream and streams
     if arrival.api == "workers":
         body: dict[str, Any] = {"text": text}
         if task == "chat":

@@ -4,18 +4,20 @@ cluster of the test's own (edgectl.local_cluster): deployed with `serve deploy`,
 
 from __future__ import annotations
 
-import copy
+import threading
+import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
 
-from deployments.config import CLUSTER_SERVE_ENV, serve_only
+from deployments.config import CLUSTER_SERVE_ENV
 from edgectl.loadtest.regions import CITY_PROBES
 from edgectl.local_cluster import LocalCluster, free_port, wait_until
+from edgectl.small_config import LOAD_KEY_NAME, regional_config
 
 REPO = Path(__file__).resolve().parents[2]
 ADMIN_KEY = "test-admin-key"
@@ -25,12 +27,13 @@ LOAD = {"authorization": f"Bearer {LOAD_KEY}"}
 CLUSTER_ENV = {
     **CLUSTER_SERVE_ENV,  # the shipped Serve switches (`make serve`, the k8s containers)
     "EDGE_ADMIN_KEY": ADMIN_KEY,
-    "EDGE_API_KEYS": f"load:{LOAD_KEY}",
+    "EDGE_API_KEYS": f"{LOAD_KEY_NAME}:{LOAD_KEY}",
     # A killed node is declared dead after 3 missed 1 s health checks, not Ray's default 5 x 3 s.
     "RAY_health_check_period_ms": "1000",
     "RAY_health_check_failure_threshold": "3",
 }
-# Cities and the region each is nearest to (through its nearest colo) in the shipped config.
+# A client waits longer than the router's own deadline across failovers (request_timeout_s).
+REQUEST_TIMEOUT_S = 150
 
 
 def region_config(
@@ -40,33 +43,15 @@ def region_config(
     deployment_options: Mapping[str, Any] | None = None,
     ingress_resource: str | None = None,
 ) -> dict[str, Any]:
-    """serve_config.yaml serving only `models` ({model: {region: initial replicas}}), one
-    replica per region at most, replicas kept for 10 minutes, the gate off, RTT not slept."""
-    config = yaml.safe_load((REPO / "serve_config.yaml").read_text())
-    config["http_options"] = {"host": "127.0.0.1", "port": http_port}
-    app = config["applications"][0]
-    args = app["args"]
-    args["models_dir"] = str(models_root)
-    serve_only(args, models)
-    args["security"]["moderation_gate"]["models"] = []
-    args["security"]["per_key"] = {"load": {"requests_per_minute": None, "tokens_per_minute": None}}
-    args["edge"]["latency"]["real_delay_scale"] = 0
-    if ingress_resource is not None:
-        args["edge"]["region_policy"]["ingress_resource"] = ingress_resource
-    deployments = []
-    for deployment in app["deployments"]:
-        model, _, region = deployment["name"].rpartition("-")
-        if model in models:
-            deployment = copy.deepcopy(deployment)
-            scaling = deployment["autoscaling_config"]
-            scaling.update(max_replicas=1, initial_replicas=models[model][region])
-            scaling.update(downscale_delay_s=600, downscale_to_zero_delay_s=600)
-            deployment.update((deployment_options or {}).get(model, {}))
-            deployments.append(deployment)
-        elif deployment["name"] == "router":
-            deployments.append(deployment)
-    app["deployments"] = deployments
-    return config
+    """The shipped serve_config.yaml serving only `models` (edgectl.small_config)."""
+    return regional_config(
+        REPO / "serve_config.yaml",
+        models_root,
+        http_port,
+        models,
+        deployment_options,
+        ingress_resource,
+    )
 
 
 @dataclass
@@ -109,6 +94,66 @@ def running_app(ray: LocalCluster, config_dir: Path, config: dict[str, Any]) -> 
     app = RegionApp(ray, f"http://127.0.0.1:{port}", config_dir / "serve_config.yaml")
     app.deploy(config)
     yield app
+
+
+@dataclass
+class Answer:
+    sent_at: float  # monotonic
+    city: str
+    status: int
+    region: str | None
+    took_s: float = 0.0
+
+
+@dataclass
+class MixedLoad:
+    """One client per city (`entry_urls`: city -> the ingress it enters at), one uncached
+    embeddings request after another each, until stopped."""
+
+    entry_urls: Mapping[str, str]
+    answers: list[Answer] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    @classmethod
+    def everywhere(cls, base_url: str) -> MixedLoad:
+        """A client in every city of CITY_PROBES, all entering at `base_url`."""
+        return cls({city: base_url for city in CITY_PROBES})
+
+    def start(self) -> None:
+        for city in self.entry_urls:
+            thread = threading.Thread(target=self._client, args=(city,), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=150)
+
+    def from_city(self, city: str, since: float) -> list[Answer]:
+        return [a for a in list(self.answers) if a.city == city and a.sent_at >= since]
+
+    def _client(self, city: str) -> None:
+        geo, _ = CITY_PROBES[city]
+        headers = {**LOAD, "x-client-geo": geo, "x-edge-cache": "bypass"}
+        body = {"model": "embedding", "input": f"hello from {city}"}
+        with httpx.Client(base_url=self.entry_urls[city], timeout=REQUEST_TIMEOUT_S) as client:
+            while not self._stop.is_set():
+                sent_at = time.monotonic()
+                try:
+                    response = client.post("/v1/embeddings", json=body, headers=headers)
+                    answer = Answer(
+                        sent_at,
+                        city,
+                        response.status_code,
+                        response.headers.get("x-edge-region"),
+                        time.monotonic() - sent_at,
+                    )
+                except httpx.HTTPError:
+                    answer = Answer(sent_at, city, 0, None, time.monotonic() - sent_at)
+                self.answers.append(answer)
+                time.sleep(0.2)
 
 
 def embed(http: httpx.Client, city: str, model: str = "embedding") -> httpx.Response:

@@ -72,13 +72,14 @@ def services_for(
     handles: Mapping[str, Any],
     environ: Mapping[str, str] | None = None,
     in_router: FakeInRouterModeration | None = None,
+    control: Any | None = None,
     *,
     cache_store: SharedStore | None = None,
     observability: RouterObservability | None = None,
 ) -> RouterServices:
     """`handles` by model (see in_every_region); `in_router`: the gate's classifier when the
-    router runs its own (a fresh fake by default); `cache_store`: the response cache's shared
-    tier (None: in this process only)."""
+    router runs its own (a fresh fake by default); `control`: an edge-control handle;
+    `cache_store`: the response cache's shared tier (None: in this process only)."""
     keys = KeyStore.from_env(environ or {}, config.security)
     # A clock that stands still: token buckets refill with time, and a loaded machine is slow.
     return build_services(
@@ -89,4 +90,5 @@ def services_for(
         open_gate_classifier=(in_router or FakeInRouterModeration()).open,
         cache_store=cache_store,
         observability=observability,
+        control=control,
     )

@@ -23,7 +23,12 @@ class ScriptedCluster(LocalCluster):
         self.starts: list[list[str]] = []
 
     def _start_node(
-        self, name: str, num_cpus: float, resources: Mapping[str, float], extra: list[str]
+        self,
+        name: str,
+        num_cpus: float,
+        resources: Mapping[str, float],
+        extra: list[str],
+        env: Mapping[str, str] | None = None,
     ) -> RayNode:
         self.starts.append(extra)
         log_path = self.root / f"{name}.log"
