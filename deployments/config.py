@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,13 +36,15 @@ Accelerator = Literal["auto", "cpu", "gpu"]
 APP_DEPLOYMENTS = ("router", "edge-control", "warm-pool")
 
 
-# Ray Serve switches measured by the benchmarks' peer comparison (docs/performance.md, "Ray
-# Serve's switches"): requests go from the proxy to the router and from every handle to its replicas
-# over gRPC, not Ray actor calls. Serve reads it where each process starts, and a handle keeps the
-# transport of the process that built the application (Serve's build task), so it belongs in the
-# cluster's environment, not a replica's runtime_env: `make serve`, the k8s containers and the
-# test and benchmark clusters set it.
-CLUSTER_SERVE_ENV = {"RAY_SERVE_USE_GRPC_BY_DEFAULT": "1"}
+def serve_switches(serve_config: Mapping[str, Any]) -> dict[str, str]:
+    """The Ray Serve switches a serve config file sets: its `controller_options`' environment
+    (docs/performance.md, "Ray Serve's switches"). Serve reads them where each process starts;
+    the controller's processes (proxies, the application's build task, replicas) inherit them, so
+    `serve run`/`serve deploy` apply them on a cluster started from a plain shell. The k8s render
+    also gives them to every container, for a Serve that KubeRay starts."""
+    options = serve_config.get("controller_options") or {}
+    env_vars = (options.get("runtime_env") or {}).get("env_vars") or {}
+    return {str(name): str(value) for name, value in env_vars.items()}
 
 
 class _Strict(BaseModel):

@@ -16,7 +16,6 @@ import ray
 from ray import serve
 from ray.serve.schema import ApplicationStatus, DeploymentStatus, ServeDeploySchema
 
-from deployments.config import CLUSTER_SERVE_ENV
 from deployments.ray_ext.driver import deploy_applications, reload_driver_auth
 from edgectl.local_cluster import LocalCluster, running, wait_until
 
@@ -33,12 +32,12 @@ def serve_cluster(
     env: Mapping[str, str] | None = None,
     controller_options: Mapping[str, Any] | None = None,
 ) -> Iterator[LocalCluster]:
-    """Start a cluster (`env` reaches the raylet and every replica, e.g. RAY_* worker pool
-    settings or EDGE_ADMIN_KEY, on top of the shipped CLUSTER_SERVE_ENV), attach to it, start
-    Serve on 127.0.0.1:`http_port` (with a config file's `controller_options`, as `serve run`/
-    `serve deploy` do); stop it all whatever happens inside."""
+    """Start a cluster the plain way (`env`, when given, reaches the raylet and every replica,
+    e.g. RAY_* worker pool settings or EDGE_ADMIN_KEY), attach to it, start Serve on
+    127.0.0.1:`http_port` (with a config file's `controller_options`, as `serve run`/`serve
+    deploy` do: Ray Serve's switches come from there); stop it all whatever happens inside."""
     log.info("starting a private Ray (%g CPUs) and Serve on :%d", num_cpus, http_port)
-    env = {**CLUSTER_SERVE_ENV, **(env or {})}
+    env = dict(env or {})
     # A SIGTERM (`timeout`, a CI cancel) must still run the shutdown below: the cluster lives in
     # process groups of its own and would outlive us.
     previous_handler = signal.signal(signal.SIGTERM, _exit_on_sigterm)

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import yaml
 
-from deployments.config import CLUSTER_SERVE_ENV, serve_only
+from deployments.config import serve_only
 from edgectl.loadtest.regions import CITY_PROBES
 from edgectl.local_cluster import LocalCluster, free_port, wait_until
 
@@ -23,7 +23,6 @@ LOAD_KEY = "sk-load-0000"
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 LOAD = {"authorization": f"Bearer {LOAD_KEY}"}
 CLUSTER_ENV = {
-    **CLUSTER_SERVE_ENV,  # the shipped Serve switches (`make serve`, the k8s containers)
     "EDGE_ADMIN_KEY": ADMIN_KEY,
     "EDGE_API_KEYS": f"load:{LOAD_KEY}",
     # A killed node is declared dead after 3 missed 1 s health checks, not Ray's default 5 x 3 s.
