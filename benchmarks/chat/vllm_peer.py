@@ -28,9 +28,12 @@ log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 30.0
 LOG_TAIL_CHARS = 2000
-# On a CPU vLLM's default dtype for a float32 checkpoint may be half precision, which its CPU
-# kernels may lack; float32 is also what our graph computes in.
-VLLM_ARGS = ("--dtype", "float32")
+# Two departures from vLLM's defaults, both needed to start on a small shared CPU machine:
+# float32, what our graph computes in (its CPU default may be half precision), and the share of
+# the machine's memory reserved for its KV cache (`--gpu-memory-utilization`, which on the CPU
+# backend means host memory): its default 0.92 refuses to start while others use the memory,
+# and a tiny model's 16 concurrent sequences need a sliver of 10%.
+VLLM_ARGS = ("--dtype", "float32", "--gpu-memory-utilization", "0.1")
 
 
 @dataclass

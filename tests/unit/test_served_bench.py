@@ -104,6 +104,7 @@ def test_vllm_is_started_at_its_defaults_on_the_checkpoint_under_the_models_name
         "--host": "127.0.0.1",
         "--port": "8123",
         "--dtype": "float32",
+        "--gpu-memory-utilization": "0.1",
     }
 
 
