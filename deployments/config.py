@@ -86,6 +86,16 @@ class CacheConfig(_Strict):
     max_entries: int = Field(default=10_000, ge=1, le=10_000_000)
 
 
+class CoalesceConfig(_Strict):
+    """Concurrent embedding and moderation requests to one pool, sent as one model call
+    (deployments.edge.coalesce): a call leaves at once while fewer than `max_calls_in_flight`
+    are out from this router replica, else waits and leaves with the others that queued."""
+
+    enabled: bool = True
+    max_calls_in_flight: int = Field(default=2, ge=1, le=1024, description="per pool and router")
+    max_requests_per_call: int = Field(default=32, ge=1, le=1024)
+
+
 class RouterConfig(_Strict):
     max_body_bytes: int = Field(default=1 << 20, ge=1024, le=64 << 20)
     request_timeout_s: float = Field(
@@ -96,6 +106,7 @@ class RouterConfig(_Strict):
         default=3000.0, ge=0, description="assumed until a cold start has been measured"
     )
     cache: CacheConfig = CacheConfig()
+    coalesce: CoalesceConfig = CoalesceConfig()
     num_cpus: float = Field(default=0.1, gt=0, le=64)
 
 
