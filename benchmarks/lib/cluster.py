@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 # What a driver needs to reach the cluster: the address and the cluster's own token.
 DRIVER_ENV = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")
+ATTACH_ATTEMPTS = 4
 
 
 @contextlib.contextmanager
@@ -46,7 +47,7 @@ def serve_cluster(
         with running(num_cpus=num_cpus, env=env) as cluster:
             os.environ.update({key: cluster.env[key] for key in DRIVER_ENV})
             reload_driver_auth()
-            ray.init(address=cluster.gcs_address, log_to_driver=False)
+            _attach(cluster.gcs_address)
             try:
                 serve.start(
                     http_options={"host": "127.0.0.1", "port": http_port},
@@ -64,6 +65,19 @@ def serve_cluster(
         reload_driver_auth()
         signal.signal(signal.SIGTERM, previous_handler)
         log.info("private Ray stopped")
+
+
+def _attach(gcs_address: str, attempts: int = ATTACH_ATTEMPTS) -> None:
+    """`ray.init` to the cluster, again while it fails: on a machine at load 50 and more, the
+    GCS of a node that is up took longer than the driver's 60 s to answer which node to join."""
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(address=gcs_address, log_to_driver=False)
+            return
+        except ConnectionError:
+            if attempt == attempts:
+                raise
+            log.warning("attaching to the private Ray failed (attempt %d); again", attempt)
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
