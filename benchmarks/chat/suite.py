@@ -103,13 +103,14 @@ def run_chat_suite(config: ChatBenchConfig, clock: Clock = time.perf_counter) ->
     peers = [peer_application(edge)] if config.peers else []
     result: dict[str, Any] = {"config": config.model_dump(mode="json")}
     with contextlib.ExitStack() as stack:
-        # vLLM starts first: its minutes of start-up overlap our cluster's.
+        base_url, _ = stack.enter_context(served(config, [edge, *peers]))
+        # vLLM starts once our cluster is up: a raylet aborts when its dashboard agent misses a
+        # fixed 15 s wait, which every start beside vLLM's (minutes of CPU) did here.
         vllm = (
             stack.enter_context(start_vllm(config.vllm_python, config.model))
             if config.peers and config.vllm_python is not None
             else None
         )
-        base_url, _ = stack.enter_context(served(config, [edge, *peers]))
         handle = serve.get_deployment_handle(config.model, app_name=EDGE_APP)
         if config.peers:
             result["same_model"] = asyncio.run(_same_model_check(config))
