@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 # What a driver needs to reach the cluster: the address and the cluster's own token.
 DRIVER_ENV = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")
-ATTACH_ATTEMPTS = 4
+CLUSTER_ATTEMPTS = 3
 
 
 @contextlib.contextmanager
@@ -44,10 +44,7 @@ def serve_cluster(
     previous_handler = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     saved_env = {key: os.environ.get(key) for key in DRIVER_ENV}
     try:
-        with running(num_cpus=num_cpus, env=env) as cluster:
-            os.environ.update({key: cluster.env[key] for key in DRIVER_ENV})
-            reload_driver_auth()
-            _attach(cluster.gcs_address)
+        with _attached_cluster(num_cpus, env) as cluster:
             try:
                 serve.start(
                     http_options={"host": "127.0.0.1", "port": http_port},
@@ -67,17 +64,26 @@ def serve_cluster(
         log.info("private Ray stopped")
 
 
-def _attach(gcs_address: str, attempts: int = ATTACH_ATTEMPTS) -> None:
-    """`ray.init` to the cluster, again while it fails: on a machine at load 50 and more, the
-    GCS of a node that is up took longer than the driver's 60 s to answer which node to join."""
-    for attempt in range(1, attempts + 1):
-        try:
-            ray.init(address=gcs_address, log_to_driver=False)
+@contextlib.contextmanager
+def _attached_cluster(num_cpus: float, env: Mapping[str, str]) -> Iterator[LocalCluster]:
+    """A started cluster with this process attached as its driver. At load 40-130 here, a head
+    node that `ray start` reported up died seconds later (its raylet aborts when its dashboard
+    agent misses a fixed 15 s wait) and the driver could not attach: that cluster is stopped and
+    another started, up to CLUSTER_ATTEMPTS times."""
+    for attempt in range(1, CLUSTER_ATTEMPTS + 1):
+        with running(num_cpus=num_cpus, env=env) as cluster:
+            os.environ.update({key: cluster.env[key] for key in DRIVER_ENV})
+            reload_driver_auth()
+            try:
+                ray.init(address=cluster.gcs_address, log_to_driver=False)
+            except ConnectionError:
+                ray.shutdown()  # whatever the failed attach left set up in this process
+                if attempt == CLUSTER_ATTEMPTS:
+                    raise
+                log.warning("could not attach to the private Ray (start %d); a new one", attempt)
+                continue
+            yield cluster
             return
-        except ConnectionError:
-            if attempt == attempts:
-                raise
-            log.warning("attaching to the private Ray failed (attempt %d); again", attempt)
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
