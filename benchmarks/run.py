@@ -200,7 +200,8 @@ def _run(
     json.dump(report, sys.stdout, indent=2)
     sys.stdout.write("\n")
     # The same goals for a reader, on stderr beside the progress: the JSON stays clean on stdout.
-    print(goals_table(goals, report["machine"], report["command"]), file=sys.stderr)
+    failed_suites = {name: r["error"] for name, r in results.items() if "error" in r}
+    print(goals_table(goals, report["machine"], report["command"], failed_suites), file=sys.stderr)
     return 1 if failed else 0
 
 

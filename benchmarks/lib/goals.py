@@ -65,9 +65,15 @@ def dig(tree: Mapping[str, Any], *path: str) -> Any:
     return node
 
 
-def goals_table(goals: Mapping[str, GoalRecord], machine: Mapping[str, Any], command: str) -> str:
+def goals_table(
+    goals: Mapping[str, GoalRecord],
+    machine: Mapping[str, Any],
+    command: str,
+    failed_suites: Mapping[str, str] | None = None,
+) -> str:
     """What `make bench` prints at the end: the machine, its load and the command, then each
-    goal's value next to its target, met or missed (with why, where it was not measured)."""
+    goal's value next to its target, met or missed (with why, where it was not measured), then
+    each suite that failed whole (its goals are not there) with its error."""
     load = f"{machine.get('load_average_1m')} -> {machine.get('load_average_1m_end')}"
     lines = [
         f"machine: {machine.get('cpus_usable') or machine.get('cpu_count')} CPUs "
@@ -84,4 +90,6 @@ def goals_table(goals: Mapping[str, GoalRecord], machine: Mapping[str, Any], com
             f"  {name:<{width}}  {value:>9} {bound} {record['target']:<7g} "
             f"{record['unit']:<16} {verdict}{why}"
         )
+    for suite, error in (failed_suites or {}).items():
+        lines.append(f"  {suite}: FAILED, no goal measured ({error})")
     return "\n".join(lines)

@@ -135,6 +135,8 @@ def test_the_goals_table_puts_each_value_beside_its_goal_with_machine_load_and_c
     assert ttft.split()[:4] == ["chat.ttft", "1.3", "<=", "1"] and ttft.endswith("MISSED")
     assert vllm.split()[:2] == ["chat.vs_vllm", "-"]
     assert vllm.endswith("MISSED (no --vllm-python given)")
+    failed = goals_table({}, machine, "x", {"chat": "ConnectionError: no cluster"}).splitlines()
+    assert failed[2:] == ["  chat: FAILED, no goal measured (ConnectionError: no cluster)"]
 
 
 @pytest.mark.skipif(not (MODELS_DIR / "glm").is_dir(), reason="needs `make models`")
