@@ -104,19 +104,16 @@ def run_chat_suite(config: ChatBenchConfig, clock: Clock = time.perf_counter) ->
     result: dict[str, Any] = {"config": config.model_dump(mode="json")}
     with contextlib.ExitStack() as stack:
         base_url, _ = stack.enter_context(served(config, [edge, *peers]))
-        # vLLM starts once our cluster is up: a raylet aborts when its dashboard agent misses a
-        # fixed 15 s wait, which every start beside vLLM's (minutes of CPU) did here.
-        vllm = (
-            stack.enter_context(start_vllm(config.vllm_python, config.model))
-            if config.peers and config.vllm_python is not None
-            else None
-        )
         handle = serve.get_deployment_handle(config.model, app_name=EDGE_APP)
         if config.peers:
             result["same_model"] = asyncio.run(_same_model_check(config))
         result.update(asyncio.run(bench_http(config, base_url, clock)))
         result["ttft_handle"] = asyncio.run(bench_handle_ttft(config, handle, clock))
-        if vllm is not None:
+        if config.peers and config.vllm_python is not None:
+            # vLLM starts last, alone: its start-up (minutes of CPU) would weigh on the figures
+            # above, and beside a starting Ray it cost the head node (a raylet aborts when its
+            # dashboard agent misses a fixed 15 s wait).
+            vllm = stack.enter_context(start_vllm(config.vllm_python, config.model))
             result["vs_vllm"] = _versus_vllm(config, base_url, vllm, clock)
     model = parse_app_config(edge["args"]).models[config.model]
     result["decode_step"] = decode_step_ms(config, model.intra_op_threads)
