@@ -58,11 +58,11 @@ lint: install-dev
 test: install-dev models lint checkov
 	$(PY) -m pytest tests
 
-# gRPC between Serve's proxy, router and replicas (deployments.config.CLUSTER_SERVE_ENV): read by
-# the Ray that `serve run` starts; a cluster you started yourself needs it at `ray start`.
+# Ray Serve's switches are serve_config.yaml's controller_options: `serve run` from any shell (or
+# on a cluster you started yourself with a plain `ray start`) applies them, no environment needed.
 serve: install models
 	@echo "Router: http://127.0.0.1:8000  (OpenAI SDK: base_url=http://127.0.0.1:8000/v1; docs: /docs)"
-	RAY_SERVE_USE_GRPC_BY_DEFAULT=1 $(VENV)/bin/serve run $(SERVE_CONFIG)
+	$(VENV)/bin/serve run $(SERVE_CONFIG)
 
 # The picture of /dashboard in docs/, from a running router (`EDGE_ADMIN_KEY=... make serve`)
 # with the system's headless Chromium (apt-get install chromium).

@@ -29,7 +29,7 @@ from pydantic import Field
 
 from benchmarks.lib.config import BenchConfig
 from benchmarks.lib.goals import GoalRecord, goal, ratio
-from deployments.config import CLUSTER_SERVE_ENV, serve_only
+from deployments.config import serve_only
 from edge_sim.plan.policies import compare, predictive, scale_to_zero
 from edge_sim.plan.summary import totals
 from edge_sim.plan.world import World
@@ -233,7 +233,7 @@ def run_prewarm_suite(bench: PrewarmBenchConfig) -> dict[str, Any]:
 
     result: dict[str, Any] = {"config": bench.model_dump(mode="json")}
     root = Path(tempfile.mkdtemp(prefix="bench-prewarm-"))
-    env = {**CLUSTER_SERVE_ENV, "EDGE_API_KEYS": f"load:{LOAD_KEY}"}
+    env = {"EDGE_API_KEYS": f"load:{LOAD_KEY}"}
     phase = "cluster"
     try:
         with running(num_cpus=bench.ray_num_cpus, env=env) as cluster:

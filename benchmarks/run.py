@@ -22,6 +22,7 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from benchmarks.lib.config import add_served_arguments
+from benchmarks.lib.goals import goals_table
 
 log = logging.getLogger("benchmarks")
 
@@ -174,6 +175,7 @@ def _run(
 ) -> int:
     report: dict[str, Any] = {
         "machine": machine_info(),
+        "command": " ".join(["python -m benchmarks.run", *sys.argv[1:]]),
         "args": {k: v for k, v in sorted(vars(args).items())},
     }
     results: dict[str, dict[str, Any]] = {}
@@ -199,6 +201,9 @@ def _run(
     report["machine"]["load_average_1m_end"] = round(os.getloadavg()[0], 2)
     json.dump(report, sys.stdout, indent=2)
     sys.stdout.write("\n")
+    # The same goals for a reader, on stderr beside the progress: the JSON stays clean on stdout.
+    failed_suites = {name: r["error"] for name, r in results.items() if "error" in r}
+    print(goals_table(goals, report["machine"], report["command"], failed_suites), file=sys.stderr)
     return 1 if failed else 0
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -38,13 +38,15 @@ Accelerator = Literal["auto", "cpu", "gpu"]
 APP_DEPLOYMENTS = ("router", "edge-control", "warm-pool")
 
 
-# Ray Serve switches measured by the benchmarks' peer comparison (docs/performance.md, "Ray
-# Serve's switches"): requests go from the proxy to the router and from every handle to its replicas
-# over gRPC, not Ray actor calls. Serve reads it where each process starts, and a handle keeps the
-# transport of the process that built the application (Serve's build task), so it belongs in the
-# cluster's environment, not a replica's runtime_env: `make serve`, the k8s containers and the
-# test and benchmark clusters set it.
-CLUSTER_SERVE_ENV = {"RAY_SERVE_USE_GRPC_BY_DEFAULT": "1"}
+def serve_switches(serve_config: Mapping[str, Any]) -> dict[str, str]:
+    """The Ray Serve switches a serve config file sets: its `controller_options`' environment
+    (docs/performance.md, "Ray Serve's switches"). Serve reads them where each process starts;
+    the controller's processes (proxies, the application's build task, replicas) inherit them, so
+    `serve run`/`serve deploy` apply them on a cluster started from a plain shell. The k8s render
+    also gives them to every container, for a Serve that KubeRay starts."""
+    options = serve_config.get("controller_options") or {}
+    env_vars = (options.get("runtime_env") or {}).get("env_vars") or {}
+    return {str(name): str(value) for name, value in env_vars.items()}
 
 
 class _Strict(BaseModel):
@@ -128,6 +130,16 @@ class CacheConfig(_Strict):
         return url
 
 
+class CoalesceConfig(_Strict):
+    """Concurrent embedding and moderation requests to one pool, sent as one model call
+    (deployments.edge.coalesce): a call leaves at once while fewer than `max_calls_in_flight`
+    are out from this router replica, else waits and leaves with the others that queued."""
+
+    enabled: bool = True
+    max_calls_in_flight: int = Field(default=2, ge=1, le=1024, description="per pool and router")
+    max_requests_per_call: int = Field(default=32, ge=1, le=1024)
+
+
 class RouterConfig(_Strict):
     max_body_bytes: int = Field(default=1 << 20, ge=1024, le=64 << 20)
     request_timeout_s: float = Field(
@@ -138,6 +150,7 @@ class RouterConfig(_Strict):
         default=3000.0, ge=0, description="assumed until a cold start has been measured"
     )
     cache: CacheConfig = CacheConfig()
+    coalesce: CoalesceConfig = CoalesceConfig()
     num_cpus: float = Field(default=0.1, gt=0, le=64)
 
 

@@ -16,16 +16,15 @@ from typing import Any
 from fastapi import FastAPI
 from ray import serve
 from ray.serve.handle import DeploymentHandle
-from ray.serve.schema import ReplicaState
 
 from deployments.api.app import make_app
 from deployments.cache import open_cache_store
 from deployments.config import AppConfig
 from deployments.observability import RayServeMetricsBackend, RouterObservability
 from deployments.ray_ext.router_metrics import sample_queue_before_push_at_zero
-from deployments.ray_ext.serve_status import serve_status
+from deployments.ray_ext.serve_details import DeploymentReader
 from deployments.security import KeyStore, on_kubernetes
-from deployments.serving.models import DeploymentState
+from deployments.serving.models import DeploymentState, DeploymentStates
 from deployments.serving.services import build_services
 from deployments.state.config import DATABASE_URL_ENV
 from deployments.state.gateway import GatewayState, database_url, open_database
@@ -41,21 +40,20 @@ def _router_replicas() -> int:
         return 1
 
 
-async def _deployment_states() -> dict[str, DeploymentState]:
-    """The model deployments of this application, as Ray Serve's controller reports them."""
-    status = await asyncio.to_thread(serve_status)  # serve.status, in one thread at a time
-    deployments = status.applications[serve.get_replica_context().app_name].deployments
-    return {
-        name: DeploymentState(
-            str(deployment.status.value),
-            deployment.replica_states.get(ReplicaState.RUNNING, 0),
-            {
-                getattr(state, "value", str(state)): n
-                for state, n in deployment.replica_states.items()
-            },
-        )
-        for name, deployment in deployments.items()
-    }
+def _deployment_states() -> DeploymentStates:
+    """The model deployments of this application, as Ray Serve's controller reports them: read
+    as plain JSON (deployments.ray_ext.serve_details; `serve.status()` costs ~100x the CPU), in a
+    worker thread since the read blocks."""
+    read = DeploymentReader(lambda: serve.get_replica_context().app_name)
+
+    async def states() -> dict[str, DeploymentState]:
+        deployments = await asyncio.to_thread(read)
+        return {
+            name: DeploymentState(d.status, d.running, dict(d.replica_states))
+            for name, d in deployments.items()
+        }
+
+    return states
 
 
 @serve.ingress()
@@ -89,7 +87,7 @@ class RouterIngress:
             control=control,
             warm_pool=warm_pool,
             observability=observability,
-            deployment_states=_deployment_states,
+            deployment_states=_deployment_states(),
             rate_limit_share=1 / _router_replicas(),
             cache_store=open_cache_store(self.config, os.environ),
             state=self.state,

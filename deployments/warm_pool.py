@@ -13,7 +13,9 @@ How it works (Ray 2.60, measured: docs/operating.md, "Cold starts"):
   and our model servers are imported while the worker idles, not while a request waits.
 - `WarmPool`, a tiny Serve deployment, tops each node up to `workers_per_node` such workers every
   `check_interval_s`, and at once when `top_up()` is called (the router does after each cold
-  start, whose replica took a worker).
+  start, whose replica took a worker). A worker taken is replaced only `refill_delay_s` later:
+  its replacement's start-up (a process and its imports, about a second of CPU) would otherwise
+  compete with the new replica's first requests.
 - After importing, the hook freezes those objects out of the garbage collector (`gc.freeze`):
   the full `gc.collect()` Ray Serve runs once a replica is constructed then skips them.
 
@@ -99,6 +101,13 @@ class WarmPoolConfig(BaseModel):
     start_grace_s: float = Field(
         default=30.0, gt=0, description="a worker asked for and not seen by then counts as lost"
     )
+    refill_delay_s: float = Field(
+        default=3.0,
+        ge=0,
+        le=600,
+        description="a worker taken by a replica is replaced this long after, off the new "
+        "replica's first requests",
+    )
 
 
 @dataclass(frozen=True)
@@ -121,12 +130,14 @@ def nodes_with_cpus() -> list[NodeAddress]:
 class NodePool:
     """One node's share of the pool: which fresh workers are ours and how many to ask for."""
 
-    def __init__(self, target: int, start_grace_s: float):
+    def __init__(self, target: int, start_grace_s: float, refill_delay_s: float = 0.0):
         self.target = target
         self.start_grace_s = start_grace_s
+        self.refill_delay_s = refill_delay_s
         self.ours: set[int] = set()
         self._seen: set[int] = set()
         self._asked_at: list[float] = []  # one entry per worker asked for and not seen yet
+        self._refill_at = 0.0  # no replacement asked for before this
 
     def missing(self, fresh_idle: Sequence[int], now: float) -> int:
         """Given the node's fresh idle workers now, how many to ask for (and note them asked)."""
@@ -136,7 +147,11 @@ class NodePool:
                 self._asked_at.pop(0)  # it answers our oldest request
                 self.ours.add(pid)
         self._seen = set(fresh_idle)  # a worker leaves this set only when taken or gone
+        if self.ours - self._seen:  # taken by a replica starting now: replace it later
+            self._refill_at = now + self.refill_delay_s
         self.ours &= self._seen
+        if now < self._refill_at:
+            return 0
         count = max(0, self.target - len(self.ours) - len(self._asked_at))
         self._asked_at += [now] * count
         return count
@@ -173,7 +188,12 @@ class PoolKeeper:
             if client is None:
                 client = self._clients[node.node_id] = self._raylet(node.address)
             pool = self._pools.setdefault(
-                node.node_id, NodePool(self.config.workers_per_node, self.config.start_grace_s)
+                node.node_id,
+                NodePool(
+                    self.config.workers_per_node,
+                    self.config.start_grace_s,
+                    self.config.refill_delay_s,
+                ),
             )
             count = pool.missing(client.fresh_idle_workers(), self._clock())
             if count:

@@ -1,6 +1,6 @@
 """The chat suite: served time to first token and concurrent throughput, with `generate()` per
-request as the peer baseline."""
+request and vLLM's OpenAI server (`--vllm-python`) as the peers."""
 
-from benchmarks.chat.suite import NEEDS_RAY, run
+from benchmarks.chat.suite import NEEDS_RAY, add_arguments, run
 
-__all__ = ["NEEDS_RAY", "run"]
+__all__ = ["NEEDS_RAY", "add_arguments", "run"]

@@ -25,14 +25,11 @@ class DocsPatternChat:
     """`transformers` `generate()` per request on the same tiny GLM our export builds (the
     exporter's own seeded constructor), prompt encoded with the served model's chat template."""
 
-    def __init__(self, model_dir: str, torch_threads: int):
-        import torch
-
+    def __init__(self, model_dir: str):
         from deployments.export.llm import default_model
         from deployments.runtime.manifest import ModelManifest
         from deployments.runtime.tokenizer import ChatTokenizer
 
-        torch.set_num_threads(torch_threads)
         with tempfile.TemporaryDirectory() as scratch:
             model, _ = default_model("glm", Path(scratch))
         self._model: Any = model  # a transformers causal LM (its generate() is untyped here)
@@ -81,7 +78,7 @@ class DocsPatternChat:
 
 
 def build_docs_chat(args: dict[str, Any]) -> Application:
-    return as_deployment(DocsPatternChat).bind(args["model_dir"], int(args["torch_threads"]))
+    return as_deployment(DocsPatternChat).bind(args["model_dir"])
 
 
 def peer_application(edge: dict[str, Any]) -> dict[str, Any]:

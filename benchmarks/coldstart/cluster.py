@@ -51,9 +51,12 @@ class ServeVariant(BaseModel):
     def controller_options(self, shipped: Mapping[str, Any]) -> dict[str, Any] | None:
         """What Serve's controller starts with: `shipped`'s top-level controller_options, or
         only the control loop interval of this variant."""
+        options = copy.deepcopy(shipped.get("controller_options")) or {}
         if self.control_loop_s is None:
-            return copy.deepcopy(shipped.get("controller_options"))
-        return {"runtime_env": {"env_vars": {CONTROL_LOOP_ENV_VAR: str(self.control_loop_s)}}}
+            return options or None
+        env_vars = options.setdefault("runtime_env", {}).setdefault("env_vars", {})
+        env_vars[CONTROL_LOOP_ENV_VAR] = str(self.control_loop_s)
+        return options
 
     def control_loop_interval_s(self, shipped: Mapping[str, Any]) -> float:
         env = ((self.controller_options(shipped) or {}).get("runtime_env") or {}).get("env_vars")

@@ -25,17 +25,15 @@ PEER_DEPLOYMENT = "DocsPatternEmbedder"
 
 
 class DocsPatternEmbedder:
-    """transformers' default SDPA attention, `@serve.batch(32, 5 ms)`."""
+    """transformers' default SDPA attention, `@serve.batch(32, 5 ms)`, torch at its default
+    threads."""
 
-    def __init__(self, model_dir: str, torch_threads: int):
-        import torch
-
+    def __init__(self, model_dir: str):
         from benchmarks.lib.pytorch import pytorch_embedders
         from deployments.runtime.embedding import SentenceTokenizer
 
-        torch.set_num_threads(torch_threads)
         tokenizer = SentenceTokenizer(Path(model_dir) / "tokenizer.json")
-        self._embed = pytorch_embedders(tokenizer, torch_threads)["pytorch_sdpa"]
+        self._embed = pytorch_embedders(tokenizer)["pytorch_sdpa"]
 
     @serve.batch(max_batch_size=DOCS_MAX_BATCH_SIZE, batch_wait_timeout_s=DOCS_BATCH_WAIT_TIMEOUT_S)
     async def embed(self, texts: list[str]) -> list[list[float]]:
@@ -51,7 +49,7 @@ class DocsPatternEmbedder:
 
 
 def build_docs_embedding(args: dict[str, Any]) -> Application:
-    return as_deployment(DocsPatternEmbedder).bind(args["model_dir"], int(args["torch_threads"]))
+    return as_deployment(DocsPatternEmbedder).bind(args["model_dir"])
 
 
 def peer_application(edge: dict[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,6 @@ import ray
 from ray import serve
 from ray.serve.schema import ApplicationStatus, DeploymentStatus, ServeDeploySchema
 
-from deployments.config import CLUSTER_SERVE_ENV
 from deployments.ray_ext.driver import deploy_applications, reload_driver_auth
 from edgectl.local_cluster import LocalCluster, running, wait_until
 
@@ -24,6 +23,7 @@ log = logging.getLogger(__name__)
 
 # What a driver needs to reach the cluster: the address and the cluster's own token.
 DRIVER_ENV = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")
+CLUSTER_ATTEMPTS = 3
 
 
 @contextlib.contextmanager
@@ -33,21 +33,18 @@ def serve_cluster(
     env: Mapping[str, str] | None = None,
     controller_options: Mapping[str, Any] | None = None,
 ) -> Iterator[LocalCluster]:
-    """Start a cluster (`env` reaches the raylet and every replica, e.g. RAY_* worker pool
-    settings or EDGE_ADMIN_KEY, on top of the shipped CLUSTER_SERVE_ENV), attach to it, start
-    Serve on 127.0.0.1:`http_port` (with a config file's `controller_options`, as `serve run`/
-    `serve deploy` do); stop it all whatever happens inside."""
+    """Start a cluster the plain way (`env`, when given, reaches the raylet and every replica,
+    e.g. RAY_* worker pool settings or EDGE_ADMIN_KEY), attach to it, start Serve on
+    127.0.0.1:`http_port` (with a config file's `controller_options`, as `serve run`/`serve
+    deploy` do: Ray Serve's switches come from there); stop it all whatever happens inside."""
     log.info("starting a private Ray (%g CPUs) and Serve on :%d", num_cpus, http_port)
-    env = {**CLUSTER_SERVE_ENV, **(env or {})}
+    env = dict(env or {})
     # A SIGTERM (`timeout`, a CI cancel) must still run the shutdown below: the cluster lives in
     # process groups of its own and would outlive us.
     previous_handler = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     saved_env = {key: os.environ.get(key) for key in DRIVER_ENV}
     try:
-        with running(num_cpus=num_cpus, env=env) as cluster:
-            os.environ.update({key: cluster.env[key] for key in DRIVER_ENV})
-            reload_driver_auth()
-            ray.init(address=cluster.gcs_address, log_to_driver=False)
+        with _attached_cluster(num_cpus, env) as cluster:
             try:
                 serve.start(
                     http_options={"host": "127.0.0.1", "port": http_port},
@@ -65,6 +62,28 @@ def serve_cluster(
         reload_driver_auth()
         signal.signal(signal.SIGTERM, previous_handler)
         log.info("private Ray stopped")
+
+
+@contextlib.contextmanager
+def _attached_cluster(num_cpus: float, env: Mapping[str, str]) -> Iterator[LocalCluster]:
+    """A started cluster with this process attached as its driver. At load 40-130 here, a head
+    node that `ray start` reported up died seconds later (its raylet aborts when its dashboard
+    agent misses a fixed 15 s wait) and the driver could not attach: that cluster is stopped and
+    another started, up to CLUSTER_ATTEMPTS times."""
+    for attempt in range(1, CLUSTER_ATTEMPTS + 1):
+        with running(num_cpus=num_cpus, env=env) as cluster:
+            os.environ.update({key: cluster.env[key] for key in DRIVER_ENV})
+            reload_driver_auth()
+            try:
+                ray.init(address=cluster.gcs_address, log_to_driver=False)
+            except ConnectionError:
+                ray.shutdown()  # whatever the failed attach left set up in this process
+                if attempt == CLUSTER_ATTEMPTS:
+                    raise
+                log.warning("could not attach to the private Ray (start %d); a new one", attempt)
+                continue
+            yield cluster
+            return
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:

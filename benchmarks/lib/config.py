@@ -8,9 +8,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Self
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from deployments.config import CLUSTER_SERVE_ENV, PROJECT_ROOT
+from deployments.config import PROJECT_ROOT
 
 Provider = Literal["cpu", "auto", "cuda"]
 Ingress = Literal["proxy", "direct", "haproxy"]
@@ -22,13 +23,10 @@ INGRESS_ENV: Mapping[Ingress, Mapping[str, str]] = {
     "haproxy": {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"},
 }
 
-# Ray Serve's transport switches as shipped (deployments.config.CLUSTER_SERVE_ENV), or Serve's
-# own defaults for comparison.
+# Ray Serve's switches as the serve config ships them (its controller_options, applied as `serve
+# run` does), or Serve's own defaults (no controller_options) for comparison.
 ServeSwitches = Literal["shipped", "serve-defaults"]
-SERVE_SWITCHES_ENV: Mapping[ServeSwitches, Mapping[str, str]] = {
-    "shipped": {},  # benchmarks.lib.cluster starts every cluster with CLUSTER_SERVE_ENV
-    "serve-defaults": {name: "0" for name in CLUSTER_SERVE_ENV},
-}
+SERVE_SWITCHES: tuple[ServeSwitches, ...] = ("shipped", "serve-defaults")
 
 
 class BenchConfig(BaseModel):
@@ -69,6 +67,15 @@ class ServedBenchConfig(BenchConfig):
         }
         return super().from_args(args, **(served | fields))
 
+    def controller_options(self) -> dict[str, Any] | None:
+        """What Serve's controller starts with: the serve config's controller_options, as `serve
+        run`/`serve deploy` apply them; none with `serve-defaults`."""
+        if self.serve_switches == "serve-defaults":
+            return None
+        shipped = yaml.safe_load(self.serve_config.read_text(encoding="utf-8"))
+        options: dict[str, Any] | None = shipped.get("controller_options")
+        return options
+
 
 class PeeredBenchConfig(ServedBenchConfig):
     """A served suite whose figure has a peer baseline: what a user would deploy instead, in the
@@ -98,9 +105,9 @@ def add_served_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--serve-switches",
-        choices=sorted(SERVE_SWITCHES_ENV),
+        choices=SERVE_SWITCHES,
         default="shipped",
-        help="the shipped gRPC transport switches, or Ray Serve's defaults",
+        help="serve_config.yaml's controller_options (gRPC, control loop), or Ray Serve's defaults",
     )
     group.add_argument(
         "--no-peers",

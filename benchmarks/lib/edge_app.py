@@ -76,25 +76,21 @@ def our_application(
 def peer_application(
     edge: Mapping[str, Any], ours: str, *, name: str, route: str, builder: str, deployment: str
 ) -> dict[str, Any]:
-    """A peer standing in for our model `ours`: one replica given what our deployment gets (CPU
-    share, threads, max_ongoing_requests), so only the serving code differs. `builder` is its
-    application builder's import path, called with the model directory and torch threads."""
+    """A peer standing in for our model `ours`, as a user deploys it: one replica with Serve's
+    default CPU share and torch's default threads (nothing pinned to our deployment's), and our
+    deployment's max_ongoing_requests (so a batch can fill as ours can). `builder` is its
+    application builder's import path, called with the model directory."""
     app_config = parse_app_config(edge["args"])
-    model = app_config.models[ours]
     return {
         "name": name,
         "route_prefix": route,
         "import_path": builder,
-        "args": {
-            "model_dir": str(app_config.model_path(ours)),
-            "torch_threads": max(1, model.intra_op_threads),
-        },
+        "args": {"model_dir": str(app_config.model_path(ours))},
         "deployments": [
             {
                 "name": deployment,
                 "num_replicas": 1,
                 "max_ongoing_requests": deployment_options(edge)[ours]["max_ongoing_requests"],
-                "ray_actor_options": {"num_cpus": model.num_cpus},
             }
         ],
     }

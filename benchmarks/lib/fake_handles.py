@@ -13,6 +13,7 @@ import numpy as np
 import yaml
 
 from deployments.config import PROJECT_ROOT, AppConfig, parse_app_config
+from deployments.errors import ServingError
 from deployments.runtime.encoder_outputs import EmbeddingResult, ModerationResult
 from deployments.runtime.outputs import Completion, GenerationChunk
 from deployments.servers.base import Reply
@@ -42,6 +43,25 @@ class Method:
     def remote(self, *args: Any) -> Any:
         self.calls.append(args)
         return self.run(*args)
+
+
+class GroupedMethod(Method):
+    """`handle.<method>_many.remote(list of argument tuples)`, as the text replicas have it
+    (deployments.servers.batched): each request through `single` (so its calls record them), a
+    request's ServingError answered in its place, any other failure failing the whole call."""
+
+    def __init__(self, single: Method):
+        super().__init__(self._run_all)
+        self.single = single
+
+    async def _run_all(self, requests: list[tuple[Any, ...]]) -> list[Any]:
+        answers: list[Any] = []
+        for args in requests:
+            try:
+                answers.append(await self.single.remote(*args))
+            except ServingError as error:
+                answers.append(error)
+        return answers
 
 
 class FakeStream:
@@ -144,6 +164,7 @@ class FakeEmbeddingHandle:
         self._rng = rng
         self.embed = Method(self._embed)
         self.wake = Method(_awake)
+        self.embed_many = GroupedMethod(self.embed)
 
     def _vectors(self, count: int) -> np.ndarray:
         if self._rng is None:
@@ -180,6 +201,7 @@ class FakeModerationHandle:
     def __init__(self) -> None:
         self.classify = Method(self._classify)
         self.wake = Method(_awake)
+        self.classify_many = GroupedMethod(self.classify)
 
     async def _classify(
         self, texts: list[str], traceparent: Any = None

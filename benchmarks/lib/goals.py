@@ -63,3 +63,33 @@ def dig(tree: Mapping[str, Any], *path: str) -> Any:
             return None
         node = node[key]
     return node
+
+
+def goals_table(
+    goals: Mapping[str, GoalRecord],
+    machine: Mapping[str, Any],
+    command: str,
+    failed_suites: Mapping[str, str] | None = None,
+) -> str:
+    """What `make bench` prints at the end: the machine, its load and the command, then each
+    goal's value next to its target, met or missed (with why, where it was not measured), then
+    each suite that failed whole (its goals are not there) with its error."""
+    load = f"{machine.get('load_average_1m')} -> {machine.get('load_average_1m_end')}"
+    lines = [
+        f"machine: {machine.get('cpus_usable') or machine.get('cpu_count')} CPUs "
+        f"({machine.get('platform')}), load average (1 min) {load}",
+        f"command: {command}",
+    ]
+    width = max((len(name) for name in goals), default=0)
+    for name, record in goals.items():
+        bound = "<=" if record["at_most"] else ">="
+        value = "-" if record["value"] is None else f"{record['value']:g}"
+        verdict = "met" if record["met"] else "MISSED"
+        why = f" ({record['missing']})" if "missing" in record else ""
+        lines.append(
+            f"  {name:<{width}}  {value:>9} {bound} {record['target']:<7g} "
+            f"{record['unit']:<16} {verdict}{why}"
+        )
+    for suite, error in (failed_suites or {}).items():
+        lines.append(f"  {suite}: FAILED, no goal measured ({error})")
+    return "\n".join(lines)

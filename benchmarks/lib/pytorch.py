@@ -13,15 +13,18 @@ from deployments.runtime.embedding import SentenceTokenizer
 EmbedFn = Callable[[Sequence[str]], np.ndarray]
 
 
-def pytorch_embedders(tokenizer: SentenceTokenizer, threads: int) -> dict[str, EmbedFn]:
+def pytorch_embedders(
+    tokenizer: SentenceTokenizer, threads: int | None = None
+) -> dict[str, EmbedFn]:
     """Eager attention (what was exported) and SDPA (transformers' default), so a goal against
-    PyTorch is judged against the faster."""
+    PyTorch is judged against the faster; on `threads` threads (None: torch's default)."""
     import torch
     from transformers import PreTrainedModel
 
     from deployments.export.embedding import MeanPooledEncoder, load_encoder, resolve_checkpoint
 
-    torch.set_num_threads(threads)
+    if threads is not None:
+        torch.set_num_threads(threads)
     checkpoint = resolve_checkpoint(None)
     eager = load_encoder(checkpoint)
     sdpa = load_encoder(checkpoint)

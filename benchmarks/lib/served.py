@@ -12,7 +12,7 @@ from typing import Any
 
 from benchmarks.lib import processes
 from benchmarks.lib.cluster import apply_applications, serve_cluster
-from benchmarks.lib.config import INGRESS_ENV, SERVE_SWITCHES_ENV, Ingress, ServedBenchConfig
+from benchmarks.lib.config import INGRESS_ENV, Ingress, ServedBenchConfig
 from edgectl.local_cluster import free_port
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,9 @@ def served(
     http_port = free_port()
     with (
         _ingress_env(config.ingress, http_port),
-        serve_cluster(config.ray_num_cpus, http_port, SERVE_SWITCHES_ENV[config.serve_switches]),
+        serve_cluster(
+            config.ray_num_cpus, http_port, controller_options=config.controller_options()
+        ),
     ):
         apply_applications(applications, http_port, config.deploy_timeout_s)
         log.info("running: %s", ray_workers())

@@ -50,6 +50,12 @@ def _parser(prog: str = "python -m deployments.export") -> argparse.ArgumentPars
     mod.add_argument("--from", dest="source", help="dir with the scikit-learn model")
     mod.add_argument("--out", type=Path, required=True)
     mod.add_argument("--verify", action="store_true")
+    checkpoint = sub.add_parser(
+        "checkpoint",
+        help="a chat default's seeded weights as a PyTorch checkpoint (save_pretrained), for peers",
+    )
+    checkpoint.add_argument("family", choices=("glm", "kimi"))
+    checkpoint.add_argument("--out", type=Path, required=True)
     defaults = sub.add_parser("defaults", help="build every embedded default model")
     defaults.add_argument("--out", type=Path, default=Path("models"))
     defaults.add_argument("--force", action="store_true", help="rebuild even if present and intact")
@@ -78,6 +84,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m deployments.expor
                 t0 = time.perf_counter()
                 build_default(name, args.out)
                 print(f"{name}: built in {time.perf_counter() - t0:.1f}s -> {args.out / name}")
+            return 0
+        if args.model == "checkpoint":
+            from deployments.export.llm import save_checkpoint
+
+            print(f"{args.family}: checkpoint -> {save_checkpoint(args.family, args.out)}")
             return 0
         if args.model in ("glm", "kimi", "embedding"):
             stages = stages_for(args.model, _planned_stages(args), enabled=not args.no_progress)

@@ -275,6 +275,20 @@ def default_model(family: Family, out: Path) -> tuple[PreTrainedModel, dict[str,
     return model, tokenizer_info
 
 
+def save_checkpoint(family: Family, out: Path) -> Path:
+    """The seeded default as a PyTorch checkpoint (`save_pretrained` + its tokenizer), for a peer
+    that serves the very weights our ONNX graph was exported from. Its config.json names the
+    architecture and the chat format's end tokens, which a tiny random model's config lacks and
+    an engine (vLLM) reads to load it and to stop."""
+    out = fresh_dir(out)
+    model, info = default_model(family, out)
+    model.config.architectures = [FAMILIES[family].architecture]
+    model.config.eos_token_id = info["eos_token_ids"]
+    model.generation_config.eos_token_id = info["eos_token_ids"]
+    model.save_pretrained(str(out))
+    return out
+
+
 def _checkpoint_model(family: Family, source: str, out: Path) -> tuple[PreTrainedModel, dict]:
     model = FAMILIES[family].model_class.from_pretrained(source, dtype=torch.float32)
     tokenizer: Any  # a fast tokenizer either way; transformers types the two apart

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deployments.config import CLUSTER_SERVE_ENV, parse_app_config
+from deployments.config import parse_app_config, serve_switches
 from deployments.k8s import (
     high_availability,
     pod_security,
@@ -171,12 +171,18 @@ def _label_pods(group: dict[str, Any], labels: dict[str, str]) -> None:
 
 
 def _finish_group(
-    group: dict[str, Any], where: str, *, labels: dict[str, str], kubernetes_api: bool, pins: Pins
+    group: dict[str, Any],
+    where: str,
+    *,
+    labels: dict[str, str],
+    kubernetes_api: bool,
+    pins: Pins,
+    switches: dict[str, str],
 ) -> None:
-    """One group's pods: labelled for the NetworkPolicy, hardened, given the API keys and the
+    """One group's pods: labelled for the NetworkPolicy, hardened, given the API keys, the
     response cache's Redis password and the database URL where the router may run, on the pinned
-    serving image, with the cluster's Ray Serve switches (a proxy reads them when it starts, on
-    whichever node it runs)."""
+    serving image, with the serve config's Ray Serve switches (a Serve that KubeRay starts may not
+    inherit them from the config's controller_options)."""
     _label_pods(group, labels)
     pod = group["template"]["spec"]
     pod_security.require_resources(pod, where)
@@ -189,7 +195,7 @@ def _finish_group(
         repository = container["image"].rsplit(":", 1)[0]
         container["image"] = f"{repository}:{pins.image_tag('gpu')}"
         container.setdefault("env", []).extend(
-            {"name": name, "value": value} for name, value in CLUSTER_SERVE_ENV.items()
+            {"name": name, "value": value} for name, value in switches.items()
         )
 
 
@@ -225,5 +231,12 @@ def build_rayservice(
         needs_api = is_head and bool(cluster.get("enableInTreeAutoscaling"))
         where = "the head group" if is_head else f"worker group {group['groupName']!r}"
         high_availability.expose_serve_port(group, serve_port(serve))
-        _finish_group(group, where, labels=labels, kubernetes_api=needs_api, pins=pins)
+        _finish_group(
+            group,
+            where,
+            labels=labels,
+            kubernetes_api=needs_api,
+            pins=pins,
+            switches=serve_switches(serve_config),
+        )
     return rayservice

@@ -1,5 +1,6 @@
-"""Serve's replicas per deployment, for edge-control's view of which regions are warm: RUNNING
-replicas, the controller's target, and whether some are starting or stopping.
+"""Serve's replicas per deployment, for edge-control's view of which regions are warm (RUNNING
+replicas, the controller's target, and whether some are starting or stopping) and the router's
+/readyz (each deployment's status and replicas by state).
 
 The public way, `serve.status()` (`serve_status`), is the fallback only, for two reasons measured
 on Ray 2.60: it carries no targets, and it validates the controller's answer into pydantic models
@@ -19,8 +20,9 @@ Feature-detected: where this Ray Serve lacks that call, or its answer lost the s
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from deployments.ray_ext.serve_status import serve_status
@@ -33,6 +35,9 @@ class DeploymentReplicas:
     running: int  # RUNNING replicas
     target: int | None  # the controller's target (its autoscaling decision); None: unknown
     settling: bool  # a replica is starting or stopping, or the deployment is not yet healthy
+    # What /readyz and the dashboard show; not compared: a view changes with the counts above.
+    status: str = field(default="HEALTHY", compare=False)  # Serve's deployment status
+    replica_states: Mapping[str, int] = field(default_factory=dict, compare=False)
 
 
 class ServeDetailsChanged(RuntimeError):
@@ -120,6 +125,8 @@ def _replicas(deployment: Mapping[str, Any]) -> DeploymentReplicas:
         running=states.count("RUNNING"),
         target=int(deployment["target_num_replicas"]),
         settling=deployment["status"] != "HEALTHY" or any(s != "RUNNING" for s in states),
+        status=str(deployment["status"]),
+        replica_states=dict(Counter(states)),
     )
 
 
@@ -134,6 +141,11 @@ def from_status(status: Any, app: str) -> dict[str, DeploymentReplicas]:
             target=None,
             settling=str(deployment.status.value) != "HEALTHY"
             or any(state != "RUNNING" for state in deployment.replica_states),
+            status=str(deployment.status.value),
+            replica_states={
+                str(getattr(state, "value", state)): n
+                for state, n in deployment.replica_states.items()
+            },
         )
         for name, deployment in application.deployments.items()
     }

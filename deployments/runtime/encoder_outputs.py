@@ -23,6 +23,11 @@ class EmbeddingResult:
     def total_tokens(self) -> int:
         return sum(self.token_counts)
 
+    def rows(self, start: int, stop: int) -> EmbeddingResult:
+        """Texts `start` to `stop` of this result: one request's share of a merged batch (a view,
+        no copy)."""
+        return EmbeddingResult(self.vectors[start:stop], self.token_counts[start:stop])
+
     def split(self) -> list[EmbeddingResult]:
         """One single-row result per text, so a batch merged from requests can be handed back."""
         return [

@@ -10,6 +10,7 @@ from typing import Any
 from deployments.cache import ResponseCache, SharedStore
 from deployments.config import AppConfig
 from deployments.edge.calls import HandleCall
+from deployments.edge.coalesce import coalescing
 from deployments.edge.dispatch import EdgeDispatcher
 from deployments.edge.pools import RegionPools
 from deployments.observability import RouterObservability
@@ -110,8 +111,9 @@ def build_services(
         deployments=deployments,
     )
     network = EdgeNetwork(edge_config)
+    text_models = {name for name, m in config.models.items() if m.task != "chat"}
     pools = RegionPools(
-        handles,
+        coalescing(handles, text_models, router.coalesce),
         edge_config.region_policy,
         router.default_cold_start_ms,
         control=control,

@@ -29,7 +29,6 @@ from typing import Any
 
 import yaml
 
-from deployments.config import CLUSTER_SERVE_ENV
 from edgectl.ha_cluster import HaCluster, ha_serve_config
 from edgectl.loadtest.records import RequestRecord
 from edgectl.loadtest.regions import region_named
@@ -347,7 +346,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "edge loadtest chaos") -
         print(f"{prog}: {missing}", file=sys.stderr)
         return 2
     load_key = f"sk-chaos-{secrets.token_hex(8)}"
-    env = {**CLUSTER_SERVE_ENV, "EDGE_API_KEYS": f"{LOAD_KEY_NAME}:{load_key}"}
+    env = {"EDGE_API_KEYS": f"{LOAD_KEY_NAME}:{load_key}"}
     cluster = HaCluster.start(env=env)
     try:
         config = ha_serve_config(args.serve_config, args.models_dir.resolve())

@@ -17,13 +17,14 @@ import httpx
 import pytest
 import yaml
 
-from deployments.config import CLUSTER_SERVE_ENV, without_regions
+from deployments.config import without_regions
 from deployments.state.config import DATABASE_URL_ENV
 from edgectl.local_cluster import LocalCluster, free_port, wait_until
 from edgectl.local_services import PostgresServer, ServiceUnavailable
 
 REPO = Path(__file__).resolve().parents[2]
-# Replicas inherit the environment their node was started with: API keys and the admin API.
+# Replicas inherit the environment their node was started with: API keys and the admin API. No
+# Ray Serve switch: the deployed serve_config.yaml's controller_options set them, as for a user.
 ADMIN_KEY = "test-admin-key"
 USER_KEY, OTHER_KEY, LIMITED_KEY = "sk-user-1234", "sk-other-5678", "sk-limited-9999"
 # Load tests send more than the default 600 requests a minute: as an operator would, they get a
@@ -35,7 +36,6 @@ LIMITED_RPM = 3
 # Every process appends its finished spans here (read where build_app runs: the cluster).
 TRACES_FILE = Path(os.environ.get("TMPDIR", "/tmp")) / f"edge-traces-{os.getpid()}.jsonl"
 CLUSTER_ENV = {
-    **CLUSTER_SERVE_ENV,  # the shipped Serve switches (`make serve`, the k8s containers)
     "EDGE_ADMIN_KEY": ADMIN_KEY,
     "EDGE_API_KEYS": f"user:{USER_KEY},other:{OTHER_KEY},limited:{LIMITED_KEY},load:{LOAD_KEY}",
     "EDGE_TRACES_FILE": str(TRACES_FILE),

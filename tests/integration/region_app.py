@@ -14,7 +14,6 @@ from typing import Any
 import httpx
 import yaml
 
-from deployments.config import CLUSTER_SERVE_ENV
 from edgectl.loadtest.regions import CITY_PROBES
 from edgectl.local_cluster import LocalCluster, free_port, wait_until
 from edgectl.small_config import LOAD_KEY_NAME, regional_config
@@ -25,7 +24,6 @@ LOAD_KEY = "sk-load-0000"
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 LOAD = {"authorization": f"Bearer {LOAD_KEY}"}
 CLUSTER_ENV = {
-    **CLUSTER_SERVE_ENV,  # the shipped Serve switches (`make serve`, the k8s containers)
     "EDGE_ADMIN_KEY": ADMIN_KEY,
     "EDGE_API_KEYS": f"{LOAD_KEY_NAME}:{LOAD_KEY}",
     # A killed node is declared dead after 3 missed 1 s health checks, not Ray's default 5 x 3 s.

@@ -11,7 +11,6 @@ import pytest
 import yaml
 
 from deployments.config import (
-    CLUSTER_SERVE_ENV,
     PROJECT_ROOT,
     AppConfig,
     BatchingConfig,
@@ -19,6 +18,7 @@ from deployments.config import (
     check_serve_config,
     parse_app_config,
     serve_only,
+    serve_switches,
     without_regions,
 )
 from edge_sim.config import EdgeConfig
@@ -279,11 +279,16 @@ def test_no_deployment_section_sets_ray_actor_options(application: dict[str, Any
         assert "ray_actor_options" not in deployment, deployment["name"]
 
 
-def test_make_serve_starts_ray_with_the_clusters_serve_switches():
+def test_serve_switches_are_the_serve_configs_so_a_plain_shell_gets_them():
+    # `serve run`/`serve deploy` start Serve's controller with them; `make serve` adds nothing.
+    shipped = yaml.safe_load((PROJECT_ROOT / "serve_config.yaml").read_text(encoding="utf-8"))
+    switches = serve_switches(shipped)
+    assert switches["RAY_SERVE_USE_GRPC_BY_DEFAULT"] == "1"
+    assert float(switches["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"]) < 0.1  # Serve's default
     makefile = (PROJECT_ROOT / "Makefile").read_text(encoding="utf-8")
     (serve_run,) = [line for line in makefile.splitlines() if "bin/serve run" in line]
-    for name, value in CLUSTER_SERVE_ENV.items():
-        assert f"{name}={value} " in serve_run
+    assert "RAY_" not in serve_run
+    assert serve_switches({}) == {}
 
 
 def test_batching_config_refuses_out_of_range_and_unknown_fields():

@@ -20,7 +20,7 @@ import pytest
 from benchmarks import run as bench
 from benchmarks.cache import CacheBenchConfig, run_cache_suite
 from benchmarks.lib.config import BenchConfig
-from benchmarks.lib.goals import goal
+from benchmarks.lib.goals import goal, goals_table
 from benchmarks.runtime import RuntimeBenchConfig, run_runtime_suite
 from benchmarks.structured import StructuredBenchConfig, run_structured_suite
 
@@ -120,6 +120,31 @@ def test_the_report_gathers_every_suites_goals_and_survives_a_broken_suite(suite
     assert code == 1 and report["all_goals_met"] is False
     assert report["suites"]["broken"]["error"] == "RuntimeError: no cluster"
     assert set(report["goals"]) == {"good.fast", "missed.slow"}
+
+
+def test_every_option_as_parsed_goes_into_the_reports_json(suites) -> None:
+    args = quick_args(suites, "--vllm-python", "/venv/bin/python", "--suite", "chat")
+    assert json.loads(json.dumps(vars(args)))["vllm_python"] == "/venv/bin/python"
+
+
+def test_the_goals_table_puts_each_value_beside_its_goal_with_machine_load_and_command() -> None:
+    goals = {
+        "embeddings.speed": goal(1.62, 1.5, "x requests/s"),
+        "chat.ttft": goal(1.3, 1.0, "x p50", at_most=True),
+        "chat.vs_vllm": goal(None, 1.5, "x tokens/s", missing="no --vllm-python given"),
+    }
+    machine = {"cpus_usable": 2, "platform": "Linux", "load_average_1m": 5.1}
+    machine["load_average_1m_end"] = 7.0
+    lines = goals_table(goals, machine, "python -m benchmarks.run --suite chat").splitlines()
+    assert "2 CPUs" in lines[0] and "5.1 -> 7.0" in lines[0]
+    assert lines[1] == "command: python -m benchmarks.run --suite chat"
+    speed, ttft, vllm = lines[2:]
+    assert speed.split()[:4] == ["embeddings.speed", "1.62", ">=", "1.5"] and speed.endswith("met")
+    assert ttft.split()[:4] == ["chat.ttft", "1.3", "<=", "1"] and ttft.endswith("MISSED")
+    assert vllm.split()[:2] == ["chat.vs_vllm", "-"]
+    assert vllm.endswith("MISSED (no --vllm-python given)")
+    failed = goals_table({}, machine, "x", {"chat": "ConnectionError: no cluster"}).splitlines()
+    assert failed[2:] == ["  chat: FAILED, no goal measured (ConnectionError: no cluster)"]
 
 
 @pytest.mark.skipif(not (MODELS_DIR / "glm").is_dir(), reason="needs `make models`")

@@ -64,10 +64,11 @@ def test_the_bench_starts_the_controller_as_serve_config_yaml_does(shipped: dict
     assert variant.control_loop_interval_s(shipped) == interval_s < 0.1  # below Serve's default
 
 
-def test_a_control_loop_variant_replaces_the_shipped_interval(shipped: dict[str, Any]):
+def test_a_control_loop_variant_replaces_the_shipped_interval_only(shipped: dict[str, Any]):
     variant = ServeVariant(control_loop_s=0.1)
+    env_vars = shipped["controller_options"]["runtime_env"]["env_vars"]
     assert variant.controller_options(shipped) == {
-        "runtime_env": {"env_vars": {CONTROL_LOOP_ENV_VAR: "0.1"}}
+        "runtime_env": {"env_vars": {**env_vars, CONTROL_LOOP_ENV_VAR: "0.1"}}
     }
     assert variant.control_loop_interval_s(shipped) == 0.1
     assert ServeVariant().control_loop_interval_s({}) == 0.1  # no controller_options: Serve's

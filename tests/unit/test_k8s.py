@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from deployments import k8s
-from deployments.config import CLUSTER_SERVE_ENV, ConfigError
+from deployments.config import ConfigError, serve_switches
 from deployments.k8s.response_cache import share_across_pods
 
 REPO = Path(__file__).resolve().parents[2]
@@ -334,12 +334,15 @@ def test_models_volume_is_mounted_read_only_in_every_ray_pod(
             assert mount["mountPath"] == serve_config["applications"][0]["args"]["models_dir"]
 
 
-def test_every_ray_container_has_the_clusters_serve_switches(rayservice: dict[str, Any]) -> None:
-    # A proxy reads them when it starts, on whichever node it runs: not a runtime_env's job.
+def test_every_ray_container_has_the_serve_configs_switches(rayservice: dict[str, Any]) -> None:
+    # A Serve that KubeRay starts may not pass on the config's controller_options: every
+    # container has them too, whichever node a proxy or replica starts on.
+    switches = serve_switches(yaml.safe_load(rayservice["spec"]["serveConfigV2"]))
+    assert switches["RAY_SERVE_USE_GRPC_BY_DEFAULT"] == "1"
     for group in _groups(rayservice):
         for container in group["template"]["spec"]["containers"]:
             env = {e["name"]: e.get("value") for e in container["env"]}
-            assert CLUSTER_SERVE_ENV.items() <= env.items(), container["name"]
+            assert switches.items() <= env.items(), container["name"]
 
 
 def test_images_and_ray_version_follow_the_pinned_ray(rayservice: dict[str, Any]) -> None:

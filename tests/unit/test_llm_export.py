@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from deployments.export.common import VerificationError
-from deployments.export.llm import default_model, export_llm, verify_llm
+from deployments.export.llm import default_model, export_llm, save_checkpoint, verify_llm
 from deployments.runtime.decoder import DecoderGraph
 from deployments.runtime.manifest import ModelManifest
 from deployments.runtime.session import SessionConfig, cuda_available, open_session
@@ -26,6 +28,24 @@ def test_onnx_matches_pytorch_fp32(family, models_root, tmp_path):
     report = verify_llm(model.eval(), models_root / family, manifest)
     assert report["logits_max_abs_diff"] < 1e-3
     assert report["cached_vs_recompute_max_abs_diff"] < 1e-3
+    assert report["greedy_tokens_match_pytorch"] == 16
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_saved_checkpoint_is_the_served_graphs_weights_with_its_end_tokens(
+    family, models_root, tmp_path
+):
+    # What a peer engine (vLLM) loads: transformers' own loader, the served model's stop tokens.
+    from transformers import AutoModelForCausalLM
+
+    checkpoint = save_checkpoint(family, tmp_path / family)
+    config = json.loads((checkpoint / "config.json").read_text())
+    manifest = ModelManifest.load(models_root / family)
+    assert config["eos_token_id"] == manifest.llm.eos_token_ids
+    assert config["architectures"] == [manifest.architecture]
+    assert (checkpoint / "tokenizer.json").is_file()
+    model = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
+    report = verify_llm(model, models_root / family, manifest)
     assert report["greedy_tokens_match_pytorch"] == 16
 
 

@@ -147,6 +147,22 @@ def test_the_public_serve_status_gives_the_same_replicas_without_targets(
         DeploymentReader("other")()
 
 
+def test_readyz_gets_the_same_status_and_replica_states_from_details_as_from_serve_status(
+    serve_client: FakeController, monkeypatch: pytest.MonkeyPatch
+):
+    by_details = DeploymentReader("edge")()
+    monkeypatch.setattr(serve_details, "details_call", lambda: None)
+    by_status = DeploymentReader("edge")()
+    shown = {n: (d.status, dict(d.replica_states)) for n, d in by_details.items()}
+    assert shown == {n: (d.status, dict(d.replica_states)) for n, d in by_status.items()}
+    for name, deployment in shown.items():
+        status, states = deployment
+        assert states.get("RUNNING", 0) == CAPTURED[name].running
+        assert (status != "HEALTHY" or set(states) - {"RUNNING"} != set()) == (
+            CAPTURED[name].settling
+        )
+
+
 def test_a_serve_client_without_get_serve_details_is_found_out(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delattr(ServeControllerClient, "get_serve_details")
     assert serve_details.details_call() is None

@@ -14,6 +14,7 @@ from pathlib import Path
 from benchmarks.chat import peer as chat_peer
 from benchmarks.chat.suite import ChatBenchConfig
 from benchmarks.chat.suite import goals as chat_goals
+from benchmarks.chat.vllm_peer import vllm_command
 from benchmarks.embeddings import peer as embedding_peer
 from benchmarks.embeddings.suite import EmbeddingsBenchConfig, compare_runs
 from benchmarks.embeddings.suite import goals as embedding_goals
@@ -78,6 +79,33 @@ def test_the_ttft_goal_is_judged_against_one_decode_step_plus_the_router_hop() -
     assert no_hop["ttft_p50_vs_decode_step_plus_router_hop"]["met"] is False
     alone = ChatBenchConfig(models_dir=MODELS, peers=False)
     assert set(chat_goals(result, alone)) == {"ttft_p50_vs_decode_step_plus_router_hop"}
+
+
+def test_the_vllm_goals_are_misses_that_say_why_until_vllm_is_measured() -> None:
+    no_python = chat_goals({}, ChatBenchConfig(models_dir=MODELS))
+    for name in ("chat_16_streams_vs_vllm", "ttft_p50_vs_vllm"):
+        assert no_python[name]["met"] is False
+        assert "--vllm-python" in no_python[name]["missing"]
+    config = ChatBenchConfig(models_dir=MODELS, vllm_python=Path("/venv/bin/python"))
+    failed = chat_goals({"vs_vllm": {"error": "vLLM exited with 1 while starting"}}, config)
+    assert failed["ttft_p50_vs_vllm"]["missing"] == "vLLM exited with 1 while starting"
+    measured = chat_goals({"vs_vllm": {"tokens_per_s_ratio": 1.6, "ttft_p50_ratio": 1.1}}, config)
+    assert measured["chat_16_streams_vs_vllm"]["met"] is True  # 1.6 >= 1.5
+    assert measured["ttft_p50_vs_vllm"]["met"] is False  # 1.1 > 1.0: a TTFT must not be longer
+
+
+def test_vllm_is_started_at_its_defaults_on_the_checkpoint_under_the_models_name() -> None:
+    command = vllm_command(Path("/venv/bin/python"), Path("/tmp/ckpt/glm"), "glm", 8123)
+    assert command[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    options = dict(zip(command[3::2], command[4::2], strict=True))
+    assert options == {
+        "--model": "/tmp/ckpt/glm",
+        "--served-model-name": "glm",
+        "--host": "127.0.0.1",
+        "--port": "8123",
+        "--dtype": "float32",
+        "--gpu-memory-utilization": "0.1",
+    }
 
 
 def test_rounds_compare_as_medians_and_ratios_need_both_sides() -> None:

@@ -59,6 +59,16 @@ def test_a_worker_taken_by_a_replica_is_replaced():
     assert pool.ours == {22}
 
 
+def test_a_taken_worker_is_replaced_only_after_the_refill_delay():
+    pool = NodePool(target=2, start_grace_s=30, refill_delay_s=3)
+    assert pool.missing([], now=0.0) == 2  # filling the pool is never delayed
+    pool.missing([21, 22], now=5.0)
+    assert pool.missing([22], now=10.0) == 0  # 21 became a replica: its first requests run
+    assert pool.missing([22], now=12.9) == 0
+    assert pool.missing([22], now=13.0) == 1
+    assert pool.ours == {22} and pool.starting == 1
+
+
 def test_a_start_that_never_shows_up_expires_and_is_asked_again():
     pool = NodePool(target=1, start_grace_s=30)
     assert pool.missing([], now=0.0) == 1
