@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from edgectl.local_cluster import free_port, wait_until
 
@@ -72,8 +73,47 @@ def _stop_group(process: subprocess.Popen[bytes], first: signal.Signals) -> None
         process.wait(timeout=5)
 
 
+class _ServerProcess:
+    """What both servers do with their process: it leads a process group of its own, so a kill
+    or a stop reaches everything it started and nothing else."""
+
+    root: Path
+    process: subprocess.Popen[bytes] | None
+    log_name: ClassVar[str]
+    # The signal of a clean stop: PostgreSQL's fast shutdown is SIGINT (open transactions rolled
+    # back, then exit); Redis's is SIGTERM.
+    stop_signal: ClassVar[signal.Signals] = signal.SIGTERM
+
+    def _launch(self) -> None:
+        raise NotImplementedError
+
+    def log_tail(self, chars: int = 2000) -> str:
+        log = self.root / self.log_name
+        return log.read_text(errors="replace")[-chars:] if log.exists() else ""
+
+    def kill(self) -> None:
+        """A crash: the whole group SIGKILLed, no shutdown save (PostgreSQL recovers from its WAL
+        on the next start, Redis from its append-only file)."""
+        if self.process is not None:
+            _stop_group(self.process, signal.SIGKILL)
+            self.process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self._launch()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            _stop_group(self.process, self.stop_signal)
+            self.process = None
+
+    def remove(self) -> None:
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
 @dataclass
-class RedisServer:
+class RedisServer(_ServerProcess):
     """`redis-server` with a password, append-only persistence in its own dir (GCS fault
     tolerance needs what it wrote to survive a restart of Redis), on one address of this machine:
     127.0.0.1, or the bridge of an edgectl.netns network for Ray nodes in namespaces."""
@@ -83,6 +123,7 @@ class RedisServer:
     password: str
     process: subprocess.Popen[bytes] | None = None
     host: str = "127.0.0.1"
+    log_name: ClassVar[str] = "redis.log"
 
     @property
     def address(self) -> str:
@@ -135,32 +176,9 @@ class RedisServer:
         if process.poll() is not None:
             raise RuntimeError(f"redis-server exited:\n{self.log_tail()}")
 
-    def log_tail(self, chars: int = 2000) -> str:
-        log = self.root / "redis.log"
-        return log.read_text(errors="replace")[-chars:] if log.exists() else ""
-
-    def kill(self) -> None:
-        """A crash: SIGKILL, no shutdown save."""
-        if self.process is not None:
-            _stop_group(self.process, signal.SIGKILL)
-            self.process = None
-
-    def restart(self) -> None:
-        self.stop()
-        self._launch()
-
-    def stop(self) -> None:
-        if self.process is not None:
-            _stop_group(self.process, signal.SIGTERM)
-            self.process = None
-
-    def remove(self) -> None:
-        self.stop()
-        shutil.rmtree(self.root, ignore_errors=True)
-
 
 @dataclass
-class PostgresServer:
+class PostgresServer(_ServerProcess):
     """A PostgreSQL cluster of its own (`initdb` in a temp dir, the `postgres` server process
     itself in our process group), with a role and database `edge`, password-authenticated over
     TCP on 127.0.0.1 only. Durability settings are left at PostgreSQL's defaults: tests kill it."""
@@ -171,6 +189,8 @@ class PostgresServer:
     bin_dir: Path
     os_user: str | None = None  # who runs it: `postgres` when we are root
     process: subprocess.Popen[bytes] | None = None
+    log_name: ClassVar[str] = "postgres.log"
+    stop_signal: ClassVar[signal.Signals] = signal.SIGINT
 
     @property
     def data_dir(self) -> Path:
@@ -298,28 +318,3 @@ class PostgresServer:
         if done.returncode != 0:
             raise RuntimeError(f"createdb failed ({done.returncode}):\n{done.stderr[-2000:]}")
         return self.dsn_of(name)
-
-    def log_tail(self, chars: int = 2000) -> str:
-        log = self.root / "postgres.log"
-        return log.read_text(errors="replace")[-chars:] if log.exists() else ""
-
-    def kill(self) -> None:
-        """A crash: the postmaster and every backend SIGKILLed; it recovers from its WAL on the
-        next start."""
-        if self.process is not None:
-            _stop_group(self.process, signal.SIGKILL)
-            self.process = None
-
-    def restart(self) -> None:
-        self.stop()
-        self._launch()
-
-    def stop(self) -> None:
-        """PostgreSQL's fast shutdown (SIGINT): open transactions rolled back, then exit."""
-        if self.process is not None:
-            _stop_group(self.process, signal.SIGINT)
-            self.process = None
-
-    def remove(self) -> None:
-        self.stop()
-        shutil.rmtree(self.root, ignore_errors=True)
