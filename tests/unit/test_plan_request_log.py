@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from ledger_records import NOW, record
 
 from deployments.state.database import Database
 from deployments.state.migrations import migrate
@@ -25,49 +25,27 @@ from edgectl.plan.sources.request_log import read_request_log
 from edgectl.plan.sources.scope import SourceScope, shown
 
 CONFIG = Path(__file__).parents[2] / "serve_config.yaml"
-NOW = 1_764_633_600.0  # 2025-12-02 00:00 UTC
 SERVED = ("glm", "embedding")
 
 
-def record(t_s: float, **changes: object) -> RequestRecord:
+def logged(t_s: float, **changes: object) -> RequestRecord:
     """A request that arrived at NOW + t_s and took 200 ms (the log keeps when it ended)."""
-    base = RequestRecord(
-        ts=NOW + t_s + 0.2,
-        day="2025-12-02",
-        request_id=None,
-        key_id="team-a",
-        endpoint="/v1/chat/completions",
-        model="glm",
-        region="eu",
-        colo="FRA",
-        route_reason="nearest",
-        status=200,
-        stream=False,
-        input_tokens=12,
-        output_tokens=30,
-        cost_units=0.5,
-        latency_ms=200.0,
-        ttft_ms=None,
-        cold_start_ms=None,
-        cache=None,
-        error_type=None,
-    )
-    return replace(base, **changes)  # type: ignore[arg-type]
+    return record(ts=NOW + t_s + 0.2, latency_ms=200.0, request_id=None, **changes)
 
 
 # Written out of time order (a later batch can hold an earlier request); 5 of 11 are load.
 LOG = [
-    record(5.0, colo="SIN", region="ap", model="embedding", input_tokens=3),
-    record(0.0),
-    record(2.0, colo="IAD", region="us", status=499),  # the client left: the model worked
-    record(1.0, colo="AMS", model="kimi"),  # not served by this config
-    record(3.0, colo=None, region=None, status=401, error_type="AuthenticationError"),
-    record(3.5, colo=None, region=None, status=429, error_type="RateLimitedError"),
-    record(4.0, colo=None, region=None, status=503, error_type="QueueFullError"),
-    record(4.5, cache="HIT"),
-    record(6.0, colo="XXX"),  # a colo this world does not have
-    record(7.0, model=None, colo=None, region=None, status=400),
-    record(8.0, colo="FRA", status=500, error_type="InternalServerError"),  # failed mid-stream
+    logged(5.0, colo="SIN", region="ap", model="embedding", input_tokens=3),
+    logged(0.0),
+    logged(2.0, colo="IAD", region="us", status=499),  # the client left: the model worked
+    logged(1.0, colo="AMS", model="kimi"),  # not served by this config
+    logged(3.0, colo=None, region=None, status=401, error_type="AuthenticationError"),
+    logged(3.5, colo=None, region=None, status=429, error_type="RateLimitedError"),
+    logged(4.0, colo=None, region=None, status=503, error_type="QueueFullError"),
+    logged(4.5, cache="HIT"),
+    logged(6.0, colo="XXX"),  # a colo this world does not have
+    logged(7.0, model=None, colo=None, region=None, status=400),
+    logged(8.0, colo="FRA", status=500, error_type="InternalServerError"),  # failed mid-stream
 ]
 
 
@@ -146,7 +124,7 @@ def test_request_log_source_refuses_what_it_cannot_replay(
     write_log(open_db(), [])
     with pytest.raises(ValueError, match="no requests logged$"):
         read_request_log(location, scope())
-    write_log(open_db(), [record(0.0, status=404), record(1.0, model="kimi")])
+    write_log(open_db(), [logged(0.0, status=404), logged(1.0, model="kimi")])
     with pytest.raises(ValueError, match=r"none of its 2 rows is replayable \(1 client error"):
         read_request_log(location, scope())
     with pytest.raises(ValueError, match="no requests logged in the --since/--until window"):
@@ -173,7 +151,7 @@ def test_request_log_locations_that_are_not_a_gateway_database(tmp_path: Path):
 
 def test_request_log_scan_reads_every_row_in_batches(tmp_path: Path):
     path = tmp_path / "gateway.sqlite3"
-    write_log(SqliteDatabase(path), [record(float(i)) for i in range(25)])
+    write_log(SqliteDatabase(path), [logged(float(i)) for i in range(25)])
 
     async def scan() -> list[tuple]:
         database = SqliteDatabase(path)
@@ -195,7 +173,7 @@ async def _first(log: RequestLog, columns: list[str]) -> object:
 
 def test_edge_plan_replays_a_request_log_and_says_what_it_left_out(tmp_path: Path, capsys):
     path = tmp_path / "gateway.sqlite3"
-    write_log(SqliteDatabase(path), [*LOG, record(9.0, model="llama")])  # kimi is served here
+    write_log(SqliteDatabase(path), [*LOG, logged(9.0, model="llama")])  # kimi is served here
     out = tmp_path / "plan"
     code = plan_main(
         ["--config", str(CONFIG), "--trace", f"request-log:{path}", "--policy", "config",
