@@ -146,7 +146,21 @@ def test_request_log_locations_that_are_not_a_gateway_database(tmp_path: Path):
         read_request_log("postgresql://edge:hunter2@127.0.0.1:1/edge", scope())
     assert "hunter2" not in str(error.value)
     assert shown("postgresql://edge:pw@db.internal:5433/gw") == "postgresql://db.internal:5433/gw"
+    assert shown("request-log:postgres://e:p@ss@db/gw?password=x") == (
+        "request-log:postgres://db/gw?password=..."
+    )
     assert replay_source("gateway:db", scope()) is None
+
+
+def test_a_postgresql_that_refuses_the_login_is_a_clear_error(
+    shared_postgres, tmp_path: Path, capsys
+):
+    wrong = shared_postgres.dsn.replace(shared_postgres.password, "not-the-password")
+    with pytest.raises(ValueError, match="password authentication failed") as error:
+        read_request_log(wrong, scope())
+    assert "not-the-password" not in str(error.value)
+    assert plan_main(["--trace", f"request-log:{wrong}", "--out", str(tmp_path)]) == 2
+    assert "not-the-password" not in capsys.readouterr().err
 
 
 def test_request_log_scan_reads_every_row_in_batches(tmp_path: Path):
@@ -205,6 +219,10 @@ def test_edge_plan_request_log_errors_exit_2_without_a_traceback(tmp_path: Path,
     assert "none.sqlite3: no such file" in capsys.readouterr().err
     assert plan_main(["--trace", "flat", "--since", "2025-12-01", "--out", out]) == 2
     assert "--since/--until: only with" in capsys.readouterr().err
+    records = tmp_path / "requests.csv"
+    records.write_text("scheduled_s,model,region,ok,latency_ms\n")
+    assert plan_main(["--trace", f"records:{records}", "--until", "1", "--out", out]) == 2
+    assert "a load test's records have no wall-clock times" in capsys.readouterr().err
     with pytest.raises(SystemExit) as bad_time:
         plan_main(["--trace", f"request-log:{empty}", "--since", "yesterday"])
     assert bad_time.value.code == 2 and "not a time: 'yesterday'" in capsys.readouterr().err

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from deployments.observability.outcome import CLIENT_CLOSED_REQUEST
 from deployments.state.config import POSTGRES_SCHEMES, StateConfig
-from deployments.state.database import Database, StoreUnavailable
+from deployments.state.database import Database, Row, StoreUnavailable
 from deployments.state.gateway import open_database
 from deployments.state.request_log import LogFilter, RequestLog
 from edge_sim.plan.replay import ReplayedRequest, replay_trace
@@ -105,13 +104,15 @@ def _failures(database: Database) -> tuple[type[BaseException], ...]:
     return (StoreUnavailable,)
 
 
-async def _scan(database: Database, where: LogFilter) -> list[tuple[Any, ...]] | None:
-    """The rows' COLUMNS; None: the database has no request log."""
+async def _scan(database: Database, where: LogFilter, take: Callable[[Row], None]) -> bool:
+    """Each row's COLUMNS to `take`, oldest first; False: the database has no request log."""
     log = RequestLog(database)
     try:
         if not await log.present():
-            return None
-        return [row async for row in log.scan(where, COLUMNS)]
+            return False
+        async for row in log.scan(where, COLUMNS):
+            take(row)
+        return True
     finally:
         await database.close()
 
@@ -119,36 +120,39 @@ async def _scan(database: Database, where: LogFilter) -> list[tuple[Any, ...]] |
 def read_request_log(location: str, scope: SourceScope) -> tuple[Replay, list[LoggedRequest]]:
     """The trace (t = 0 at the first arrival; origins: the entry colos, at their positions in
     the world's topology), what was left out and why, and the replayed rows in time order."""
-    database = open_log_database(location)
-    where = LogFilter(since_s=scope.since_s, until_s=scope.until_s)
-    try:
-        found = asyncio.run(_scan(database, where))
-    except _failures(database) as error:
-        raise ValueError(f"request-log:{shown(location)}: {error}") from None
-    if found is None:
-        raise ValueError(
-            f"request-log:{shown(location)}: no request_log table (not the gateway's database, "
-            "or no router has started on it)"
-        )
     positions = {c.id: (c.lat, c.lon) for c in scope.edge.resolved_topology.colos}
     served = set(scope.models)
     skipped: Counter[str] = Counter()
     rows: list[LoggedRequest] = []
-    for ts, latency_ms, model, colo, region, status, cache, tin, tout, cold_ms in found:
+
+    def take(row: Row) -> None:  # classified as read: only the replayed rows are kept
+        ts, latency_ms, model, colo, region, status, cache, tin, tout, cold_ms = row
         reason = not_replayed(model, colo, status, cache, served, positions)
         if reason is not None:
             skipped[reason] += 1
-            continue
+            return
         arrival = float(ts) - float(latency_ms) / 1000.0
         rows.append(
             LoggedRequest(arrival, model, colo, region, status, tin, tout, latency_ms, cold_ms)
         )
+
+    database = open_log_database(location)
+    where = LogFilter(since_s=scope.since_s, until_s=scope.until_s)
+    try:
+        has_log = asyncio.run(_scan(database, where, take))
+    except _failures(database) as error:
+        raise ValueError(f"request-log:{shown(location)}: {error}") from None
+    if not has_log:
+        raise ValueError(
+            f"request-log:{shown(location)}: no request_log table (not the gateway's database, "
+            "or no router has started on it)"
+        )
     if not rows:
         window = " in the --since/--until window" if scope.windowed else ""
-        if not found:
+        if not skipped:
             raise ValueError(f"request-log:{shown(location)}: no requests logged{window}")
         raise ValueError(
-            f"request-log:{shown(location)}: none of its {len(found):,} rows{window} is "
+            f"request-log:{shown(location)}: none of its {skipped.total():,} rows{window} is "
             f"replayable ({skipped_text(skipped)})"
         )
     rows.sort(key=lambda r: r.arrival_s)

@@ -3,12 +3,15 @@ and what it left out)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 from edge_sim.config import EdgeConfig
 from edge_sim.plan.trace import Trace
+
+_USERINFO = re.compile(r"://[^/\s]*@")  # scheme://user:password@host (up to its last @)
+_PASSWORD_PARAMETER = re.compile(r"([?&]password=)[^&\s]*")  # libpq's ?password=...
 
 
 @dataclass(frozen=True)
@@ -41,13 +44,10 @@ class Replay:
         return int(self.trace.expected_requests or 0)
 
 
-def shown(location: str) -> str:
-    """LOCATION as output may show it: a URL without its user and password."""
-    if "://" not in location:
-        return location
-    url = urlsplit(location)
-    host = url.hostname or ""
-    return url._replace(netloc=f"{host}:{url.port}" if url.port else host).geturl()
+def shown(text: str) -> str:
+    """LOCATION, or `SOURCE:LOCATION`, as output may show it: any URL in it without its user and
+    password."""
+    return _PASSWORD_PARAMETER.sub(r"\1...", _USERINFO.sub("://", text))
 
 
 def skipped_text(skipped: Mapping[str, int]) -> str:
