@@ -1,15 +1,6 @@
-"""The gateway's request log (table `request_log`, one row per model request a router answered)
-as a planner trace: each request at its arrival, from the entry colo that took it, placed at
-that colo. Read, never migrated, from a router's SQLite file or the shared PostgreSQL, through
-deployments.state's own access layer.
-
-Which rows are load (`not_replayed`): a row is replayed when a model of the config was asked
-for it, the router routed it (it names an entry colo of the world) and it was neither a client
-error nor answered from a colo's cache. A 4xx is refused before any model (auth, limits,
-budgets, validation) or is the client's mistake, and the dispatcher never counts one against a
-backend either; 499 (the client left) is kept, as it left a model working. The router records
-the entry colo only for requests it routed to an answer, so a 5xx it shed or failed has none:
-those are counted, not replayed, and a replay of an overloaded day under-counts by that much."""
+"""The gateway's request log (table `request_log`, one row per model request a router finished)
+as a planner trace: each request at its arrival, from its entry colo's position. Read, never
+migrated, from a router's SQLite file or the shared PostgreSQL through deployments.state."""
 
 from __future__ import annotations
 
@@ -59,7 +50,14 @@ def not_replayed(
     served: Collection[str],
     colos: Collection[str],
 ) -> str | None:
-    """Why a row is not replayed (the module's rule; the first reason that applies), or None."""
+    """Why a row is not replayed (the first reason that applies), or None: it is load.
+
+    Load is a row for a model the config serves that the router routed (it names an entry colo
+    of the world) and that was neither a client error nor answered from a colo's cache. A 4xx is
+    refused before any model (auth, limits, budgets, validation) or is the client's mistake, and
+    the dispatcher never counts one against a backend either; 499 (the client left) is load, a
+    model was working on it. The router records the entry colo only for requests it routed to
+    an answer, so a 5xx it shed or failed has none: counted, not replayed (docs/plan.md)."""
     if 400 <= status < 500 and status != CLIENT_CLOSED_REQUEST:
         return "client error (4xx)"
     if cache == "HIT":
