@@ -5,11 +5,11 @@ model and day, and pruned past its retention."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from deployments.state.database import Database
+from deployments.state.database import Database, Dialect, Row
 from deployments.state.spend import SETTLE_SQL
 
 MAX_PAGE_ROWS = 1000
@@ -52,6 +52,12 @@ _INSERT = (
     f"INSERT INTO request_log ({', '.join(LOG_COLUMNS)}) "
     f"VALUES ({', '.join('?' for _ in LOG_COLUMNS)})"
 )
+# Whether the table is there at all: a reader of someone's database never migrates it.
+_TABLE_EXISTS: Mapping[Dialect, str] = {
+    "sqlite": "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'request_log'",
+    "postgres": "SELECT 1 WHERE to_regclass('request_log') IS NOT NULL",
+}
+SCAN_BATCH_ROWS = 10_000
 
 
 @dataclass(frozen=True)
@@ -151,6 +157,33 @@ class RequestLog:
             UsageRow(day, key, model, int(n), int(tin or 0), int(tout or 0), float(cost or 0))
             for day, key, model, n, tin, tout, cost in found
         ]
+
+    async def present(self) -> bool:
+        """Whether this database has the table (a file of something else, or one no router has
+        migrated yet, has not)."""
+        return bool(await self._db.fetch(_TABLE_EXISTS[self._db.dialect]))
+
+    async def scan(
+        self, where: LogFilter, columns: Sequence[str], batch_rows: int = SCAN_BATCH_ROWS
+    ) -> AsyncIterator[Row]:
+        """Every matching row's `columns`, oldest first (by id), `batch_rows` a query: for a
+        reader of the whole log (the planner's replay), without the payloads `page` returns."""
+        unknown = sorted(set(columns) - set(LOG_COLUMNS))
+        if unknown:
+            raise ValueError(f"request_log has no columns {unknown}")
+        condition, args = where.where()
+        after_id = 0  # both dialects number rows from 1
+        while True:
+            found = await self._db.fetch(
+                f"SELECT id, {', '.join(columns)} FROM request_log WHERE {condition} AND id > ? "
+                f"ORDER BY id LIMIT {int(batch_rows)}",
+                [*args, after_id],
+            )
+            for row in found:
+                yield row[1:]
+            if len(found) < batch_rows:
+                return
+            after_id = found[-1][0]
 
     async def prune(self, older_than_s: float) -> int:
         """Delete rows that ended before `older_than_s`; how many."""

@@ -29,8 +29,9 @@ from edge_sim.plan.trace import Burst, TraceSpec, generate
 from edge_sim.plan.world import World, synthetic_world
 from edge_sim.validation import EdgeConfigError
 from edgectl.plan.config import KeepWarmFloor, ServePlanConfig, load_serve_config
-from edgectl.plan.report import REPORT_MD, write_plan_report
-from edgectl.plan.sources import SOURCES, replay_source
+from edgectl.plan.report import REPORT_MD, replay_line, write_plan_report
+from edgectl.plan.sources import replay_source, source_names
+from edgectl.plan.sources.scope import Replay, SourceScope, shown
 
 EXAMPLE = """\
 worked example (a day of 1M requests over 300 colos and 20 regions, a region down for an hour
@@ -50,6 +51,12 @@ a colo drill (the admin API's fault JSON): FRA down for an hour at noon, AMS 80 
 
   edge plan --colo-fault 'FRA:{"down": true, "start_after_s": 43200, "duration_s": 3600}' \\
       --colo-fault 'AMS:{"added_latency_ms": 80}' --policy config --out drill-out
+
+the gateway's own traffic, a copy of a router's request log (or postgresql://... of the shared
+database), a working day of it:
+
+  edge plan --trace request-log:gateway.sqlite3 --since 2026-12-01T08:00 \\
+      --until 2026-12-01T18:00 --policy config --policy min:1 --out log-out
 
 policies: config (serve_config.yaml as it is, edge.prewarm too when enabled), zero:SECONDS
 (downscale_to_zero_delay_s), min:N (min_replicas), keep-warm:START-END (local hours per
@@ -74,8 +81,16 @@ def build_parser(prog: str = "edge plan") -> argparse.ArgumentParser:
     trace.add_argument(
         "--trace",
         default="diurnal",
-        help="diurnal | follow-the-sun | flat | records:PATH (a load test's requests.csv)",
+        help=f"diurnal | follow-the-sun | flat | {source_names(' | ')} (records: a load test's "
+        "requests.csv; request-log: the gateway's, docs/plan.md)",
     )
+    trace.add_argument(
+        "--since",
+        type=parse_when,
+        metavar="WHEN",
+        help="request-log: rows that ended at or after (ISO 8601, UTC unless it says; or unix s)",
+    )
+    trace.add_argument("--until", type=parse_when, metavar="WHEN", help="request-log: before")
     trace.add_argument("--requests", type=float, default=100_000, help="expected requests")
     trace.add_argument("--hours", type=float, default=24.0, help="trace length")
     trace.add_argument("--trough", type=float, default=0.05, help="night rate / peak rate")
@@ -101,6 +116,21 @@ def build_parser(prog: str = "edge plan") -> argparse.ArgumentParser:
     run.add_argument("--measure-from-h", type=float, default=0.0, help="figures from this hour")
     parser.add_argument("--out", type=Path, default=Path("plan-out"), help="%(default)s")
     return parser
+
+
+def parse_when(text: str) -> float:
+    """`--since`/`--until`: unix seconds, or an ISO 8601 time (UTC unless it names a zone)."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a time: {text!r} (ISO 8601 or unix seconds)"
+        ) from None
+    return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
 
 
 def _pairs(values: Sequence[str], what: str) -> dict[str, float]:
@@ -226,17 +256,22 @@ def main(argv: Sequence[str] | None = None, prog: str = "edge plan") -> int:
             for s, d, f in (_fields(b, "--burst", 3) for b in args.burst)
         ]
         policies = [parse_policy(p, config) for p in (args.policy or ["config"])]
-        trace_factory = _trace_factory(args, world, config, bursts)
+        replay = replay_source(
+            args.trace, SourceScope(world.edge, config.models, args.since, args.until)
+        )
+        trace_factory = _trace_factory(args, world, config, bursts, replay)
         trace_factory()  # a bad trace fails here, before any run
     except (ConfigError, EdgeConfigError, ValueError, OSError) as error:
         print(f"{prog}: {error}", file=sys.stderr)
         return 2
+    if replay is not None:
+        print(replay_line(_replay_params(replay)))
     started = time.perf_counter()
     runs = compare(world, trace_factory, specs, policies, settings, outages, colo_faults)
     first = runs[0][1]
     params = {
         "config": args.config,
-        "trace": args.trace,
+        "trace": shown(args.trace),
         "duration_s": first.duration_s,
         "measure_from_s": first.measured_from_s,
         "colos": len(world.topology.colos),
@@ -246,6 +281,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "edge plan") -> int:
         "seed": args.seed,
         "simulated_in_s": round(time.perf_counter() - started, 2),
     }
+    if replay is not None:
+        params["replay"] = _replay_params(replay)
     summary = write_plan_report(runs, args.out, params)
     t = summary["totals"]
     print(
@@ -256,15 +293,32 @@ def main(argv: Sequence[str] | None = None, prog: str = "edge plan") -> int:
     return 0
 
 
-def _trace_factory(args: argparse.Namespace, world: World, config: ServePlanConfig, bursts):
-    replayed = replay_source(args.trace, config.edge)
-    if replayed is not None:
-        return replayed
+def _replay_params(replay: Replay) -> dict[str, object]:
+    started = replay.started_at_s
+    return {
+        "requests": replay.requests,
+        "started_at_utc": None
+        if started is None
+        else datetime.fromtimestamp(started, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "skipped": replay.skipped,
+    }
+
+
+def _trace_factory(
+    args: argparse.Namespace,
+    world: World,
+    config: ServePlanConfig,
+    bursts: list[Burst],
+    replay: Replay | None,
+):
+    if replay is not None:
+        return lambda: replay.trace  # read once: every run reads its chunks from memory
     if args.trace not in ("diurnal", "follow-the-sun", "flat"):
         raise ValueError(
-            f"--trace {args.trace!r}: diurnal, follow-the-sun, flat or "
-            + " or ".join(f"{name}:PATH" for name in SOURCES)
+            f"--trace {shown(args.trace)!r}: diurnal, follow-the-sun, flat or {source_names()}"
         )
+    if args.since is not None or args.until is not None:
+        raise ValueError("--since/--until: only with a replayed trace that has wall-clock times")
     spec = TraceSpec(
         requests=args.requests,
         duration_s=args.hours * 3600,

@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 from edge_sim.plan.policies import Policy
 from edge_sim.plan.simulator import SimulationResult
 from edge_sim.plan.summary import extra_replica_share, hidden_share, pool_rows, totals
+from edgectl.plan.sources.scope import skipped_text
 
 SUMMARY_JSON = "summary.json"
 REPORT_MD = "report.md"
@@ -54,6 +55,16 @@ def write_plan_report(
     return summary
 
 
+def replay_line(replay: dict[str, Any]) -> str:
+    """What a replayed trace holds and left out (`params["replay"]`), for the output and the
+    report."""
+    started = replay.get("started_at_utc")
+    at = f", t = 0 at {started}" if started else ""
+    skipped = replay.get("skipped") or {}
+    left = f"; not replayed: {skipped_text(skipped)}" if skipped else ""
+    return f"Replayed {replay['requests']:,} requests{at}{left}."
+
+
 def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join("–" if c is None else str(c) for c in row) + " |" for row in rows]
@@ -79,6 +90,10 @@ def render(summary: dict[str, Any], with_policies: bool) -> str:
         f"{t['wall_s']} s; {t['route_computations']:,} routing decisions computed, "
         f"{t['route_cache_hits']:,} reused.",
         "",
+    ]
+    if "replay" in params:
+        lines += [replay_line(params["replay"]), ""]
+    lines += [
         "## Per region and model",
         "",
     ]

@@ -8,11 +8,11 @@ import asyncio
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from ledger_records import NOW, record
 
 from deployments.errors import BudgetExceededError
 from deployments.observability import ModelPrice
@@ -24,14 +24,13 @@ from deployments.state.database import Database, StoreUnavailable
 from deployments.state.gateway import GatewayState
 from deployments.state.migrations import MIGRATIONS, Migration, migrate
 from deployments.state.postgres import PostgresDatabase, numbered_placeholders
-from deployments.state.request_log import LogFilter, RequestLog, RequestRecord
+from deployments.state.request_log import LogFilter, RequestLog
 from deployments.state.spend import KeySpend, PeriodSpend, period_of
 from deployments.state.sqlite import SqliteDatabase
 from deployments.state.virtual_keys import NewKey, VirtualKeys
 
 T = TypeVar("T")
 DAY_S = 86_400.0
-NOW = 1_764_633_600.0  # 2025-12-02 00:00 UTC
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -55,31 +54,6 @@ def run(open_db: Callable[[], Database], scenario: Callable[[Database], Awaitabl
             await database.close()
 
     return asyncio.run(main())
-
-
-def record(**changes: Any) -> RequestRecord:
-    base = RequestRecord(
-        ts=NOW + 10,
-        day="2025-12-02",
-        request_id="req-1",
-        key_id="team-a",
-        endpoint="/v1/chat/completions",
-        model="glm",
-        region="eu",
-        colo="FRA",
-        route_reason="nearest",
-        status=200,
-        stream=True,
-        input_tokens=12,
-        output_tokens=30,
-        cost_units=0.5,
-        latency_ms=120.5,
-        ttft_ms=20.25,
-        cold_start_ms=None,
-        cache=None,
-        error_type=None,
-    )
-    return replace(base, **changes)
 
 
 def test_migrations_apply_once_in_order_and_are_recorded(open_db: Callable[[], Database]):

@@ -9,10 +9,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from edge_sim.config import EdgeConfig
 from edge_sim.plan.replay import ReplayedRequest, replay_trace
 from edge_sim.plan.trace import Trace
 from edgectl.loadtest.regions import DEFAULT_REGIONS
+from edgectl.plan.sources.scope import Replay, SourceScope
 
 CLIENT_POSITIONS = {r.name: (r.lat, r.lon) for r in DEFAULT_REGIONS}
 
@@ -65,6 +65,8 @@ def read_loadtest_records(
     return trace, rows
 
 
-def trace(location: str, edge: EdgeConfig) -> Trace:
+def replay(location: str, scope: SourceScope) -> Replay:
     """The `records:PATH` source (clients are where their region says, whatever the colos)."""
-    return read_loadtest_records(location)[0]
+    if scope.windowed:
+        raise ValueError("--since/--until: a load test's records have no wall-clock times")
+    return Replay(read_loadtest_records(location)[0])
