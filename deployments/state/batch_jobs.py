@@ -20,8 +20,8 @@ from deployments.state.database import Database, Row
 
 BatchStatus = Literal["queued", "running", "done", "expired"]
 _JOB_COLUMNS = (
-    "id, key_id, model, status, item_count, created_at, updated_at, expires_at, lease_owner, "
-    "lease_until"
+    "id, key_id, model, served_model, status, item_count, created_at, updated_at, expires_at, "
+    "lease_owner, lease_until"
 )
 # Claimable: queued, or running under a lease that ran out.
 _CLAIMABLE = "(status = 'queued' OR (status = 'running' AND lease_until < ?))"
@@ -32,6 +32,7 @@ class BatchJob:
     id: str
     key_id: str
     model: str  # as the client named it
+    served_model: str  # the deployment's name: a job is claimed while this one is warm
     status: BatchStatus
     item_count: int
     created_at: float
@@ -42,10 +43,11 @@ class BatchJob:
 
     @classmethod
     def from_row(cls, row: Row) -> BatchJob:
-        job_id, key_id, model, status, count, created, updated, expires, owner, until = row
+        job_id, key_id, model, served, status, count, created, updated, expires, owner, until = row
         return cls(
-            job_id, key_id, model, status, int(count), created, updated, expires, owner, until
-        )
+            job_id, key_id, model, served, status, int(count), created, updated, expires, owner,
+            until,
+        )  # fmt: skip
 
     def expired(self, now_s: float) -> bool:
         return self.status == "expired" or (
@@ -77,9 +79,15 @@ class BatchJobs:
         self._db = database
 
     async def create(
-        self, job_id: str, key_id: str, model: str, items: Sequence[BatchItem], now_s: float
+        self,
+        job_id: str,
+        key_id: str,
+        model: tuple[str, str],
+        items: Sequence[BatchItem],
+        now_s: float,
     ) -> BatchJob:
-        row = (job_id, key_id, model, "queued", len(items), now_s, now_s, None, None, None)
+        """`model`: as the client named it, and the served model's name."""
+        row = (job_id, key_id, *model, "queued", len(items), now_s, now_s, None, None, None)
         async with self._db.transaction() as tx:
             await tx.execute(
                 f"INSERT INTO batch_jobs ({_JOB_COLUMNS}) VALUES ({', '.join('?' for _ in row)})",
@@ -109,17 +117,17 @@ class BatchJobs:
     async def claim(
         self, owner: str, models: Sequence[str], now_s: float, lease_s: float
     ) -> BatchJob | None:
-        """The oldest claimable job of one of `models`, now running under `owner`'s lease; None
-        if there is none. One statement: of replicas claiming at once, one gets a given job
-        (PostgreSQL re-checks the condition on the row the winner changed; SQLite writes one
-        at a time)."""
+        """The oldest claimable job of one of the served `models`, now running under `owner`'s
+        lease; None if there is none. One statement: of replicas claiming at once, one gets a
+        given job (PostgreSQL re-checks the condition on the row the winner changed; SQLite
+        writes one at a time)."""
         if not models:
             return None
         names = ", ".join("?" for _ in models)
         rows = await self._db.fetch(
             "UPDATE batch_jobs SET status = 'running', lease_owner = ?, lease_until = ?, "
-            f"updated_at = ? WHERE id = (SELECT id FROM batch_jobs WHERE model IN ({names}) AND "
-            f"{_CLAIMABLE} ORDER BY created_at, id LIMIT 1) AND {_CLAIMABLE} "
+            "updated_at = ? WHERE id = (SELECT id FROM batch_jobs WHERE served_model IN "
+            f"({names}) AND {_CLAIMABLE} ORDER BY created_at, id LIMIT 1) AND {_CLAIMABLE} "
             f"RETURNING {_JOB_COLUMNS}",
             (owner, now_s + lease_s, now_s, *models, now_s, now_s),
         )

@@ -108,6 +108,7 @@ MIGRATIONS: tuple[Migration, ...] = (
                 id TEXT PRIMARY KEY,
                 key_id TEXT NOT NULL,
                 model TEXT NOT NULL,
+                served_model TEXT NOT NULL,
                 status TEXT NOT NULL,
                 item_count INTEGER NOT NULL,
                 created_at DOUBLE PRECISION NOT NULL,

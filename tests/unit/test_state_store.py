@@ -408,8 +408,10 @@ def test_a_batch_job_is_claimed_by_one_router_at_a_time(open_db: Callable[[], Da
             await migrate(first, NOW)
             jobs = BatchJobs(first)
             for n in range(6):
-                await jobs.create(f"job-{n}", "team-a", "embedding", batch_items(1), NOW + n)
-            await jobs.create("cold-job", "team-a", "glm", batch_items(1), NOW)
+                await jobs.create(
+                    f"job-{n}", "team-a", ("embedding", "embedding"), batch_items(1), NOW + n
+                )
+            await jobs.create("cold-job", "team-a", ("glm", "glm"), batch_items(1), NOW)
             won: list[str] = []
             for _ in range(12):
                 claims = [
@@ -435,7 +437,7 @@ def test_a_dead_routers_job_is_resumed_from_its_first_unfinished_item(
 ):
     async def scenario(db: Database) -> None:
         jobs = BatchJobs(db)
-        await jobs.create("job", "team-a", "embedding", batch_items(3), NOW)
+        await jobs.create("job", "team-a", ("embedding", "embedding"), batch_items(3), NOW)
         assert (await jobs.claim("router-a", ["embedding"], NOW, lease_s=30)) is not None
         assert await jobs.claim("router-b", ["embedding"], NOW + 29, lease_s=30) is None
         ok = {"result": {"shape": [1, 2]}, "success": True}
@@ -467,7 +469,7 @@ def test_a_dead_routers_job_is_resumed_from_its_first_unfinished_item(
 def test_a_released_batch_job_is_queued_again(open_db: Callable[[], Database]):
     async def scenario(db: Database) -> None:
         jobs = BatchJobs(db)
-        await jobs.create("job", "team-a", "glm", batch_items(2), NOW)
+        await jobs.create("job", "team-a", ("glm", "glm"), batch_items(2), NOW)
         assert await jobs.claim("router-a", ["glm"], NOW, lease_s=30) is not None
         assert not await jobs.release("job", "router-b", NOW)  # not its job
         assert await jobs.release("job", "router-a", NOW + 1)
@@ -483,8 +485,8 @@ def test_expired_batch_jobs_lose_their_items_then_their_tombstone(
 ):
     async def scenario(db: Database) -> None:
         jobs = BatchJobs(db)
-        await jobs.create("job", "team-a", "embedding", batch_items(2), NOW)
-        await jobs.create("waiting", "team-a", "embedding", batch_items(1), NOW + 1)
+        await jobs.create("job", "team-a", ("embedding", "embedding"), batch_items(2), NOW)
+        await jobs.create("waiting", "team-a", ("embedding", "embedding"), batch_items(1), NOW + 1)
         assert await jobs.claim("router-a", ["embedding"], NOW, lease_s=30) is not None
         for index in (0, 1):
             await jobs.record("job", "router-a", index, {"success": True}, (1, 0), NOW, 30)
