@@ -20,6 +20,8 @@ from test_gateway_state_api import ENV, NOW, USER_KEY, Gateway, bearer, open_gat
 
 from deployments.api.app import make_app
 from deployments.errors import InvalidRequestError, QueueFullError
+from deployments.serving.batch_runner import BatchRunner
+from deployments.state.config import BatchConfig
 from deployments.state.postgres import PostgresDatabase
 from deployments.state.sqlite import SqliteDatabase
 from edge_sim.region_board import BoardSnapshot
@@ -181,6 +183,61 @@ def test_a_job_shows_running_while_its_items_run(gateway: Gateway):
     portal.call(release.set)
     assert running.result(timeout=10)
     assert ok(poll(gateway, job))["responses"][0]["success"] is True
+
+
+def test_a_job_of_a_replica_that_died_is_resumed_from_its_first_unfinished_item(
+    gateway: Gateway,
+):
+    """Another router replica claimed the job, answered item 0 and died: once its lease runs
+    out, this replica's runner takes the job over and runs items 1 and 2 only."""
+    handle = embedding_handle(gateway)
+    warm(gateway, "embedding")
+    job = ok(submit(gateway, [{"text": t} for t in TEXTS]))["request_id"]
+    jobs, lease_s = gateway.state.batches, gateway.state.config.batch.lease_s
+    portal = gateway.client.portal  # type: ignore[union-attr]
+    assert portal.call(jobs.claim, "dead-replica", ["embedding"], NOW, lease_s) is not None
+    answered = {"id": 0, "result": {"from": "the dead replica"}, "success": True}
+    assert portal.call(jobs.record, job, "dead-replica", 0, answered, (5, 0), NOW, lease_s)
+    assert not run_batches(gateway)  # its lease still holds
+    assert ok(poll(gateway, job))["status"] == "running"
+    gateway.clock[0] = NOW + lease_s + 1
+    assert run_batches(gateway)
+    assert [call[0] for call in handle.embed.calls] == [[TEXTS[1]], [TEXTS[2]]]
+    done = ok(poll(gateway, job))
+    assert [r["id"] for r in done["responses"]] == [0, 1, 2]
+    assert done["responses"][0] == answered
+    assert done["usage"]["prompt_tokens"] == 5 + sum(len(t.split()) + 2 for t in TEXTS[1:])
+
+
+@pytest.mark.parametrize("max_in_flight", [1, 2])
+def test_a_replica_sends_at_most_max_in_flight_items_at_once(gateway: Gateway, max_in_flight: int):
+    handle = embedding_handle(gateway)
+    warm(gateway, "embedding")
+    ok(submit(gateway, [{"text": f"item {i}"} for i in range(4)]))
+    in_flight, most = 0, 0
+    plain = handle.embed.run  # type: ignore[attr-defined]
+
+    async def counted(*args: Any) -> Any:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0.05)  # long enough for the next item to arrive, if it is sent
+        in_flight -= 1
+        return await plain(*args)
+
+    handle.embed.run = counted  # type: ignore[attr-defined]
+    state, services = gateway.state, gateway.services
+    runner = BatchRunner(
+        state.batches,
+        services.workers,
+        services.pools,
+        services.keys,
+        BatchConfig(max_in_flight=max_in_flight),
+        ready=state.ensure_ready,
+        wall_clock=state.wall_clock,
+    )
+    assert gateway.client.portal.call(runner.run_once)  # type: ignore[union-attr]
+    assert len(handle.embed.calls) == 4 and most == max_in_flight
 
 
 def test_an_item_failing_at_run_time_is_its_own_error_and_a_busy_one_waits(gateway: Gateway):
