@@ -53,21 +53,23 @@ class PickyEmbeddingHandle(FakeEmbeddingHandle):
         return await super()._embed(texts, traceparent, dimensions)
 
 
+@pytest.fixture
+def handle() -> PickyEmbeddingHandle:
+    """The embedding model's handle, in every region."""
+    return PickyEmbeddingHandle()
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
-def gateway(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Gateway]:
-    handles = fake_handles(embedding=PickyEmbeddingHandle())
+def gateway(
+    request: pytest.FixtureRequest, tmp_path: Path, handle: PickyEmbeddingHandle
+) -> Iterator[Gateway]:
+    handles = fake_handles(embedding=handle)
     if request.param == "sqlite":
         connect: Any = lambda: SqliteDatabase(tmp_path / "gateway.sqlite3")  # noqa: E731
     else:
         dsn = request.getfixturevalue("postgres_database")
         connect = lambda: PostgresDatabase(dsn)  # noqa: E731
     yield from open_gateway(connect, ENV, handles)
-
-
-def embedding_handle(gateway: Gateway) -> PickyEmbeddingHandle:
-    handle = next(iter(gateway.services.pools.handles["embedding"].values()))
-    assert isinstance(handle, PickyEmbeddingHandle)
-    return handle
 
 
 def warm(gateway: Gateway, *models: str, saturated: bool = False) -> None:
@@ -115,8 +117,9 @@ def poll(gateway: Gateway, request_id: str, path: str = "/ai/run/embedding") -> 
     return gateway.client.post(path, json={"request_id": request_id}, headers=USER)
 
 
-def test_a_batch_waits_for_warm_capacity_then_answers_as_the_interactive_api(gateway: Gateway):
-    handle = embedding_handle(gateway)
+def test_a_batch_waits_for_warm_capacity_then_answers_as_the_interactive_api(
+    gateway: Gateway, handle: PickyEmbeddingHandle
+):
     requests = [{"text": text} for text in TEXTS]
     requests[1]["external_reference"] = "doc-7"
     queued = ok(submit(gateway, requests))
@@ -159,8 +162,7 @@ def test_a_batch_waits_for_warm_capacity_then_answers_as_the_interactive_api(gat
     assert sorted(rows) == [("alice", f"{job}/{i}", 200) for i in range(3)]
 
 
-def test_a_job_shows_running_while_its_items_run(gateway: Gateway):
-    handle = embedding_handle(gateway)
+def test_a_job_shows_running_while_its_items_run(gateway: Gateway, handle: PickyEmbeddingHandle):
     warm(gateway, "embedding")
     job = ok(submit(gateway, [{"text": "slow"}]))["request_id"]
     release = asyncio.Event()
@@ -187,10 +189,10 @@ def test_a_job_shows_running_while_its_items_run(gateway: Gateway):
 
 def test_a_job_of_a_replica_that_died_is_resumed_from_its_first_unfinished_item(
     gateway: Gateway,
+    handle: PickyEmbeddingHandle,
 ):
     """Another router replica claimed the job, answered item 0 and died: once its lease runs
     out, this replica's runner takes the job over and runs items 1 and 2 only."""
-    handle = embedding_handle(gateway)
     warm(gateway, "embedding")
     job = ok(submit(gateway, [{"text": t} for t in TEXTS]))["request_id"]
     jobs, lease_s = gateway.state.batches, gateway.state.config.batch.lease_s
@@ -210,8 +212,9 @@ def test_a_job_of_a_replica_that_died_is_resumed_from_its_first_unfinished_item(
 
 
 @pytest.mark.parametrize("max_in_flight", [1, 2])
-def test_a_replica_sends_at_most_max_in_flight_items_at_once(gateway: Gateway, max_in_flight: int):
-    handle = embedding_handle(gateway)
+def test_a_replica_sends_at_most_max_in_flight_items_at_once(
+    gateway: Gateway, handle: PickyEmbeddingHandle, max_in_flight: int
+):
     warm(gateway, "embedding")
     ok(submit(gateway, [{"text": f"item {i}"} for i in range(4)]))
     in_flight, most = 0, 0
@@ -240,8 +243,9 @@ def test_a_replica_sends_at_most_max_in_flight_items_at_once(gateway: Gateway, m
     assert len(handle.embed.calls) == 4 and most == max_in_flight
 
 
-def test_an_item_failing_at_run_time_is_its_own_error_and_a_busy_one_waits(gateway: Gateway):
-    handle = embedding_handle(gateway)
+def test_an_item_failing_at_run_time_is_its_own_error_and_a_busy_one_waits(
+    gateway: Gateway, handle: PickyEmbeddingHandle
+):
     warm(gateway, "embedding")
     job = ok(submit(gateway, [{"text": "fine"}, {"text": "refused here"}, {"text": "ok"}]))
     handle.full = 10  # every region pushes back: nothing is answered, the job is queued again
