@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 from router_fakes import FakeEmbeddingHandle, app_config, fake_handles, services_for
 from schema_contracts import assert_valid, envelope_validator
-from test_gateway_state_api import ENV, NOW, USER_KEY, Gateway, bearer, open_gateway
+from test_gateway_state_api import ADMIN, ENV, NOW, USER_KEY, Gateway, bearer, open_gateway
 
 from deployments.api.app import make_app
 from deployments.errors import InvalidRequestError, QueueFullError
@@ -299,6 +299,31 @@ def test_polls_of_another_keys_job_an_unknown_id_and_an_expired_job(gateway: Gat
         gateway.state.batches.prune, gateway.clock[0], gateway.state.config.batch.tombstone_s
     )
     assert failed(poll(gateway, job), 410)["code"] == 9310  # a tombstone until pruned
+
+
+def test_items_run_in_the_submitting_keys_name_its_budget_and_revocation_included(
+    gateway: Gateway,
+):
+    warm(gateway, "glm")
+    client, chat = gateway.client, [{"prompt": "hi", "max_tokens": 16}]
+    capped = gateway.new_key(budget={"cost_units": 1e-9, "period": "day"})
+    revoked = gateway.new_key()
+    jobs = [
+        ok(client.post("/ai/run/glm?queueRequest=true", json={"requests": chat}, headers=h))
+        for h in (bearer(capped["key"]), bearer(revoked["key"]))
+    ]
+    assert client.delete(f"/admin/keys/{revoked['id']}", headers=ADMIN).status_code == 200
+    assert run_batches(gateway) and run_batches(gateway)
+    over_budget = client.post(
+        "/ai/run/glm", json={"request_id": jobs[0]["request_id"]}, headers=bearer(capped["key"])
+    )
+    (response,) = ok(over_budget)["responses"]
+    assert response["success"] is False and response["errors"][0]["code"] == 9201
+    # The revoked key cannot poll, and its job's item was refused as it would be.
+    listed = gateway.client.portal.call(  # type: ignore[union-attr]
+        gateway.state.batches.results, jobs[1]["request_id"]
+    )
+    assert [r.response["errors"][0]["code"] for r in listed if r.response] == [10000]
 
 
 @pytest.mark.parametrize(
