@@ -103,8 +103,8 @@ class BatchRunner:
         ]
 
     async def run_once(self) -> bool:
-        """Claim one job and run its items while capacity lasts; whether any item got its
-        answer (False: nothing to do now, back off)."""
+        """Claim one job and run its items while capacity lasts; whether that made progress
+        (an item answered, or the job done). False: nothing to do now, back off."""
         if not await self._ready():
             return False
         await self._pools.ready()
