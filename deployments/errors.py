@@ -171,6 +171,20 @@ class KeyNotFoundError(NotFoundError):
     default_code = "key_not_found"
 
 
+class BatchNotFoundError(NotFoundError):
+    """No batch job by that request id for this key (another key's job is not told apart)."""
+
+    default_code = "batch_not_found"
+
+
+class BatchExpiredError(ServingError):
+    """A batch job whose results were kept `state.batch.result_ttl_s` and are gone now."""
+
+    status = 410
+    error_type = "invalid_request_error"
+    default_code = "batch_expired"
+
+
 class MethodNotAllowedError(ServingError):
     """The route exists, but not for this HTTP method (405); `allow` lists the methods it takes."""
 
@@ -296,6 +310,8 @@ ENVELOPE_CODES: Mapping[type[ServingError], int] = MappingProxyType(
         ColoNotFoundError: 9301,
         RegionNotFoundError: 9302,
         KeyNotFoundError: 9303,
+        BatchNotFoundError: 9304,
+        BatchExpiredError: 9310,
         MethodNotAllowedError: 9400,
         PayloadTooLargeError: 3006,
         OverloadedError: 9500,

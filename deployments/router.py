@@ -94,6 +94,7 @@ class RouterIngress:
         )
         self._fault_sync: asyncio.Task[None] | None = None
         self._traffic_publish: asyncio.Task[None] | None = None
+        self._batch_runs: asyncio.Task[None] | None = None
 
     async def __serve_build_asgi_app__(self) -> FastAPI:
         """Called by Ray Serve once the replica is constructed, on its event loop."""
@@ -102,10 +103,15 @@ class RouterIngress:
             self.state.start()
         self._fault_sync = loop.create_task(self.services.drills.sync_forever())
         self._traffic_publish = loop.create_task(self.services.dashboard.traffic.publish_forever())
+        if self.services.batch_runner is not None:
+            self._batch_runs = loop.create_task(self.services.batch_runner.run_forever())
         return make_app(self.config, self.services)
 
     async def __del__(self) -> None:
-        """Ray Serve's graceful shutdown of the replica: the queued ledger records written."""
+        """Ray Serve's graceful shutdown of the replica: the queued ledger records written. A
+        batch item in flight is dropped: its job's lease runs out and another replica reruns it."""
+        if self._batch_runs is not None:
+            self._batch_runs.cancel()
         if self.state is not None:
             await self.state.close()
 

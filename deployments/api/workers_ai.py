@@ -11,7 +11,6 @@ from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Query, Response
-from pydantic import ValidationError
 
 from deployments.api.caller import Caller, caller_of
 from deployments.api.openai import openai_chunks
@@ -20,26 +19,17 @@ from deployments.api.streaming import OpenedStream, held_event_stream
 from deployments.edge.waiting import ColdStartNotice
 from deployments.errors import ServingError
 from deployments.protocol import (
-    WORKERS_INPUT_BY_TASK,
     ChatCompletionRequest,
-    OpenAIRequest,
     WorkersChatResult,
     error_envelope,
     ok_envelope,
-    rejects_if_busy,
-    request_error_from_validation,
-    workers_chat_to_chat_request,
-    workers_embedding_result,
 )
 from deployments.protocol.workers_ai import (
     MAX_MODELS_PER_PAGE,
     MAX_PAGE,
-    WorkersModerationVerdict,
-    WorkersOpenAIChatInput,
-    WorkersToolCall,
     page_envelope,
-    unknown_fields_error,
 )
+from deployments.protocol.workers_batch import is_batch_request
 from deployments.runtime.outputs import GenerationChunk
 from deployments.serving.context import RequestContext
 from deployments.serving.services import RouterServices
@@ -61,48 +51,26 @@ def workers_ai_routes(services: RouterServices, prefix: str = PREFIX) -> APIRout
 
     @routes.post("/run/{model_name:path}")
     async def run_model(
-        model_name: str, body: Annotated[dict[str, Any], Body()], caller: Authenticated
+        model_name: str,
+        body: Annotated[dict[str, Any], Body()],
+        caller: Authenticated,
+        queue_request: Annotated[bool, Query(alias="queueRequest")] = False,
     ) -> Response:
-        """Run any model with its task's natural input; answers in a Workers-AI envelope."""
+        """Run any model with its task's natural input; answers in a Workers-AI envelope. With
+        `queueRequest` (or a bare `{"request_id"}`), the Batch API: submit or poll a job."""
         ctx, telemetry = caller.context, caller.telemetry
+        if is_batch_request(body, queue_request):
+            return json_response(ok_envelope(await services.batch.answer(model_name, body, ctx)))
         model = services.catalogue.get(model_name)
         telemetry.request(task=model.task, model=model.name)
-        if model.task == "chat" and model_name != model.name:
-            return await run_chat_alias(model_name, body, caller)
-        task_input: Any = _validated(WORKERS_INPUT_BY_TASK[model.task], body, model.task)
-        ctx = ctx.rejecting_if_busy(rejects_if_busy(task_input))
-        result: Any
-        if model.task == "chat":
-            chat = workers_chat_to_chat_request(model.name, task_input)
-            if chat.stream:
-                return await _chat_stream(chat, ctx, caller, workers_chunks)
-            answer: Any = await services.chat.complete(chat, ctx, telemetry, use_cache=False)
-            completion = answer.value
-            message = completion.choices[0].message
-            calls = [WorkersToolCall.from_openai(c) for c in message.tool_calls or []]
-            result = WorkersChatResult(
-                response=message.content or "", usage=completion.usage, tool_calls=calls or None
-            )
-        elif model.task == "embedding":
-            answer = await services.embeddings.embed(model.name, task_input.texts, ctx, telemetry)
-            result = workers_embedding_result(answer.value.vectors)
-        else:
-            answer = await services.moderations.classify(
-                model.name, task_input.texts, ctx, telemetry
-            )
-            result = [WorkersModerationVerdict.of(verdict) for verdict in answer.value]
-        return json_response(ok_envelope(result), answer.headers)
-
-    async def run_chat_alias(alias: str, body: dict[str, Any], caller: Caller) -> Response:
-        """A chat model by its catalogue name answers as that record defines: OpenAI's chat
-        request in, a `chat.completion` (streamed: `chat.completion.chunk` events) out."""
-        chat_input = _validated(WorkersOpenAIChatInput, body, "chat")
-        ctx = caller.context.rejecting_if_busy(rejects_if_busy(chat_input))
-        chat = chat_input.as_chat(alias)
-        if chat.stream:
-            return await _chat_stream(chat, ctx, caller, partial(openai_chunks, chat))
-        answer = await services.chat.complete(chat, ctx, caller.telemetry, use_cache=False)
-        return json_response(ok_envelope(answer.value), answer.headers)
+        given = services.workers.parse(model_name, body)
+        ctx = ctx.rejecting_if_busy(given.rejects_if_busy)
+        if given.stream:
+            chat = given.chat()
+            shape = partial(openai_chunks, chat) if given.alias else workers_chunks
+            return await _chat_stream(chat, ctx, caller, shape)
+        answer = await services.workers.run(given, ctx, telemetry)
+        return json_response(ok_envelope(answer.result), answer.headers)
 
     async def _chat_stream(
         chat: ChatCompletionRequest,
@@ -131,18 +99,6 @@ def workers_ai_routes(services: RouterServices, prefix: str = PREFIX) -> APIRout
         return json_response(page_envelope(models, page, per_page))
 
     return routes
-
-
-def _validated(kind: type[OpenAIRequest], body: dict[str, Any], task: str) -> Any:
-    """`body` as a `kind`; Workers AI refuses a field its schema does not define (a 400)."""
-    try:
-        task_input = kind.model_validate(body)
-    except ValidationError as exc:
-        raise request_error_from_validation(exc.errors()) from None
-    unknown = unknown_fields_error(task_input, task)
-    if unknown is not None:
-        raise unknown
-    return task_input
 
 
 async def workers_chunks(chunks: AsyncIterator[GenerationChunk]) -> AsyncIterator[str]:

@@ -145,10 +145,12 @@ class EdgeDispatcher:
         the request's wait limits; `notice` hears when an attempt waits for a cold replica."""
         await self.pools.ready()
         entry, skipped, client, plan = self.plan(model, origin)
-        self.pools.note_demand(model, self.regions.home(entry.colo_id))
-        if plan.wake is not None:
-            self.pools.wake(model, plan.wake)
         limits = origin.wait_limits
+        if not limits.warm_only:  # background work (a batch item) neither wakes a region nor
+            # counts as demand to pre-warm one for
+            self.pools.note_demand(model, self.regions.home(entry.colo_id))
+            if plan.wake is not None:
+                self.pools.wake(model, plan.wake)
         allowed = self._within_limits(model, plan.candidates, limits)
         arrived_at = self.clock.unix()
         deadline = self.clock.now() + self.deadline_s
@@ -245,14 +247,15 @@ class EdgeDispatcher:
         warm replica and no back-pressure now; none is a 429 at once (Workers AI's answer), not
         a wait. A wait budget shorter than the first region's expected wake-up is a 503 at once,
         not a wait that can only end in one. Either way the region it would have waited on is
-        woken, so a retry after the Retry-After finds it warm."""
+        woken, so a retry after the Retry-After finds it warm; `warm_only` wakes nothing."""
         pools = self.pools.pools(model)
         if limits.reject_if_busy:
             free = tuple(
                 c for c in candidates if pools[c.region].warm and not pools[c.region].saturated
             )
             if not free:
-                self._wake_if_cold(model, candidates[0].region)
+                if not limits.warm_only:
+                    self._wake_if_cold(model, candidates[0].region)
                 ready_in_s = min(self.pools.expected_ready_s(model, c.region) for c in candidates)
                 raise BusyError(BUSY_MESSAGE, retry_after_s=ready_in_s)
             candidates = free

@@ -17,10 +17,13 @@ MAX_WAIT_HEADER = "x-edge-max-wait-ms"
 class WaitLimits:
     """`reject_if_busy`: never wait in a capacity queue (no region with a free warm replica now
     is a 429); `max_wait_s`: the request's wait budget (past it, a 503 whose Retry-After is the
-    expected wake-up). Neither set: the server's own deadline alone."""
+    expected wake-up). Neither set: the server's own deadline alone. `warm_only` (a batch item's,
+    never a client's; see `BACKGROUND`): no region is woken for the request, so background work
+    never starts a cold replica by itself."""
 
     reject_if_busy: bool = False
     max_wait_s: float | None = None
+    warm_only: bool = False
 
     @classmethod
     def from_headers(cls, headers: Mapping[str, str]) -> WaitLimits:
@@ -34,6 +37,10 @@ class WaitLimits:
                 header=MAX_WAIT_HEADER,
             )
         return cls(max_wait_s=int(raw) / 1000.0)
+
+
+# A batch item's limits: a free warm replica now, or a BusyError at once; nothing woken.
+BACKGROUND = WaitLimits(reject_if_busy=True, warm_only=True)
 
 
 class ColdStartNotice:

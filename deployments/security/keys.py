@@ -66,6 +66,10 @@ class VirtualKeyLookup(Protocol):
         """The key with this digest; AuthenticationError if it expired."""
         ...
 
+    def principal_of(self, key_id: str) -> Principal | None:
+        """The unrevoked, unexpired key with this id."""
+        ...
+
 
 @dataclass(frozen=True)
 class KeyEntry:
@@ -318,6 +322,15 @@ class KeyStore:
         if virtual is None:
             raise AuthenticationError("invalid API key")
         return virtual
+
+    def principal_of(self, key_id: str) -> Principal | None:
+        """A key's principal by its id, for work done later in its name (a batch job's items):
+        None once it is gone (no longer configured, revoked, expired)."""
+        if key_id == ANONYMOUS_KEY_ID:
+            return self.anonymous() if self.is_open else None
+        if key_id in self._limits:
+            return Principal(key_id, self._limits[key_id])
+        return self.virtual.principal_of(key_id) if self.virtual is not None else None
 
     def authorize_admin(self, authorization: str | None, path: str = "/admin") -> Principal:
         """The caller of an /admin route: 404 when no admin key is configured, 401 without a

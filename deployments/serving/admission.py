@@ -13,6 +13,7 @@ from deployments.protocol import ChatCompletionRequest, chat_messages_as_dicts
 from deployments.runtime.chat_features import ChatFeatures
 from deployments.runtime.sampling_params import DEFAULT_MAX_NEW_TOKENS, SamplingParams
 from deployments.security import (
+    Principal,
     RateLimiter,
     RequestLimits,
     Reservation,
@@ -55,6 +56,16 @@ def chat_features(chat: ChatCompletionRequest) -> ChatFeatures:
         response_format=chat.response_format.as_dict() if chat.response_format else None,
         raw=chat.raw,
     )
+
+
+def check_allowed(principal: Principal, model: ServedModel) -> None:
+    """The key may use the model, or a 403."""
+    if not principal.may_use(model.name):
+        raise PermissionDeniedError(
+            f"key {principal.key_id} may not use the model {model.name!r}",
+            param="model",
+            code="model_not_allowed",
+        )
 
 
 class AdmittedChat(NamedTuple):
@@ -129,12 +140,7 @@ class Admission:
         """The key may use the model (403), and its budget holds the request's estimated cost
         (reserved), or the key's fallback model serves it, or it is refused (429)."""
         principal = ctx.principal
-        if not principal.may_use(model.name):
-            raise PermissionDeniedError(
-                f"key {principal.key_id} may not use the model {model.name!r}",
-                param="model",
-                code="model_not_allowed",
-            )
+        check_allowed(principal, model)
         if self.budgets is None or principal.budget is None:
             telemetry.spend_admitted(model.name, None, 0.0)
             return model

@@ -22,6 +22,8 @@ from deployments.security.gate_classifier import (
     open_embedded_classifier,
 )
 from deployments.serving.admission import Admission
+from deployments.serving.batch import BatchService
+from deployments.serving.batch_runner import BatchRunner
 from deployments.serving.caching import CachedAnswers
 from deployments.serving.chat import ChatService
 from deployments.serving.dashboard import DashboardService, RegionsSource, TrafficShare
@@ -34,6 +36,7 @@ from deployments.serving.models import (
     ServedModel,
 )
 from deployments.serving.texts import EmbeddingService, ModerationService
+from deployments.serving.workers_ai import WorkersRun
 from deployments.state.gateway import GatewayState
 from edge_sim.network import EdgeNetwork
 
@@ -50,9 +53,12 @@ class RouterServices:
     pools: RegionPools
     deployment_states: DeploymentStates
     gateway: GatewayAdmin  # the admin API of keys, logs and usage
+    workers: WorkersRun  # /ai/run's inputs and answers, a client's or a batch item's
+    batch: BatchService  # the Batch API's submissions and polls
     observability: RouterObservability | None = None
     warm_pool: Any | None = None  # deployments.warm_pool's handle, None when it is off
     state: GatewayState | None = None  # keys, budgets and the request log; None when off
+    batch_runner: BatchRunner | None = None  # runs batch jobs; None with state or batch off
 
     async def readiness(self) -> dict[str, Any]:
         states = await self.deployment_states()
@@ -172,12 +178,30 @@ def build_services(
         regions=regions,
     )
     path = (catalogue, admission, cached, edge)  # what every service's request path goes through
+    workers = WorkersRun(
+        catalogue,
+        ChatService(*path, gate=ModerationGate(gate_config, in_router or deployment_flags)),
+        EmbeddingService(*path),
+        ModerationService(*path),
+    )
+    runner = None
+    if state is not None and state.config.batch.enabled:
+        runner = BatchRunner(
+            state.batches,
+            workers,
+            pools,
+            keys,
+            state.config.batch,
+            ready=state.ensure_ready,
+            observability=observability,
+            wall_clock=state.wall_clock,
+        )
     return RouterServices(
         keys=keys,
         catalogue=catalogue,
-        chat=ChatService(*path, gate=ModerationGate(gate_config, in_router or deployment_flags)),
-        embeddings=EmbeddingService(*path),
-        moderations=ModerationService(*path),
+        chat=workers.chat,
+        embeddings=workers.embeddings,
+        moderations=workers.moderations,
         drills=drills,
         dashboard=dashboard,
         pools=pools,
@@ -186,4 +210,7 @@ def build_services(
         warm_pool=warm_pool,
         state=state,
         gateway=GatewayAdmin(catalogue, state),
+        workers=workers,
+        batch=BatchService(workers, state, wall_clock=state.wall_clock if state else time.time),
+        batch_runner=runner,
     )

@@ -43,6 +43,47 @@ class LedgerConfig(_Strict):
     prune_interval_s: float = Field(default=3600.0, gt=0, le=86_400)
 
 
+class BatchConfig(_Strict):
+    """Workers AI's asynchronous Batch API (`queueRequest`): jobs kept in the database and run
+    by the router replicas on warm capacity only, behind interactive traffic (docs/api.md)."""
+
+    enabled: bool = True
+    max_requests: int = Field(
+        default=1000, ge=1, le=100_000, description="the most requests one batch may hold"
+    )
+    result_ttl_s: float = Field(
+        default=86_400.0,
+        gt=0,
+        le=30 * 86_400,
+        description="how long a finished job's results can be polled (then 410 Gone)",
+    )
+    tombstone_s: float = Field(
+        default=7 * 86_400.0,
+        ge=0,
+        le=365 * 86_400,
+        description="how long an expired job still answers 410 rather than 404, then is pruned",
+    )
+    poll_interval_s: float = Field(
+        default=1.0,
+        gt=0,
+        le=300,
+        description="how often an idle runner looks for a job, and waits while capacity is busy",
+    )
+    max_in_flight: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="batch items each router replica sends at once (interactive traffic first)",
+    )
+    lease_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="a claimed job's lease: renewed after every item; past it, another "
+        "replica takes the job over from its first unfinished item",
+    )
+
+
 class StateConfig(_Strict):
     """Gateway state. No `database_url` (and no EDGE_DATABASE_URL): an embedded SQLite file
     under `data_dir`, enough for one machine; PostgreSQL to share it across nodes."""
@@ -73,6 +114,7 @@ class StateConfig(_Strict):
         "spend counted once it is back) or refuse (503)",
     )
     ledger: LedgerConfig = LedgerConfig()
+    batch: BatchConfig = BatchConfig()
 
     @field_validator("database_url")
     @classmethod

@@ -15,6 +15,7 @@ from typing import Any
 
 from deployments.observability import MetricsBackend, ModelPrice
 from deployments.security import SecurityConfig
+from deployments.state.batch_jobs import BatchJobs
 from deployments.state.budgets import BudgetGuard
 from deployments.state.config import DATABASE_URL_ENV, POSTGRES_SCHEMES, StateConfig
 from deployments.state.database import Database, StoreUnavailable
@@ -70,6 +71,7 @@ class GatewayState:
     log_table: RequestLog
     writer: RecordWriter[RequestRecord]
     ledger: RequestLedger
+    batches: BatchJobs
     wall_clock: Callable[[], float] = time.time
     clock: Callable[[], float] = time.monotonic
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("ray.serve"))
@@ -111,6 +113,7 @@ class GatewayState:
             log_table=log_table,
             writer=writer,
             ledger=RequestLedger(writer, prices, wall_clock),
+            batches=BatchJobs(database),
             wall_clock=wall_clock,
             clock=clock,
         )
@@ -163,6 +166,15 @@ class GatewayState:
                 else:
                     if removed:
                         self.log.info("state: %d request-log rows past retention pruned", removed)
+                try:
+                    changed = await self.batches.prune(
+                        self.wall_clock(), self.config.batch.tombstone_s
+                    )
+                except StoreUnavailable as error:
+                    self.log.warning("state: pruning batch jobs failed (%s)", error)
+                else:
+                    if changed:
+                        self.log.info("state: %d batch jobs expired or pruned", changed)
             await asyncio.sleep(self.config.ledger.prune_interval_s)
 
     async def close(self) -> None:

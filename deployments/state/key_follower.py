@@ -40,6 +40,12 @@ class KeyFollower:
     def has_keys(self) -> bool:
         return bool(self._by_digest)
 
+    def principal_of(self, key_id: str) -> Principal | None:
+        for key, principal in self._by_digest.values():
+            if key.id == key_id:
+                return None if key.expired(self._wall_clock()) else principal
+        return None
+
     def principal(self, digest: bytes) -> Principal | None:
         found = self._by_digest.get(digest)
         if found is None:

@@ -99,6 +99,37 @@ MIGRATIONS: tuple[Migration, ...] = (
             )""",
         ),
     ),
+    Migration(
+        4,
+        "batch jobs (Workers AI's queueRequest): the job with its claim lease, and one row per "
+        "item whose response is written as it completes",
+        (
+            """CREATE TABLE batch_jobs (
+                id TEXT PRIMARY KEY,
+                key_id TEXT NOT NULL,
+                model TEXT NOT NULL,
+                served_model TEXT NOT NULL,
+                status TEXT NOT NULL,
+                item_count INTEGER NOT NULL,
+                created_at DOUBLE PRECISION NOT NULL,
+                updated_at DOUBLE PRECISION NOT NULL,
+                expires_at DOUBLE PRECISION,
+                lease_owner TEXT,
+                lease_until DOUBLE PRECISION
+            )""",
+            "CREATE INDEX batch_jobs_status ON batch_jobs (status, created_at)",
+            """CREATE TABLE batch_items (
+                job_id TEXT NOT NULL,
+                idx INTEGER NOT NULL,
+                input TEXT NOT NULL,
+                external_reference TEXT,
+                response TEXT,
+                prompt_tokens INTEGER,
+                completion_tokens INTEGER,
+                PRIMARY KEY (job_id, idx)
+            )""",
+        ),
+    ),
 )
 
 

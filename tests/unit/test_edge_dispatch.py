@@ -16,7 +16,7 @@ from deployments.edge.clock import ManualEdgeClock
 from deployments.edge.dispatch import LOST_CHECK_S, EdgeDispatcher
 from deployments.edge.pools import RegionPools
 from deployments.edge.trace import EdgeTrace
-from deployments.edge.waiting import ColdStartNotice, WaitLimits
+from deployments.edge.waiting import BACKGROUND, ColdStartNotice, WaitLimits
 from deployments.errors import (
     BusyError,
     InvalidRequestError,
@@ -500,6 +500,24 @@ def test_reject_if_busy_when_every_free_region_pushes_back_is_a_429_not_a_503() 
         asyncio.run(rig.send(TOKYO, limits=REJECT_IF_BUSY))
     assert caught.value.retry_after_s == 2
     assert {o.kind for o in rig.reported} == {"saturated"}
+
+
+def test_a_background_call_is_served_by_a_warm_region_and_wakes_no_cold_one() -> None:
+    rig = Rig({"eu": 1, "us": 0, "ap": 0})  # Tokyo's nearest, ap, is cold: the plan wakes it
+    result, _ = asyncio.run(rig.send(TOKYO, limits=BACKGROUND))
+    assert result.reply.value == "eu"
+    assert rig.handles["ap"].calls == [] and rig.handles["us"].calls == []
+
+
+def test_a_background_call_with_no_warm_region_is_busy_at_once_and_wakes_nothing() -> None:
+    rig = Rig({})
+    with pytest.raises(BusyError):
+        asyncio.run(rig.send(TOKYO, limits=BACKGROUND))
+    assert all(handle.calls == [] for handle in rig.handles.values())
+    # The same with rejectIfBusy alone wakes the nearest region for a retry.
+    with pytest.raises(BusyError):
+        asyncio.run(rig.send(TOKYO, limits=REJECT_IF_BUSY))
+    assert rig.handles["ap"].calls == ["wake"]
 
 
 def test_a_wait_budget_shorter_than_the_expected_wake_up_is_a_503_at_once() -> None:

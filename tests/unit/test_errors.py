@@ -49,6 +49,8 @@ EXPECTED_STATUS: dict[type[ServingError], int] = {
     errors.BudgetExceededError: 429,
     errors.KeyNotFoundError: 404,
     errors.StateUnavailableError: 503,
+    errors.BatchNotFoundError: 404,
+    errors.BatchExpiredError: 410,
 }
 
 

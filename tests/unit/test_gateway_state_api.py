@@ -25,7 +25,7 @@ from deployments.observability import (
     configure_access_logger,
 )
 from deployments.security import KeyStore, key_digest
-from deployments.serving.services import build_services
+from deployments.serving.services import RouterServices, build_services
 from deployments.state.database import Database
 from deployments.state.gateway import GatewayState
 from deployments.state.key_follower import KeyFollower
@@ -53,6 +53,7 @@ class Gateway:
     state: GatewayState
     clock: list[float]
     connect: Callable[[], Database]  # another connection to its database: another replica's
+    services: RouterServices
 
     def flush(self) -> None:
         """The write-behind queue written now (the background task does it every 0.5 s)."""
@@ -75,7 +76,9 @@ def gateway(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Gateway]
         yield from open_gateway(lambda: PostgresDatabase(dsn), ENV)
 
 
-def open_gateway(connect: Callable[[], Database], env: dict[str, str]) -> Iterator[Gateway]:
+def open_gateway(
+    connect: Callable[[], Database], env: dict[str, str], handles: dict[str, Any] | None = None
+) -> Iterator[Gateway]:
     config = app_config()
     clock = [NOW]
     state = GatewayState.build(
@@ -96,7 +99,7 @@ def open_gateway(connect: Callable[[], Database], env: dict[str, str]) -> Iterat
     )
     services = build_services(
         config,
-        in_every_region(config, fake_handles()),
+        in_every_region(config, handles or fake_handles()),
         keys=KeyStore.from_env(env, config.security, virtual=state.follower),
         clock=lambda: 0.0,
         open_gate_classifier=FakeInRouterModeration().open,
@@ -105,7 +108,7 @@ def open_gateway(connect: Callable[[], Database], env: dict[str, str]) -> Iterat
     )
     with TestClient(make_app(config, services), raise_server_exceptions=False) as client:
         assert client.portal.call(state.ensure_ready)  # type: ignore[union-attr]
-        yield Gateway(client, state, clock, connect)
+        yield Gateway(client, state, clock, connect, services)
         client.portal.call(state.database.close)  # type: ignore[union-attr]
 
 

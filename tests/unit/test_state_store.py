@@ -18,6 +18,7 @@ from deployments.errors import BudgetExceededError
 from deployments.observability import ModelPrice
 from deployments.security import Principal, RateLimits, SecurityConfig
 from deployments.security.config import KeyBudget
+from deployments.state.batch_jobs import BatchItem, BatchJobs
 from deployments.state.budgets import BudgetGuard, SpendAdmission
 from deployments.state.config import StateConfig
 from deployments.state.database import Database, StoreUnavailable
@@ -362,3 +363,118 @@ def test_postgres_killed_while_two_routers_write_loses_no_record(postgres_server
     offered, in_database, dropped = asyncio.run(main())
     assert dropped == [0, 0]
     assert in_database == offered
+
+
+def batch_items(count: int) -> list[BatchItem]:
+    return [
+        BatchItem(i, {"text": f"item {i}"}, f"ref-{i}" if i % 2 else None) for i in range(count)
+    ]
+
+
+def test_a_batch_job_is_claimed_by_one_router_at_a_time(open_db: Callable[[], Database]):
+    """Two routers (each its own connection) claim at once, round after round: each job goes
+    to exactly one of them (a claim that lost a race gets none, and the next round's takes the
+    next job); a job of a model not offered (cold) is never claimed."""
+
+    async def main() -> tuple[list[str], list[tuple[str, str]]]:
+        first, second = open_db(), open_db()
+        try:
+            await migrate(first, NOW)
+            jobs = BatchJobs(first)
+            for n in range(6):
+                await jobs.create(
+                    f"job-{n}", "team-a", ("embedding", "embedding"), batch_items(1), NOW + n
+                )
+            await jobs.create("cold-job", "team-a", ("glm", "glm"), batch_items(1), NOW)
+            won: list[str] = []
+            for _ in range(12):
+                claims = [
+                    BatchJobs(db).claim(f"router-{i}", ["embedding"], NOW + 10, lease_s=30)
+                    for i, db in enumerate([first, second, first, second])
+                ]
+                won += [job.id for job in await asyncio.gather(*claims) if job is not None]
+            rows = await first.fetch(
+                "SELECT id, status FROM batch_jobs WHERE status <> 'queued' ORDER BY id"
+            )
+            return won, rows
+        finally:
+            await first.close()
+            await second.close()
+
+    won, rows = asyncio.run(main())
+    assert sorted(won) == [f"job-{n}" for n in range(6)]  # every job once, none twice
+    assert rows == [(f"job-{n}", "running") for n in range(6)]
+
+
+def test_a_dead_routers_job_is_resumed_from_its_first_unfinished_item(
+    open_db: Callable[[], Database],
+):
+    async def scenario(db: Database) -> None:
+        jobs = BatchJobs(db)
+        await jobs.create("job", "team-a", ("embedding", "embedding"), batch_items(3), NOW)
+        assert (await jobs.claim("router-a", ["embedding"], NOW, lease_s=30)) is not None
+        assert await jobs.claim("router-b", ["embedding"], NOW + 29, lease_s=30) is None
+        ok = {"result": {"shape": [1, 2]}, "success": True}
+        assert await jobs.record("job", "router-a", 0, ok, (3, 0), NOW + 1, lease_s=30)
+        # router-a dies; its lease (renewed at NOW + 1) ends at NOW + 31.
+        assert await jobs.claim("router-b", ["embedding"], NOW + 30, lease_s=30) is None
+        taken = await jobs.claim("router-b", ["embedding"], NOW + 32, lease_s=30)
+        assert taken is not None and taken.lease_owner == "router-b"
+        assert [item.index for item in await jobs.pending("job", 10)] == [1, 2]
+        # router-a, back late, writes nothing: it no longer holds the job.
+        assert not await jobs.record("job", "router-a", 1, ok, (1, 0), NOW + 33, lease_s=30)
+        assert not await jobs.finish("job", "router-b", NOW + 33, NOW + 100)  # items left
+        for index in (1, 2):
+            assert await jobs.record("job", "router-b", index, ok, (2, 1), NOW + 34, lease_s=30)
+        assert await jobs.finish("job", "router-b", NOW + 35, expires_at=NOW + 100)
+        results = await jobs.results("job")
+        assert [(r.index, r.response, r.external_reference) for r in results] == [
+            (0, ok, None),
+            (1, ok, "ref-1"),
+            (2, ok, None),
+        ]
+        assert sum(r.prompt_tokens for r in results) == 7
+        job = await jobs.get("job")
+        assert job is not None and job.status == "done" and job.lease_owner is None
+
+    run(open_db, scenario)
+
+
+def test_a_released_batch_job_is_queued_again(open_db: Callable[[], Database]):
+    async def scenario(db: Database) -> None:
+        jobs = BatchJobs(db)
+        await jobs.create("job", "team-a", ("glm", "glm"), batch_items(2), NOW)
+        assert await jobs.claim("router-a", ["glm"], NOW, lease_s=30) is not None
+        assert not await jobs.release("job", "router-b", NOW)  # not its job
+        assert await jobs.release("job", "router-a", NOW + 1)
+        job = await jobs.get("job")
+        assert job is not None and (job.status, job.lease_owner) == ("queued", None)
+        assert await jobs.claim("router-b", ["glm"], NOW + 2, lease_s=30) is not None
+
+    run(open_db, scenario)
+
+
+def test_expired_batch_jobs_lose_their_items_then_their_tombstone(
+    open_db: Callable[[], Database],
+):
+    async def scenario(db: Database) -> None:
+        jobs = BatchJobs(db)
+        await jobs.create("job", "team-a", ("embedding", "embedding"), batch_items(2), NOW)
+        await jobs.create("waiting", "team-a", ("embedding", "embedding"), batch_items(1), NOW + 1)
+        assert await jobs.claim("router-a", ["embedding"], NOW, lease_s=30) is not None
+        for index in (0, 1):
+            await jobs.record("job", "router-a", index, {"success": True}, (1, 0), NOW, 30)
+        assert await jobs.finish("job", "router-a", NOW, expires_at=NOW + 100)
+        assert await jobs.prune(NOW + 99, tombstone_s=50) == 0
+        job = await jobs.get("job")
+        assert job is not None and not job.expired(NOW + 99) and job.expired(NOW + 100)
+        assert await jobs.prune(NOW + 100, tombstone_s=50) == 1
+        job = await jobs.get("job")
+        assert job is not None and job.status == "expired" and await jobs.results("job") == []
+        assert await jobs.prune(NOW + 150, tombstone_s=50) == 1
+        assert await jobs.get("job") is None
+        waiting = await jobs.get("waiting")  # a queued job has no expiry yet
+        assert waiting is not None and waiting.status == "queued"
+        assert len(await jobs.results("waiting")) == 1
+
+    run(open_db, scenario)
