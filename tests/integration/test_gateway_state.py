@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import asyncpg
 import httpx
 import pytest
-from conftest import ADMIN_KEY, LOAD, ServeCluster, wait_until
+from conftest import ADMIN_KEY, LOAD, USER, ServeCluster, wait_until
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 REVOCATION_BOUND_S = 2.0  # what the docs promise: every router refuses a revoked key within it
@@ -49,6 +49,46 @@ def test_a_revoked_key_is_refused_by_every_router_within_two_seconds(http: httpx
         assert burst_statuses(http, secret) == {401}
     print(f"new key served everywhere after {known_s:.2f} s, refused after {refused_s:.2f} s")
     assert refused_s <= REVOCATION_BOUND_S
+
+
+def test_a_queued_batch_runs_on_the_warm_embedding_replicas_and_answers_as_run_does(
+    http: httpx.Client,
+):
+    """Workers AI's Batch API end to end: submitted with queueRequest, polled by request_id
+    until a router replica's runner has run it on the (warm) embedding pool; each response is
+    what the same input answers interactively, with its external_reference."""
+    texts = ["a batch of one", "and of another"]
+    submitted = http.post(
+        "/ai/run/embedding?queueRequest=true",
+        json={"requests": [{"text": [texts[0]]}, {"text": [texts[1]], "external_reference": "b"}]},
+        headers=LOAD,
+    )
+    assert submitted.status_code == 200, submitted.text
+    queued = submitted.json()["result"]
+    assert queued["status"] == "queued" and queued["model"] == "embedding"
+    poll = {"request_id": queued["request_id"]}
+
+    def done() -> dict | None:
+        answer = http.post("/ai/run/embedding", json=poll, headers=LOAD)
+        assert answer.status_code == 200, answer.text
+        result = answer.json()["result"]
+        assert "responses" in result or result["status"] in ("queued", "running"), result
+        return result if "responses" in result else None
+
+    wait_until(lambda: done() is not None, 120, "the batch done")
+    result = done()
+    assert result is not None
+    responses = sorted(result["responses"], key=lambda r: r["id"])
+    assert [r["id"] for r in responses] == [0, 1] and all(r["success"] for r in responses)
+    assert [r["external_reference"] for r in responses] == [None, "b"]
+    for text, response in zip(texts, responses, strict=True):
+        alone = http.post("/ai/run/embedding", json={"text": [text]}, headers=LOAD).json()
+        assert response["result"]["shape"] == alone["result"]["shape"] == [1, 384]
+        assert response["result"]["data"][0] == pytest.approx(alone["result"]["data"][0], abs=1e-5)
+    assert result["usage"]["prompt_tokens"] > 0
+    # Another key's poll does not see the job.
+    other = http.post("/ai/run/embedding", json=poll, headers=USER)
+    assert other.status_code == 404 and other.json()["errors"][0]["code"] == 9304, other.text
 
 
 @pytest.mark.disruptive
