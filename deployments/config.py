@@ -138,6 +138,13 @@ class CoalesceConfig(_Strict):
     enabled: bool = True
     max_calls_in_flight: int = Field(default=2, ge=1, le=1024, description="per pool and router")
     max_requests_per_call: int = Field(default=32, ge=1, le=1024)
+    max_waiting_requests: int = Field(
+        default=32,
+        ge=0,
+        le=65536,
+        description="requests held for one pool while its calls are all out; one more meets "
+        "back-pressure as at Serve's own queue (spills to another region, or 503 + Retry-After)",
+    )
 
 
 class RouterConfig(_Strict):

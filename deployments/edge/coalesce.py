@@ -4,8 +4,11 @@ per group instead of once per request; the replica runs the group as one entry o
 
 A call goes out at once while fewer than `max_calls_in_flight` groups are out, so a lone client
 never waits; calls that come while the pool's calls are all out queue and leave together, up to
-`max_requests_per_call`, as soon as one comes back. The replica still counts every request for
-its autoscaler (`deployments.servers.batched`, `deployments.autoscale`)."""
+`max_requests_per_call`, as soon as one comes back. At most `max_waiting_requests` wait: one more
+is back-pressure (QueueFullError), as Serve's own queue answers, so an overloaded pool still
+spills to another region or sheds with Retry-After instead of holding requests in the router
+until their deadline. The replica still counts every request for its autoscaler
+(`deployments.servers.batched`, `deployments.autoscale`)."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from deployments.config import CoalesceConfig
-from deployments.errors import ServingError
+from deployments.errors import QueueFullError, ServingError
 
 Handle = Any  # a DeploymentHandle (or a test double with the same methods)
 
@@ -37,6 +40,12 @@ class CallGroups:
 
     def submit(self, *args: Any) -> asyncio.Future[Any]:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        all_out = self._in_flight >= self._config.max_calls_in_flight
+        if all_out and len(self._queue) >= self._config.max_waiting_requests:
+            future.set_exception(
+                QueueFullError("the model's queue is full; retry shortly", retry_after_s=1)
+            )
+            return future
         self._queue.append((args, future))
         self._send_what_fits()
         return future

@@ -41,6 +41,10 @@ def app(models_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             {"embedding": {"eu": 1, "us": 0, "ap": 0}, "moderation": {"eu": 1, "us": 0, "ap": 0}},
             TIGHT,
         )
+        # Routers coalesce concurrent moderation calls: a tight bound on what they hold, so the
+        # burst meets back-pressure there as well as at Serve's queue.
+        coalesce = config["applications"][0]["args"]["router"]["coalesce"]
+        coalesce.update(max_calls_in_flight=1, max_waiting_requests=2)
         yield from running_app(ray, tmp_path_factory.mktemp("regions"), config)
     finally:
         ray.stop()

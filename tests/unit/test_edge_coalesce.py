@@ -129,3 +129,25 @@ def test_coalescing_settings_are_checked() -> None:
         CoalesceConfig(max_calls_in_flight=0)
     with pytest.raises(ValueError, match="max_requests"):
         CoalesceConfig.model_validate({"max_requests": 8})
+
+
+def test_past_the_waiting_bound_a_request_meets_back_pressure_not_a_queue() -> None:
+    """Held in the router without a bound, an overloaded pool's requests would wait out their
+    deadline instead of spilling to another region: one past the bound is a QueueFullError, as
+    at Serve's own queue, and the requests already waiting are still answered."""
+
+    async def scenario() -> tuple[list[Any], list[list[tuple[Any, ...]]]]:
+        fake = GroupedHandle()
+        config = CoalesceConfig(max_calls_in_flight=1, max_waiting_requests=2)
+        handle = CoalescingHandle(fake, config)
+        calls = [handle.embed.remote(text) for text in ("a", "b", "c", "d")]
+        await settle()
+        fake.release.set()
+        answers = await asyncio.gather(*calls, return_exceptions=True)
+        later = await handle.embed.remote("e")  # the queue drained: room again
+        return [*answers, later], fake.groups
+
+    answers, groups = asyncio.run(scenario())
+    assert answers[:3] == ["A", "B", "C"] and answers[4] == "E"
+    assert isinstance(answers[3], QueueFullError) and answers[3].retry_after_s == 1
+    assert groups == [[("a",)], [("b",), ("c",)], [("e",)]]
