@@ -42,6 +42,9 @@ def app_status(serve_cluster) -> dict:
     return serve_cluster.serve_status()["applications"]["edge"]
 
 
+ROUTES = (("/v1/embeddings", "embedding"), ("/v1/moderations", "moderation"))
+
+
 def test_live_autoscaling_change_keeps_replicas_and_requests(serve_cluster):
     before = replica_actors(serve_cluster)
     assert before.get("embedding") and before.get("router")
@@ -61,9 +64,12 @@ def test_live_autoscaling_change_keeps_replicas_and_requests(serve_cluster):
         nonlocal sent
         with httpx.Client(base_url=serve_cluster.base_url, timeout=60, headers=LOAD) as client:
             while not stop.is_set():
+                # Moderation too: idle for its scale-to-zero delay (300 s), as it can be by this
+                # point of the session, it would go to zero meanwhile (not a restart).
+                route, model = ROUTES[sent % 2]
                 response = client.post(
-                    "/v1/embeddings",
-                    json={"model": "embedding", "input": f"request {sent}"},
+                    route,
+                    json={"model": model, "input": f"request {sent}"},
                     headers={"x-edge-cache": "bypass"},
                 )
                 sent += 1
