@@ -4,6 +4,7 @@ model and day, and pruned past its retention."""
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
@@ -190,10 +191,16 @@ class RequestLog:
         return await self._db.execute("DELETE FROM request_log WHERE ts < ?", (older_than_s,))
 
 
+_COLUMN_VALUES = operator.attrgetter(*LOG_COLUMNS)
+_STREAM = LOG_COLUMNS.index("stream")
+
+
 def _log_row(record: RequestRecord) -> tuple[Any, ...]:
-    """The record's columns; booleans as 0/1, which both dialects store in an INTEGER."""
-    values = (getattr(record, column) for column in LOG_COLUMNS)
-    return tuple(int(v) if isinstance(v, bool) else v for v in values)
+    """The record's columns; `stream` as 0/1, which both dialects store in an INTEGER (one
+    attrgetter: every request's record passes here)."""
+    row = list(_COLUMN_VALUES(record))
+    row[_STREAM] = int(row[_STREAM])
+    return tuple(row)
 
 
 def usage_dict(row: UsageRow) -> dict[str, Any]:

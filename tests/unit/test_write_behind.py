@@ -13,6 +13,7 @@ import pytest
 from deployments.observability import InMemoryMetricsBackend
 from deployments.state.config import LedgerConfig
 from deployments.state.database import StoreUnavailable
+from deployments.state.ledger import RequestLedger
 from deployments.state.write_behind import DROP_LOG_EVERY_S, RecordWriter, WriterMetrics
 
 
@@ -178,3 +179,11 @@ def test_close_writes_what_is_left_within_its_deadline():
     asyncio.run(writer.close(deadline_s=clock.now + 5))
     assert writer.held == 1  # the database never came back: given up at the deadline
     assert clock.now >= 5 and sum(slept) >= 5
+
+
+def test_the_ledger_dates_each_record_by_its_own_utc_day_across_midnight() -> None:
+    ledger = RequestLedger(writer=None, prices={})  # type: ignore[arg-type]
+    midnight = 1_764_633_600.0  # 2025-12-02T00:00:00Z
+    days = [ledger._day(t) for t in (midnight - 0.001, midnight, midnight + 86399.9, midnight)]
+    assert days == ["2025-12-01", "2025-12-02", "2025-12-02", "2025-12-02"]
+    assert ledger._day(midnight + 86400) == "2025-12-03"
