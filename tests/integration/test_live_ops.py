@@ -45,9 +45,21 @@ def app_status(serve_cluster) -> dict:
 ROUTES = (("/v1/embeddings", "embedding"), ("/v1/moderations", "moderation"))
 
 
+def settled_replicas(serve_cluster) -> dict[str, set[str]]:
+    """The replicas once two reads 3 s apart agree and moderation has one: a pool idle past its
+    scale-to-zero delay earlier in the session may be stopping while the load wakes a new one."""
+    reads = [replica_actors(serve_cluster)]
+
+    def settled() -> bool:
+        time.sleep(3)
+        reads.append(replica_actors(serve_cluster))
+        return reads[-1] == reads[-2] and bool(reads[-1].get("moderation"))
+
+    wait_until(settled, timeout_s=180, what="the replicas under load to settle")
+    return reads[-1]
+
+
 def test_live_autoscaling_change_keeps_replicas_and_requests(serve_cluster):
-    before = replica_actors(serve_cluster)
-    assert before.get("embedding") and before.get("router")
     changed = copy.deepcopy(serve_cluster.config)
     embedding = next(
         d for d in changed["applications"][0]["deployments"] if d["name"] == "embedding"
@@ -64,8 +76,7 @@ def test_live_autoscaling_change_keeps_replicas_and_requests(serve_cluster):
         nonlocal sent
         with httpx.Client(base_url=serve_cluster.base_url, timeout=60, headers=LOAD) as client:
             while not stop.is_set():
-                # Moderation too: idle for its scale-to-zero delay (300 s), as it can be by this
-                # point of the session, it would go to zero meanwhile (not a restart).
+                # Moderation too, so it stays up throughout (settled_replicas).
                 route, model = ROUTES[sent % 2]
                 response = client.post(
                     route,
@@ -79,6 +90,8 @@ def test_live_autoscaling_change_keeps_replicas_and_requests(serve_cluster):
     worker = threading.Thread(target=keep_asking)
     worker.start()
     try:
+        before = settled_replicas(serve_cluster)
+        assert before.get("embedding") and before.get("router")
         serve_cluster.deploy(changed)
         wait_until(
             lambda: (
