@@ -24,10 +24,10 @@ from deployments.k8s.response_cache import share_across_pods
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"
 TEMPLATES = K8S / "templates"
-# KubeRay's CRDs are not ours to vendor: KUBERAY_CRDS names their folder, else CI's copy of
-# shared/ beside the clone.
+# KubeRay's CRDs, vendored with their provenance (tests/data/README.md); KUBERAY_CRDS names
+# another copy (a newer KubeRay's).
 CRDS_ENV = "KUBERAY_CRDS"
-SHARED_CRD_DIR = REPO.parent / "shared" / "kuberay-crds"
+VENDORED_CRD_DIR = REPO / "tests" / "data" / "kuberay-crds"
 GPU = "nvidia.com/gpu"
 ZERO_DOWNTIME_UPGRADES = {"NewCluster", "NewClusterWithIncrementalUpgrade"}
 
@@ -37,9 +37,9 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def crd_dir(environ: dict[str, str]) -> Path | None:
-    """Where KubeRay's CRDs are: $KUBERAY_CRDS, else ../shared/kuberay-crds; None if neither."""
+    """Where KubeRay's CRDs are: $KUBERAY_CRDS, else the vendored copy; None if neither."""
     candidates = [Path(environ[CRDS_ENV])] if environ.get(CRDS_ENV) else []
-    return next((d for d in [*candidates, SHARED_CRD_DIR] if d.is_dir()), None)
+    return next((d for d in [*candidates, VENDORED_CRD_DIR] if d.is_dir()), None)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def crd_schemas(unavailable: Callable[[str], NoReturn]) -> dict[str, dict[str, A
         unavailable(
             f"KubeRay v1.7.0 CRD schemas not found: set {CRDS_ENV} to a folder with "
             "ray.io_rayservices.yaml and ray.io_rayclusters.yaml (KubeRay's "
-            f"ray-operator/config/crd/bases/), or put them in {SHARED_CRD_DIR}"
+            f"ray-operator/config/crd/bases/), or restore {VENDORED_CRD_DIR}"
         )
     schemas = {}
     for path in sorted(found.glob("ray.io_*.yaml")):
@@ -171,11 +171,10 @@ def test_applying_the_k8s_folder_applies_one_rayservice_the_generated_one() -> N
     assert "Secret" not in kinds.values(), "example Secrets must not be applied with the rest"
 
 
-def test_crds_come_from_kuberay_crds_else_shared_beside_the_repo(tmp_path: Path) -> None:
+def test_crds_come_from_kuberay_crds_else_the_vendored_copy(tmp_path: Path) -> None:
     assert crd_dir({CRDS_ENV: str(tmp_path)}) == tmp_path
-    fallback = SHARED_CRD_DIR if SHARED_CRD_DIR.is_dir() else None
-    assert crd_dir({CRDS_ENV: str(tmp_path / "absent")}) == fallback
-    assert crd_dir({}) == fallback
+    assert crd_dir({CRDS_ENV: str(tmp_path / "absent")}) == VENDORED_CRD_DIR
+    assert crd_dir({}) == VENDORED_CRD_DIR
 
 
 @pytest.mark.parametrize("kind", ["RayService", "RayCluster"])
