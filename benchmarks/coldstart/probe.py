@@ -5,6 +5,7 @@ into controller decision, worker process start, model load and warm-up."""
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -89,6 +90,33 @@ def cold_start_cycle(
     # The cores may be shared: how busy the machine was says how much to trust the cycle.
     phases["load_average_1m"] = round(os.getloadavg()[0], 2)
     return phases
+
+
+def timed_request(client: httpx.Client, target: ColdTarget) -> float:
+    """Seconds for one request to the target, which must answer 200."""
+    started = time.monotonic()
+    response = client.post(target.route_prefix + target.path, json=dict(target.body))
+    elapsed = time.monotonic() - started
+    if response.status_code != 200:
+        raise RuntimeError(f"{target.deployment}: HTTP {response.status_code}: {response.text}")
+    return elapsed
+
+
+def steady_warm_latency(
+    client: httpx.Client,
+    target: ColdTarget,
+    settled: Callable[[], bool],
+    timeout_s: float,
+    samples: int = 5,
+) -> float:
+    """A warm request's seconds (median of `samples`) once the cluster has settled after the
+    target's wake-up (`settled`: the warm pool full again), requests sent one at a time all along
+    so the target never scales back to zero meanwhile."""
+    deadline = time.monotonic() + timeout_s
+    timed_request(client, target)
+    while not settled() and time.monotonic() < deadline:
+        timed_request(client, target)
+    return statistics.median(timed_request(client, target) for _ in range(samples))
 
 
 def _model_replica_start(

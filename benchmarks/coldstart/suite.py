@@ -20,6 +20,7 @@ from typing import Any, Self
 import httpx
 import yaml
 from pydantic import Field
+from ray import serve
 
 from benchmarks.coldstart.cluster import (
     EDGE_APP,
@@ -39,6 +40,8 @@ from benchmarks.coldstart.probe import (
     NotAColdStartError,
     cold_start_cycle,
     model_target,
+    steady_warm_latency,
+    timed_request,
     wait_for_zero,
 )
 from benchmarks.coldstart.upscale import run_upscale
@@ -51,8 +54,10 @@ from benchmarks.coldstart.warm_pool import (
 )
 from benchmarks.lib.cluster import apply_applications, serve_cluster
 from benchmarks.lib.config import BenchConfig
-from benchmarks.lib.goals import GoalRecord, goal
+from benchmarks.lib.goals import GoalRecord, goal, ratio
+from benchmarks.lib.processes import cpu_seconds_by_pid, cpu_used_between
 from deployments.config import PROJECT_ROOT, ModelConfig, parse_app_config, without_regions
+from edgectl.local_cluster import LocalCluster, wait_until
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +65,8 @@ NEEDS_RAY = True
 
 MODELS = ("glm", "kimi", "embedding", "moderation")
 COLD_START_TARGET_S = 0.75  # p50 zero -> first response, per default model
+AFTER_COLD_TARGET = 1.5  # the request after a cold start / a warm one, at most
+IDLE_PLATFORM_TARGET = 0.10  # the whole cluster at zero traffic, share of one core, at most
 OVERHEAD_RATIO_TARGET = 1.2  # cold start / (empty replica start + in-process load), at most
 EMPTY = "empty_replica"
 # A cold start from request to response, in order (probe.split_phases says what each covers).
@@ -115,6 +122,15 @@ class ColdStartBenchConfig(BenchConfig):
     )
     controller_idle_cpu_s: float = Field(
         default=10.0, ge=0, description="time the controller's CPU at zero this long; 0 skips"
+    )
+    platform_idle_cpu_s: float = Field(
+        default=20.0,
+        ge=0,
+        description="time every process of the cluster at zero traffic this long, the shipped "
+        "application alone deployed; 0 skips",
+    )
+    platform_idle_settle_s: float = Field(
+        default=10.0, ge=0, description="wait this long at zero before timing the idle cluster"
     )
     keep_warm: bool = Field(default=True, description="time a keep-warm window's wake-up")
     keep_warm_lead_s: float = Field(
@@ -223,6 +239,7 @@ def run_coldstart_suite(config: ColdStartBenchConfig) -> dict[str, Any]:
         apply_applications(applications, config.http_port, config.deploy_timeout_s)
         cycles = run_cycles(config, targets, controller)
         controller_cpu = controller_idle_cpu(config, list(targets.values()), controller)
+        warm = warm_latencies(config, targets)
         upscale = None
         upscale_model = config.upscale_model or ""
         if tasks.get(upscale_model) == "chat" and config.upscale_repetitions:
@@ -247,8 +264,10 @@ def run_coldstart_suite(config: ColdStartBenchConfig) -> dict[str, Any]:
                     config.deploy_timeout_s,
                     config.keep_warm_lead_s,
                 )
+        idle_platform = platform_idle_cpu(config, cluster, edge, targets)
     cold_starts = {name: summarize_cycles(runs) for name, runs in cycles.items()}
     ratios = overhead_ratios(cold_starts, in_process)
+    after_cold = after_cold_ratios(cold_starts, warm)
     return {
         "config": config.model_dump(mode="json"),
         "ray_and_serve_start_s": round(ray_up_s, 2),
@@ -257,10 +276,12 @@ def run_coldstart_suite(config: ColdStartBenchConfig) -> dict[str, Any]:
         "vs_empty_plus_load": ratios,
         "warm_pool_vs_none": warm_pool_ratios(cold_starts),
         "controller_at_zero": controller_cpu,
+        "platform_at_zero": idle_platform,
+        "after_cold_vs_warm": after_cold,
         "upscale": summarize_upscale(upscale),
         "keep_warm": summarize_keep_warm(keep_warm, cold_starts),
         "replica_imports": imports,
-        "goals": goals(cold_starts, ratios),
+        "goals": goals(cold_starts, ratios, after_cold, idle_platform),
     }
 
 
@@ -298,6 +319,9 @@ def run_cycles(
                     log.warning("cycle %d %s skipped: %s", cycle, name, error)
                     continue
                 answered = time.monotonic()
+                if target.is_model:
+                    # At once: the first warm request, while the pool replaces its worker.
+                    phases["after_cold_s"] = round(timed_request(client, target), 4)
                 phases["pool_refilled_s"] = (
                     _pool_refill_s(client, config, answered) if idle is not None else None
                 )
@@ -321,6 +345,79 @@ def controller_idle_cpu(
     return {
         "control_loop_interval_s": config.variant.control_loop_interval_s(shipped),
         "cpu_share_of_one_core": round(idle_cpu_share(pid, config.controller_idle_cpu_s), 3),
+    }
+
+
+def warm_latencies(
+    config: ColdStartBenchConfig, targets: Mapping[str, ColdTarget]
+) -> dict[str, float]:
+    """Each model of the shipped application woken and kept busy until its warm pool is full
+    again, then a warm request's seconds (the baseline of the request after a cold start)."""
+    warm = {}
+    with httpx.Client(
+        base_url=f"http://127.0.0.1:{config.http_port}", timeout=config.cycle_timeout_s
+    ) as client:
+        full = pool_target(client)
+
+        def pool_full() -> bool:
+            idle = idle_warm_workers(client)
+            return idle is None or idle >= full
+
+        for name, target in targets.items():
+            if target.app == EDGE_APP and target.is_model:
+                warm[name] = round(
+                    steady_warm_latency(client, target, pool_full, config.warm_pool_fill_timeout_s),
+                    4,
+                )
+    return warm
+
+
+def after_cold_ratios(
+    cold_starts: Mapping[str, Mapping[str, Any]], warm: Mapping[str, float]
+) -> dict[str, Any]:
+    """Each model's request right after a cold start (p50 over cycles) over its warm request."""
+    ratios = {}
+    for name, warm_s in warm.items():
+        after_s = cold_starts.get(name, {}).get("p50", {}).get("after_cold_s")
+        ratios[name] = {
+            "after_cold_p50_s": after_s,
+            "warm_s": warm_s,
+            "ratio": ratio(after_s, warm_s),
+        }
+    return ratios
+
+
+def platform_idle_cpu(
+    config: ColdStartBenchConfig,
+    cluster: LocalCluster,
+    edge: dict[str, Any],
+    targets: Mapping[str, ColdTarget],
+) -> dict[str, Any] | None:
+    """Every process of the cluster (GCS, raylet, dashboard, Serve's controller and proxy, the
+    routers, edge-control, the warm pool) with the shipped application alone deployed and every
+    model at zero: the share of one core the platform costs doing nothing."""
+    if not config.platform_idle_cpu_s:
+        return None
+    apply_applications([edge], config.http_port, config.deploy_timeout_s)
+    wait_until(
+        lambda: set(serve.status().applications) == {EDGE_APP},
+        config.deploy_timeout_s,
+        "the comparison applications deleted",
+    )
+    wait_for_zero([t for t in targets.values() if t.app == EDGE_APP], config.cycle_timeout_s)
+    time.sleep(config.platform_idle_settle_s)
+
+    def reading() -> dict[int, float]:
+        return cpu_seconds_by_pid(pid for node in cluster.nodes for pid in node.pids(""))
+
+    before, started = reading(), time.monotonic()
+    time.sleep(config.platform_idle_cpu_s)
+    after = reading()
+    share = cpu_used_between(before, after) / (time.monotonic() - started)
+    return {
+        "processes": len(after),
+        "seconds": config.platform_idle_cpu_s,
+        "cpu_share_of_one_core": round(share, 3),
     }
 
 
@@ -435,9 +532,33 @@ def summarize_keep_warm(
 
 
 def goals(
-    cold_starts: Mapping[str, Mapping[str, Any]], ratios: Mapping[str, Mapping[str, Any]]
+    cold_starts: Mapping[str, Mapping[str, Any]],
+    ratios: Mapping[str, Mapping[str, Any]],
+    after_cold: Mapping[str, Mapping[str, Any]] | None = None,
+    idle_platform: Mapping[str, Any] | None = None,
 ) -> dict[str, GoalRecord]:
     result = {}
+    for name, measured in (after_cold or {}).items():
+        result[f"{name}_after_cold_vs_warm"] = goal(
+            measured.get("ratio"),
+            AFTER_COLD_TARGET,
+            "x",
+            at_most=True,
+            missing="no cold start of it was measured",
+            details=dict(measured),
+            note="the request sent right after a cold start's response over a warm request "
+            "once the warm pool is full again (p50 over cycles / median of 5)",
+        )
+    result["platform_idle_cpu_share"] = goal(
+        idle_platform.get("cpu_share_of_one_core") if idle_platform else None,
+        IDLE_PLATFORM_TARGET,
+        "share of one core",
+        at_most=True,
+        missing="not measured (platform_idle_cpu_s is 0)",
+        details=dict(idle_platform) if idle_platform else None,
+        note="every process of the cluster (one node), the shipped application alone deployed, "
+        "every model at zero, no traffic",
+    )
     for name, summary in cold_starts.items():
         if name == EMPTY or name.endswith(NO_POOL):
             continue
@@ -453,8 +574,7 @@ def goals(
                 "cycles": summary.get("cycles", 0),
             },
         )
-        ratio = ratios.get(name, {}).get("ratio")
         result[f"{name}_cold_start_vs_empty_plus_load"] = goal(
-            ratio, OVERHEAD_RATIO_TARGET, "x", at_most=True
+            ratios.get(name, {}).get("ratio"), OVERHEAD_RATIO_TARGET, "x", at_most=True
         )
     return result

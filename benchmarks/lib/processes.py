@@ -4,7 +4,7 @@ from its own process (user + system, every thread), not from wall time."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,3 +68,20 @@ def cpu_seconds(pids: Iterable[int]) -> float:
         utime, stime = fields[fields.rindex(")") + 2 :].split()[11:13]
         total += int(utime) + int(stime)
     return total / _TICKS_PER_S
+
+
+def cpu_seconds_by_pid(pids: Iterable[int]) -> dict[int, float]:
+    """Each process's user + system CPU seconds so far; a process gone meanwhile is left out."""
+    seconds = {}
+    for pid in pids:
+        try:
+            seconds[pid] = cpu_seconds([pid])
+        except (OSError, ValueError):  # exited since it was listed
+            continue
+    return seconds
+
+
+def cpu_used_between(before: Mapping[int, float], after: Mapping[int, float]) -> float:
+    """CPU seconds spent between two readings: a process started in between counts whole, one
+    that exited in between counts nothing (its last part is not in `after`)."""
+    return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())

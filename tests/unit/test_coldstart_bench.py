@@ -8,7 +8,15 @@ import pytest
 import yaml
 
 from benchmarks.coldstart.cluster import CONTROL_LOOP_ENV_VAR, ServeVariant
-from benchmarks.coldstart.suite import COLD_START_TARGET_S, goals, summarize_cycles
+from benchmarks.coldstart.suite import (
+    AFTER_COLD_TARGET,
+    COLD_START_TARGET_S,
+    IDLE_PLATFORM_TARGET,
+    after_cold_ratios,
+    goals,
+    summarize_cycles,
+)
+from benchmarks.lib.processes import cpu_used_between
 from deployments.config import PROJECT_ROOT
 
 
@@ -48,6 +56,39 @@ def test_a_slow_median_or_a_model_never_measured_is_a_miss():
 def test_a_phase_missing_in_some_cycles_takes_the_median_of_the_rest():
     summary = summarize_cycles([cycle(0.5, pool_refilled_s=2.0), cycle(0.6), cycle(0.7)])
     assert summary["p50"]["pool_refilled_s"] == 2.0
+
+
+def test_the_request_after_a_cold_start_is_judged_against_a_warm_one():
+    cold_starts = {
+        "embedding": summarize_cycles(
+            [cycle(0.5, after_cold_s=0.05), cycle(0.6, after_cold_s=0.5)]
+        ),
+        "glm": summarize_cycles([cycle(0.5, after_cold_s=0.2), cycle(0.5, after_cold_s=0.3)]),
+    }
+    after = after_cold_ratios(cold_starts, {"embedding": 0.2, "glm": 0.1, "kimi": 0.1})
+    assert after["embedding"] == {"after_cold_p50_s": 0.275, "warm_s": 0.2, "ratio": 1.375}
+    assert after["kimi"]["ratio"] is None  # never cold-started: no figure
+    verdicts = goals(cold_starts, {}, after, None)
+    assert verdicts["embedding_after_cold_vs_warm"]["met"]
+    glm = verdicts["glm_after_cold_vs_warm"]
+    assert (glm["value"], glm["target"], glm["met"]) == (2.5, AFTER_COLD_TARGET, False)
+    assert verdicts["kimi_after_cold_vs_warm"]["met"] is False  # a miss, not dropped
+
+
+def test_the_idle_platform_goal_is_a_share_of_one_core_and_a_miss_when_not_measured():
+    verdict = goals({}, {}, {}, {"cpu_share_of_one_core": 0.08, "processes": 20, "seconds": 20})
+    idle = verdict["platform_idle_cpu_share"]
+    assert (idle["value"], idle["target"], idle["met"]) == (0.08, IDLE_PLATFORM_TARGET, True)
+    busy = goals({}, {}, {}, {"cpu_share_of_one_core": 0.3})["platform_idle_cpu_share"]
+    assert busy["met"] is False
+    never = goals({}, {}, {}, None)["platform_idle_cpu_share"]
+    assert never["met"] is False and "not measured" in never["missing"]
+
+
+def test_cpu_between_readings_counts_a_new_process_whole_and_a_gone_one_not_at_all():
+    before = {1: 10.0, 2: 5.0, 3: 7.0}  # 3 exits in between
+    after = {1: 10.5, 2: 5.25, 4: 0.5}  # 4 starts in between
+    assert cpu_used_between(before, after) == pytest.approx(1.25)
 
 
 @pytest.fixture(scope="module")
