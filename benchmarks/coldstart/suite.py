@@ -55,7 +55,12 @@ from benchmarks.coldstart.warm_pool import (
 from benchmarks.lib.cluster import apply_applications, serve_cluster
 from benchmarks.lib.config import BenchConfig
 from benchmarks.lib.goals import GoalRecord, goal, ratio
-from benchmarks.lib.processes import cpu_seconds_by_pid, cpu_used_between
+from benchmarks.lib.processes import (
+    cpu_seconds_by_pid,
+    cpu_used_between,
+    cpu_used_by_title,
+    process_title,
+)
 from deployments.config import PROJECT_ROOT, ModelConfig, parse_app_config, without_regions
 from edgectl.local_cluster import LocalCluster, wait_until
 
@@ -413,11 +418,16 @@ def platform_idle_cpu(
     before, started = reading(), time.monotonic()
     time.sleep(config.platform_idle_cpu_s)
     after = reading()
-    share = cpu_used_between(before, after) / (time.monotonic() - started)
+    seconds = time.monotonic() - started
+    titles = {pid: process_title(pid) for pid in after}
     return {
         "processes": len(after),
         "seconds": config.platform_idle_cpu_s,
-        "cpu_share_of_one_core": round(share, 3),
+        "cpu_share_of_one_core": round(cpu_used_between(before, after) / seconds, 3),
+        "share_by_process": {
+            title: round(used / seconds, 4)
+            for title, used in cpu_used_by_title(before, after, titles).items()
+        },
     }
 
 

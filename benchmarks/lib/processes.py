@@ -3,6 +3,7 @@ from its own process (user + system, every thread), not from wall time."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -79,6 +80,44 @@ def cpu_seconds_by_pid(pids: Iterable[int]) -> dict[int, float]:
         except (OSError, ValueError):  # exited since it was listed
             continue
     return seconds
+
+
+def process_title(pid: int) -> str:
+    """What a process is, in a word or two: Ray's title for a worker (`ray::ServeController`,
+    `ray::ServeReplica:edge:router`), else its program's name (`gcs_server`, `raylet`)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "(exited)"
+    words = [a.decode(errors="replace") for a in argv if a]
+    if not words:
+        return "(unnamed)"
+    if len(words) == 1:  # a title the process set itself: `ray::...`, `ray-dashboard-... (...)`
+        title = words[0].split(" ", 1)[0]
+        # An actor's title ends in the method it runs now: `ray::ServeController.<method>`.
+        return title.split(".", 1)[0] if title.startswith("ray::") else title
+    program = Path(words[0]).name
+    if not program.startswith("python"):
+        return program
+    # An interpreter's module or script says more than the interpreter's own name.
+    for flag, value in itertools.pairwise(words[1:]):
+        if flag == "-m":
+            return value
+        if flag == "-c":
+            return f"{program} -c"
+    script = next((w for w in words[1:] if not w.startswith("-")), None)
+    return Path(script).name if script else program
+
+
+def cpu_used_by_title(
+    before: Mapping[int, float], after: Mapping[int, float], titles: Mapping[int, str]
+) -> dict[str, float]:
+    """CPU seconds between two readings per process title (see process_title), most first."""
+    used: dict[str, float] = {}
+    for pid, seconds in after.items():
+        title = titles.get(pid, "(unknown)")
+        used[title] = used.get(title, 0.0) + seconds - before.get(pid, 0.0)
+    return dict(sorted(used.items(), key=lambda item: -item[1]))
 
 
 def cpu_used_between(before: Mapping[int, float], after: Mapping[int, float]) -> float:

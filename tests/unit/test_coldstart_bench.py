@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from benchmarks.coldstart.suite import (
     goals,
     summarize_cycles,
 )
-from benchmarks.lib.processes import cpu_used_between
+from benchmarks.lib.processes import cpu_used_between, cpu_used_by_title, process_title
 from deployments.config import PROJECT_ROOT
 
 
@@ -89,6 +90,22 @@ def test_cpu_between_readings_counts_a_new_process_whole_and_a_gone_one_not_at_a
     before = {1: 10.0, 2: 5.0, 3: 7.0}  # 3 exits in between
     after = {1: 10.5, 2: 5.25, 4: 0.5}  # 4 starts in between
     assert cpu_used_between(before, after) == pytest.approx(1.25)
+
+
+def test_idle_cpu_is_summed_per_process_title_most_first():
+    before = {1: 1.0, 2: 2.0, 3: 0.5}
+    after = {1: 1.5, 2: 2.1, 3: 1.0, 4: 0.25}
+    titles = {1: "ray::ServeReplica:edge:router", 2: "raylet", 3: "ray::ServeReplica:edge:router"}
+    used = cpu_used_by_title(before, after, titles)
+    assert list(used) == ["ray::ServeReplica:edge:router", "(unknown)", "raylet"]
+    assert used["ray::ServeReplica:edge:router"] == pytest.approx(1.0)
+    assert used["raylet"] == pytest.approx(0.1)
+
+
+def test_a_process_is_named_by_its_title_or_program():
+    # This test's own interpreter: pytest runs as a module or a script, never "python".
+    assert process_title(os.getpid()) not in ("", "python", "(unnamed)")
+    assert process_title(2**22 + 1) == "(exited)"  # above Linux's pid_max
 
 
 @pytest.fixture(scope="module")
