@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,13 +83,17 @@ def cpu_seconds_by_pid(pids: Iterable[int]) -> dict[int, float]:
 
 
 def process_title(pid: int) -> str:
-    """What a process is, in a word or two: Ray's title for a worker (`ray::ServeController`,
-    `ray::ServeReplica:edge:router`), else its program's name (`gcs_server`, `raylet`)."""
+    """What a process is, in a word or two (see title_from_argv); `(exited)` once it is gone."""
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return "(exited)"
-    words = [a.decode(errors="replace") for a in argv if a]
+    return title_from_argv([a.decode(errors="replace") for a in argv if a])
+
+
+def title_from_argv(words: Sequence[str]) -> str:
+    """Ray's title for a worker (`ray::ServeController`, `ray::ServeReplica:edge:router`), else
+    its program's name (`gcs_server`, `raylet`), or a Python program's module or script."""
     if not words:
         return "(unnamed)"
     if len(words) == 1:  # a title the process set itself: `ray::...`, `ray-dashboard-... (...)`

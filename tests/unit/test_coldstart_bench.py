@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
@@ -17,7 +16,12 @@ from benchmarks.coldstart.suite import (
     goals,
     summarize_cycles,
 )
-from benchmarks.lib.processes import cpu_used_between, cpu_used_by_title, process_title
+from benchmarks.lib.processes import (
+    cpu_used_between,
+    cpu_used_by_title,
+    process_title,
+    title_from_argv,
+)
 from deployments.config import PROJECT_ROOT
 
 
@@ -102,9 +106,24 @@ def test_idle_cpu_is_summed_per_process_title_most_first():
     assert used["raylet"] == pytest.approx(0.1)
 
 
-def test_a_process_is_named_by_its_title_or_program():
-    # This test's own interpreter: pytest runs as a module or a script, never "python".
-    assert process_title(os.getpid()) not in ("", "python", "(unnamed)")
+@pytest.mark.parametrize(
+    ("argv", "title"),
+    [
+        (["ray::ServeReplica:edge:router"], "ray::ServeReplica:edge:router"),
+        (["ray::ServeController.get_serve_instance_details"], "ray::ServeController"),
+        (["ray-dashboard-MetricsHead-0 (/venv/bin/python -B -c x)"], "ray-dashboard-MetricsHead-0"),
+        (["/ray/core/src/ray/gcs/gcs_server", "--log_dir=/tmp"], "gcs_server"),
+        (["/venv/bin/python3.11", "-u", "/ray/_private/log_monitor.py", "--a"], "log_monitor.py"),
+        (["/venv/bin/python", "-m", "benchmarks.run", "--suite", "chat"], "benchmarks.run"),
+        (["/venv/bin/python", "-B", "-c", "import x"], "python -c"),
+        ([], "(unnamed)"),
+    ],
+)
+def test_a_process_is_named_by_its_title_or_program(argv: list[str], title: str):
+    assert title_from_argv(argv) == title
+
+
+def test_a_process_gone_is_named_so():
     assert process_title(2**22 + 1) == "(exited)"  # above Linux's pid_max
 
 
