@@ -147,6 +147,15 @@ class CoalesceConfig(_Strict):
     )
 
 
+class ListenerConfig(_Strict):
+    """The router replicas' own HTTP port (deployments/api/listener.py): one process fewer per
+    request than through Serve's proxy, without the proxy's health checks and placement."""
+
+    enabled: bool = False
+    host: str = Field(default="0.0.0.0", min_length=1)
+    port: int = Field(default=8080, ge=1, le=65535)
+
+
 class RouterConfig(_Strict):
     max_body_bytes: int = Field(default=1 << 20, ge=1024, le=64 << 20)
     request_timeout_s: float = Field(
@@ -158,6 +167,7 @@ class RouterConfig(_Strict):
     )
     cache: CacheConfig = CacheConfig()
     coalesce: CoalesceConfig = CoalesceConfig()
+    listener: ListenerConfig = ListenerConfig()
     num_cpus: float = Field(default=0.1, gt=0, le=64)
 
 

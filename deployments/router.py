@@ -18,6 +18,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments.api.app import make_app
+from deployments.api.listener import RouterListener
 from deployments.cache import open_cache_store
 from deployments.config import AppConfig
 from deployments.observability import RayServeMetricsBackend, RouterObservability
@@ -95,6 +96,7 @@ class RouterIngress:
         self._fault_sync: asyncio.Task[None] | None = None
         self._traffic_publish: asyncio.Task[None] | None = None
         self._batch_runs: asyncio.Task[None] | None = None
+        self._listener: RouterListener | None = None
 
     async def __serve_build_asgi_app__(self) -> FastAPI:
         """Called by Ray Serve once the replica is constructed, on its event loop."""
@@ -105,11 +107,18 @@ class RouterIngress:
         self._traffic_publish = loop.create_task(self.services.dashboard.traffic.publish_forever())
         if self.services.batch_runner is not None:
             self._batch_runs = loop.create_task(self.services.batch_runner.run_forever())
-        return make_app(self.config, self.services)
+        app = make_app(self.config, self.services)
+        if self.config.router.listener.enabled:
+            self._listener = RouterListener(app, self.config.router.listener)
+            self._listener.start()
+        return app
 
     async def __del__(self) -> None:
         """Ray Serve's graceful shutdown of the replica: the queued ledger records written. A
-        batch item in flight is dropped: its job's lease runs out and another replica reruns it."""
+        batch item in flight is dropped: its job's lease runs out and another replica reruns it.
+        The own listener stops first, letting its requests in flight finish."""
+        if self._listener is not None:
+            await self._listener.stop()
         if self._batch_runs is not None:
             self._batch_runs.cancel()
         if self.state is not None:

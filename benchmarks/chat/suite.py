@@ -34,7 +34,7 @@ from benchmarks.chat.peer import PEER_APP, PEER_DEPLOYMENT, PEER_MODEL, PEER_ROU
 from benchmarks.chat.vllm_peer import VllmServer, start_vllm
 from benchmarks.lib.config import PeeredBenchConfig
 from benchmarks.lib.corpus import chat_messages
-from benchmarks.lib.edge_app import BYPASS_CACHE, EDGE_APP, our_application
+from benchmarks.lib.edge_app import BYPASS_CACHE, EDGE_APP, our_application, our_url
 from benchmarks.lib.goals import UNMEASURED, GoalRecord, dig, goal, ratio
 from benchmarks.lib.http_load import (
     Endpoint,
@@ -141,7 +141,8 @@ def _body(config: ChatBenchConfig, seed: int) -> dict[str, Any]:
 
 
 async def bench_http(config: ChatBenchConfig, base_url: str, clock: Clock) -> dict[str, Any]:
-    ours = Endpoint(f"{base_url}/v1/chat/completions", BYPASS_CACHE)
+    """`base_url`: Serve's proxy, where the peer is; ours may have a port of its own."""
+    ours = Endpoint(f"{our_url(config, base_url)}/v1/chat/completions", BYPASS_CACHE)
     targets = {OURS: ours}
     if config.peers:
         targets[PEER] = Endpoint(f"{base_url}{PEER_ROUTE}")
@@ -153,7 +154,7 @@ async def bench_http(config: ChatBenchConfig, base_url: str, clock: Clock) -> di
             await timed_chat_stream(client, ours.url, _body(config, seed), clock)
             for seed in range(config.ttft_runs)
         ]
-        hop = Endpoint(f"{base_url}/v1/moderations", BYPASS_CACHE)
+        hop = Endpoint(f"{our_url(config, base_url)}/v1/moderations", BYPASS_CACHE)
         hops = [await timed_post(client, hop, HOP_BODY, clock) for _ in range(config.ttft_runs * 3)]
         concurrent = await _bursts(config, client, targets, clock)
     return {
@@ -212,7 +213,7 @@ def _versus_vllm(
         log.warning("vLLM peer: %s", exc)
         return {"error": str(exc)}
     targets = {
-        OURS: Endpoint(f"{base_url}/v1/chat/completions", BYPASS_CACHE),
+        OURS: Endpoint(f"{our_url(config, base_url)}/v1/chat/completions", BYPASS_CACHE),
         VLLM: Endpoint(f"{vllm.base_url}/v1/chat/completions"),
     }
     return asyncio.run(bench_versus(config, targets, clock))

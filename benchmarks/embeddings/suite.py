@@ -24,7 +24,7 @@ from benchmarks.embeddings.peer import PEER_ROUTE, peer_application
 from benchmarks.lib.cluster import apply_applications
 from benchmarks.lib.config import PeeredBenchConfig
 from benchmarks.lib.corpus import benchmark_sentences
-from benchmarks.lib.edge_app import BYPASS_CACHE, EDGE_APP, our_application
+from benchmarks.lib.edge_app import BYPASS_CACHE, EDGE_APP, our_application, our_url
 from benchmarks.lib.goals import GoalRecord, dig, goal, ratio
 from benchmarks.lib.http_load import (
     Endpoint,
@@ -80,7 +80,7 @@ def run_embeddings_suite(
     result: dict[str, Any] = {"config": config.model_dump(mode="json"), "sentences": SENTENCES}
     with served(config, [edge, *peers]) as (base_url, http_port):
         handle = serve.get_deployment_handle("embedding", app_name=EDGE_APP)
-        targets = {OURS: Endpoint(f"{base_url}/v1/embeddings", BYPASS_CACHE)}
+        targets = {OURS: Endpoint(f"{our_url(config, base_url)}/v1/embeddings", BYPASS_CACHE)}
         if config.peers:
             targets[PEER] = Endpoint(f"{base_url}{PEER_ROUTE}")
         result["batching"] = _replica_batching(handle, batched, config.deploy_timeout_s)

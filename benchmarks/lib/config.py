@@ -12,13 +12,16 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from deployments.config import PROJECT_ROOT
+from edgectl.local_cluster import free_port
 
 Provider = Literal["cpu", "auto", "cuda"]
-Ingress = Literal["proxy", "direct", "haproxy"]
+Ingress = Literal["proxy", "router", "direct", "haproxy"]
 
-# Ray Serve 2.60's ingress switches, read by the controller and proxies at start.
+# Ray Serve 2.60's ingress switches, read by the controller and proxies at start. `router`: the
+# router replicas' own port (router.listener), Serve's proxy as shipped beside it.
 INGRESS_ENV: Mapping[Ingress, Mapping[str, str]] = {
     "proxy": {},
+    "router": {},
     "direct": {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"},
     "haproxy": {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"},
 }
@@ -57,11 +60,15 @@ class ServedBenchConfig(BenchConfig):
     ingress: Ingress = "proxy"
     router_replicas: int | None = Field(default=None, ge=1, description="None: as shipped")
     serve_switches: ServeSwitches = "shipped"
+    listener_port: int | None = Field(
+        default=None, description="the router replicas' own port; set with ingress 'router'"
+    )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, **fields: Any) -> Self:
         served = {
             "ingress": args.ingress,
+            "listener_port": free_port() if args.ingress == "router" else None,
             "router_replicas": args.router_replicas,
             "serve_switches": args.serve_switches,
         }
@@ -95,7 +102,8 @@ def add_served_arguments(parser: argparse.ArgumentParser) -> None:
         "--ingress",
         choices=sorted(INGRESS_ENV),
         default="proxy",
-        help="Serve's Python proxy, direct ingress, or direct ingress + HAProxy",
+        help="Serve's Python proxy, the router replicas' own port (router.listener), direct "
+        "ingress, or direct ingress + HAProxy",
     )
     group.add_argument(
         "--router-replicas",

@@ -64,13 +64,26 @@ def deployment_options(edge: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 def our_application(
     config: ServedBenchConfig, *, embedding_batch_size: int | None = None
 ) -> dict[str, Any]:
-    """The edge application of `config`'s serve config, with its router replicas."""
-    return edge_application(
+    """The edge application of `config`'s serve config, with its router replicas (and their
+    own port, with ingress `router`)."""
+    app = edge_application(
         shipped_config(config.serve_config),
         config.models_dir,
         embedding_batch_size=embedding_batch_size,
         router_replicas=config.router_replicas,
     )
+    if config.listener_port is not None:
+        listener = {"enabled": True, "host": "127.0.0.1", "port": config.listener_port}
+        app["args"]["router"]["listener"] = listener
+    return app
+
+
+def our_url(config: ServedBenchConfig, proxy_url: str) -> str:
+    """Where a client reaches our application: the routers' own port when the suite runs with
+    one, else Serve's proxy (where the peers deployed beside ours are reached)."""
+    if config.listener_port is None:
+        return proxy_url
+    return f"http://127.0.0.1:{config.listener_port}"
 
 
 def peer_application(

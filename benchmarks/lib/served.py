@@ -42,7 +42,7 @@ def served(
 def _ingress_env(ingress: Ingress, http_port: int) -> Iterator[None]:
     """The switches must be in the environment Ray's processes inherit from this driver."""
     changes = dict(INGRESS_ENV[ingress])
-    if ingress != "proxy":
+    if ingress in ("direct", "haproxy"):
         # Replicas that take HTTP themselves bind ports from a range (30000+ by default, which
         # another Serve on the machine may hold): ours sit just above our own HTTP port.
         changes |= {

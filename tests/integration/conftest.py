@@ -65,6 +65,12 @@ class ServeCluster:
         return self.ray.env
 
     @property
+    def listener_url(self) -> str:
+        """The router replicas' own port (router.listener), beside Serve's proxy."""
+        listener = self.config["applications"][0]["args"]["router"]["listener"]
+        return f"http://127.0.0.1:{listener['port']}"
+
+    @property
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.ray.metrics_port}/metrics"
 
@@ -121,6 +127,9 @@ def scaled_down(
     # backend becomes a miss is unit-tested, here a repeat must find what was stored.
     app["args"]["router"]["cache"]["timeout_ms"] = 5000
     app["args"]["edge"]["latency"]["real_delay_scale"] = 0
+    # The routers' own port too (off as shipped), so every test's redeploy and restart runs
+    # with it; test_router_listener.py sends requests to it.
+    app["args"]["router"]["listener"] = {"enabled": True, "host": "127.0.0.1", "port": free_port()}
     # Warm-colo preference depends on what each router replica has seen; it is unit-tested
     # (tests/unit/test_edge_dispatch.py). Here routing is by distance alone, so it is exact.
     app["args"]["edge"]["routing"]["max_extra_rtt_ms"] = 0

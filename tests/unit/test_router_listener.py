@@ -1,0 +1,93 @@
+"""The router's own HTTP listener (deployments/api/listener.py), on a small app, without Ray."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from deployments.api.listener import RouterListener, shared_port_socket
+from deployments.config import ListenerConfig
+from edgectl.local_cluster import free_port
+
+
+def _app(name: str, release: asyncio.Event | None = None) -> FastAPI:
+    app = FastAPI()
+
+    @app.get("/who")
+    async def who() -> dict[str, str]:
+        return {"name": name, "pid": str(os.getpid())}
+
+    @app.get("/slow")
+    async def slow() -> dict[str, str]:
+        assert release is not None
+        await release.wait()
+        return {"name": name}
+
+    return app
+
+
+def test_listeners_share_one_port_and_each_serves():
+    async def main() -> set[str]:
+        config = ListenerConfig(enabled=True, host="127.0.0.1", port=free_port())
+        listeners = [RouterListener(_app(name), config) for name in ("a", "b")]
+        for listener in listeners:
+            listener.start()
+        seen: set[str] = set()
+        try:
+            for _ in range(64):  # a new connection each time: the kernel picks a socket
+                async with httpx.AsyncClient() as client:
+                    answer = await client.get(f"http://127.0.0.1:{config.port}/who")
+                seen.add(answer.json()["name"])
+                if seen == {"a", "b"}:
+                    break
+        finally:
+            for listener in listeners:
+                await listener.stop()
+        return seen
+
+    assert asyncio.run(main()) == {"a", "b"}
+
+
+def test_stop_lets_a_request_in_flight_finish_and_refuses_new_connections():
+    async def main() -> tuple[int, str]:
+        release = asyncio.Event()
+        config = ListenerConfig(enabled=True, host="127.0.0.1", port=free_port())
+        listener = RouterListener(_app("a", release), config)
+        listener.start()
+        async with httpx.AsyncClient() as client:
+            in_flight = asyncio.create_task(client.get(f"http://127.0.0.1:{config.port}/slow"))
+            await asyncio.sleep(0.2)
+            stopping = asyncio.create_task(listener.stop())
+            await asyncio.sleep(0.2)
+            assert not stopping.done()  # waits for the request in flight
+            release.set()
+            answer = await in_flight
+            await stopping
+        with pytest.raises(httpx.ConnectError):
+            async with httpx.AsyncClient() as client:
+                await client.get(f"http://127.0.0.1:{config.port}/who")
+        return answer.status_code, answer.json()["name"]
+
+    assert asyncio.run(main()) == (200, "a")
+
+
+def test_a_port_held_without_sharing_fails_the_start():
+    plain = socket.socket()
+    plain.bind(("127.0.0.1", 0))
+    plain.listen()
+    try:
+        with pytest.raises(OSError):
+            shared_port_socket("127.0.0.1", plain.getsockname()[1])
+    finally:
+        plain.close()
+
+
+def test_the_listener_is_off_unless_asked():
+    assert ListenerConfig().enabled is False
+    with pytest.raises(ValueError, match="port"):
+        ListenerConfig(port=0)
