@@ -20,7 +20,7 @@ from benchmarks.lib.cluster import serve_cluster
 from benchmarks.lib.config import BenchConfig
 from benchmarks.lib.goals import GoalRecord, goal
 from deployments.app import build_app
-from deployments.config import PROJECT_ROOT
+from deployments.config import PROJECT_ROOT, set_router_listener
 from edge_sim.clock import ManualClock
 from edge_sim.config import EdgeConfig
 from edge_sim.geo import CountryCentroids
@@ -96,6 +96,7 @@ def failover_drill(rate: float, phase_s: float, models_dir: Path) -> dict[str, A
     args["models_dir"] = str(models_dir)
     args["accelerator"] = "cpu"
     args["edge"].pop("regions", None)  # a colo drill on one pool per model
+    set_router_listener(args, None)
     http_port = free_port()
     base_url = f"http://127.0.0.1:{http_port}"
     # The admin key reaches the router replica through the cluster's environment.

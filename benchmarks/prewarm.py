@@ -29,7 +29,7 @@ from pydantic import Field
 
 from benchmarks.lib.config import BenchConfig
 from benchmarks.lib.goals import GoalRecord, goal, ratio
-from deployments.config import serve_only
+from deployments.config import serve_only, set_router_listener
 from edge_sim.plan.policies import compare, predictive, scale_to_zero
 from edge_sim.plan.summary import totals
 from edge_sim.plan.world import World
@@ -90,6 +90,7 @@ def prewarm_serve_config(
     args = app["args"]
     args["models_dir"] = str(models_dir)
     serve_only(args, [MODEL])
+    set_router_listener(args, None)
     args["edge"]["latency"]["real_delay_scale"] = 0
     args["edge"]["prewarm"] = prewarm.model_dump(mode="json")
     args["security"]["per_key"] = {"load": {"requests_per_minute": None}}

@@ -29,7 +29,7 @@ from pydantic import Field
 
 from benchmarks.lib.config import BenchConfig
 from benchmarks.lib.goals import GoalRecord, goal
-from deployments.config import serve_only
+from deployments.config import serve_only, set_router_listener
 from edge_sim.config import EdgeConfig
 from edge_sim.regions import PoolView, plan_regions
 from edgectl.loadtest.regions import CITY_PROBES
@@ -75,6 +75,7 @@ def regions_serve_config(models_root: Path, http_port: int) -> dict[str, Any]:
     app = config["applications"][0]
     args = app["args"]
     args["models_dir"] = str(models_root.resolve())
+    set_router_listener(args, None)
     embedding = args["models"]["embedding"]
     args["models"] = {
         "embedding": embedding,

@@ -18,7 +18,7 @@ from pydantic import Field
 
 from benchmarks.lib.cluster import apply_applications, serve_cluster
 from benchmarks.lib.config import BenchConfig
-from deployments.config import PROJECT_ROOT
+from deployments.config import PROJECT_ROOT, set_router_listener
 from deployments.protocol import ChatCompletionRequest
 from deployments.security import (
     KeyStore,
@@ -91,6 +91,7 @@ def _app(gate_models: list[str], models_dir: Path) -> dict[str, Any]:
     args["accelerator"] = "cpu"
     args["edge"]["latency"]["real_delay_scale"] = 0
     args["security"]["moderation_gate"]["models"] = gate_models
+    set_router_listener(args, None)
     for deployment in app["deployments"]:
         scaling = deployment.get("autoscaling_config")
         if scaling:

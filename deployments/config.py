@@ -331,6 +331,14 @@ def serve_only(args: dict[str, Any], models: Iterable[str]) -> None:
         gate["models"] = [m for m in gate.get("models", []) if m in kept and moderation in kept]
 
 
+def set_router_listener(args: dict[str, Any], port: int | None, host: str = "127.0.0.1") -> None:
+    """Point an application's raw `args` (in place) at its own listener `port`, or turn the
+    listener off (None): a cluster a tool starts (a test's, a benchmark's) must not share the
+    shipped port, which any same-user process binding it with SO_REUSEPORT would join."""
+    listener = {"enabled": True, "host": host, "port": port} if port is not None else {}
+    args.setdefault("router", {})["listener"] = listener or {"enabled": False}
+
+
 def without_regions(serve_config: dict[str, Any], home: str) -> dict[str, Any]:
     """A copy of a serve config as one deployment per model (named after it), from the `home`
     region's `<model>-<home>` entries: what a config without `regions` is. For tools that measure

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from deployments.config import serve_only
+from deployments.config import serve_only, set_router_listener
 
 LOAD_KEY_NAME = "load"  # the key name (EDGE_API_KEYS "load:<key>") that has no rate limits
 
@@ -31,6 +31,7 @@ def regional_config(
     args = app["args"]
     args["models_dir"] = str(models_root)
     serve_only(args, models)
+    set_router_listener(args, None)
     args["security"]["moderation_gate"]["models"] = []
     args["security"]["per_key"] = {
         LOAD_KEY_NAME: {"requests_per_minute": None, "tokens_per_minute": None}

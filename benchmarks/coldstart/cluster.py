@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 
 from benchmarks.coldstart.empty import EMPTY_DEPLOYMENT, EMPTY_INGRESS
-from deployments.config import parse_app_config, serve_only
+from deployments.config import parse_app_config, serve_only, set_router_listener
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,7 @@ def edge_application(
     args = app["args"]
     args["accelerator"] = "cpu"
     args["models_dir"] = models_dir
+    set_router_listener(args, None)
     serve_only(args, models)
     args.setdefault("edge", {}).setdefault("latency", {})["real_delay_scale"] = 0
     args.setdefault("router", {})["cache"] = {"enabled": False}

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, Self
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from deployments.config import PROJECT_ROOT
 from edgectl.local_cluster import free_port
@@ -57,18 +57,25 @@ class ServedBenchConfig(BenchConfig):
     serve_config: Path = PROJECT_ROOT / "serve_config.yaml"
     ray_num_cpus: int = Field(default=4, ge=1)
     deploy_timeout_s: float = Field(default=600, gt=0)
-    ingress: Ingress = "proxy"
+    ingress: Ingress = "router"
     router_replicas: int | None = Field(default=None, ge=1, description="None: as shipped")
     serve_switches: ServeSwitches = "shipped"
     listener_port: int | None = Field(
-        default=None, description="the router replicas' own port; set with ingress 'router'"
+        default=None, description="the router replicas' own port; a free one with ingress 'router'"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _listener_port_for_router_ingress(cls, values: Any) -> Any:
+        router = isinstance(values, dict) and values.get("ingress", "router") == "router"
+        if router and values.get("listener_port") is None:
+            return {**values, "listener_port": free_port()}
+        return values
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, **fields: Any) -> Self:
         served = {
             "ingress": args.ingress,
-            "listener_port": free_port() if args.ingress == "router" else None,
             "router_replicas": args.router_replicas,
             "serve_switches": args.serve_switches,
         }
@@ -101,9 +108,10 @@ def add_served_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--ingress",
         choices=sorted(INGRESS_ENV),
-        default="proxy",
-        help="Serve's Python proxy, the router replicas' own port (router.listener), direct "
-        "ingress, or direct ingress + HAProxy",
+        default="router",
+        help="ours reached on the router replicas' own port (router.listener, as shipped), "
+        "through Serve's Python proxy, direct ingress, or direct ingress + HAProxy; the peers "
+        "always through Serve's proxy",
     )
     group.add_argument(
         "--router-replicas",

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from benchmarks.lib.config import ServedBenchConfig
-from deployments.config import parse_app_config, without_regions
+from deployments.config import parse_app_config, set_router_listener, without_regions
 
 EDGE_APP = "edge"
 HOME_REGION = "eu"
@@ -45,6 +45,7 @@ def edge_application(
     # The router sleeps each request's simulated RTT on purpose; that is the network being
     # acted out, not router overhead, so it is off here.
     args.setdefault("edge", {}).setdefault("latency", {})["real_delay_scale"] = 0
+    set_router_listener(args, None)
     for deployment in app.get("deployments", []):
         if deployment.pop("autoscaling_config", None) is not None:
             deployment["num_replicas"] = 1
@@ -72,9 +73,7 @@ def our_application(
         embedding_batch_size=embedding_batch_size,
         router_replicas=config.router_replicas,
     )
-    if config.listener_port is not None:
-        listener = {"enabled": True, "host": "127.0.0.1", "port": config.listener_port}
-        app["args"]["router"]["listener"] = listener
+    set_router_listener(app["args"], config.listener_port)
     return app
 
 

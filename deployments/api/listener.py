@@ -69,11 +69,23 @@ class RouterListener:
         )
         self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        """Bind now (a taken port fails the replica's start with the OSError) and serve."""
-        sock = shared_port_socket(self._config.host, self._config.port)
+    def start(self) -> bool:
+        """Bind now and serve; False, said loudly, when the port is held by a socket that does
+        not share it: the replica still serves behind Serve's proxy."""
+        where = f"{self._config.host}:{self._config.port}"
+        try:
+            sock = shared_port_socket(self._config.host, self._config.port)
+        except OSError as exc:
+            log.error(
+                "router listener: cannot bind %s (%s); serving through Serve's proxy only "
+                "(router.listener in serve_config.yaml)",
+                where,
+                exc,
+            )
+            return False
         self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock]))
-        log.info("router listener on %s:%d", self._config.host, self._config.port)
+        log.info("router listener on %s", where)
+        return True
 
     async def stop(self) -> None:
         """Stop accepting, let the requests in flight finish (up to GRACEFUL_SHUTDOWN_S)."""

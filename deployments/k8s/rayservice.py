@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deployments.config import parse_app_config, serve_switches
+from deployments.config import parse_app_config, serve_switches, set_router_listener
 from deployments.k8s import (
     high_availability,
     pod_security,
@@ -100,8 +100,8 @@ def k8s_serve_config(
     serve_config: dict[str, Any], models_dir: str, redis_address: str
 ) -> dict[str, Any]:
     """serve_config.yaml with the settings that differ on Kubernetes (host, a proxy on every
-    node, accelerator, models_dir, region placement, the response cache in `redis_address`);
-    all else unchanged."""
+    node, accelerator, models_dir, region placement, the response cache in `redis_address`, no
+    routers' own port); all else unchanged."""
     from ray.serve.schema import ServeDeploySchema
 
     config = copy.deepcopy(serve_config)
@@ -114,6 +114,9 @@ def k8s_serve_config(
         app["args"]["models_dir"] = models_dir
         region_groups.pin_to_region_groups(app["args"])
         response_cache.share_across_pods(app["args"], redis_address)
+        # The serve Service reaches the pods whose proxy KubeRay finds healthy; the routers' own
+        # port has no such check (a pod without a router replica refuses it), so it stays off.
+        set_router_listener(app["args"], None)
         parse_app_config(app["args"])  # fail the render, not the cluster, on a bad config
     with _without_serve_advice():
         ServeDeploySchema.model_validate(config)  # what KubeRay will submit: Serve's own schema

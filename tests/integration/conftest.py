@@ -17,7 +17,7 @@ import httpx
 import pytest
 import yaml
 
-from deployments.config import without_regions
+from deployments.config import set_router_listener, without_regions
 from deployments.state.config import DATABASE_URL_ENV
 from edgectl.local_cluster import LocalCluster, free_port, wait_until
 from edgectl.local_services import PostgresServer, ServiceUnavailable
@@ -129,7 +129,7 @@ def scaled_down(
     app["args"]["edge"]["latency"]["real_delay_scale"] = 0
     # The routers' own port too (off as shipped), so every test's redeploy and restart runs
     # with it; test_router_listener.py sends requests to it.
-    app["args"]["router"]["listener"] = {"enabled": True, "host": "127.0.0.1", "port": free_port()}
+    set_router_listener(app["args"], free_port())
     # Warm-colo preference depends on what each router replica has seen; it is unit-tested
     # (tests/unit/test_edge_dispatch.py). Here routing is by distance alone, so it is exact.
     app["args"]["edge"]["routing"]["max_extra_rtt_ms"] = 0

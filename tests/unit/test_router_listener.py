@@ -76,13 +76,22 @@ def test_stop_lets_a_request_in_flight_finish_and_refuses_new_connections():
     assert asyncio.run(main()) == (200, "a")
 
 
-def test_a_port_held_without_sharing_fails_the_start():
+def test_a_port_held_without_sharing_is_refused_and_said(caplog: pytest.LogCaptureFixture):
     plain = socket.socket()
     plain.bind(("127.0.0.1", 0))
     plain.listen()
+    port = plain.getsockname()[1]
     try:
         with pytest.raises(OSError):
-            shared_port_socket("127.0.0.1", plain.getsockname()[1])
+            shared_port_socket("127.0.0.1", port)
+
+        async def start() -> bool:
+            config = ListenerConfig(enabled=True, host="127.0.0.1", port=port)
+            return RouterListener(_app("a"), config).start()
+
+        with caplog.at_level("ERROR", logger="ray.serve"):
+            assert asyncio.run(start()) is False
+        assert f"cannot bind 127.0.0.1:{port}" in caplog.text
     finally:
         plain.close()
 
