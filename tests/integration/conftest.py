@@ -128,7 +128,7 @@ def scaled_down(
     app["args"]["router"]["cache"]["timeout_ms"] = 5000
     app["args"]["edge"]["latency"]["real_delay_scale"] = 0
     # The routers' own port too (off as shipped), so every test's redeploy and restart runs
-    # with it; test_router_listener.py sends requests to it.
+    # with it; test_live_listener.py sends requests to it.
     set_router_listener(app["args"], free_port())
     # Warm-colo preference depends on what each router replica has seen; it is unit-tested
     # (tests/unit/test_edge_dispatch.py). Here routing is by distance alone, so it is exact.
