@@ -57,12 +57,15 @@ class RouterListener:
 
     def __init__(self, app: FastAPI, config: ListenerConfig):
         self._config = config
-        # lifespan off: Ray Serve already runs the app's lifespan for this replica.
+        # lifespan off: Ray Serve already runs the app's lifespan for this replica. log_config
+        # None: uvicorn's own would go through logging.config.dictConfig, which closes every
+        # handler of the process (the replica's logs, our access log file).
         self._server = _ReplicaServer(
             uvicorn.Config(
                 app,
                 lifespan="off",
                 access_log=False,
+                log_config=None,
                 log_level="warning",
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
             )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 
@@ -94,6 +95,26 @@ def test_a_port_held_without_sharing_is_refused_and_said(caplog: pytest.LogCaptu
         assert f"cannot bind 127.0.0.1:{port}" in caplog.text
     finally:
         plain.close()
+
+
+def test_the_replicas_log_handlers_stay_open():
+    closed: list[str] = []
+
+    class Recording(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            pass
+
+        def close(self) -> None:
+            closed.append("closed")
+            super().close()
+
+    handler = Recording()
+    logging.getLogger("edge.test.listener").addHandler(handler)
+    try:
+        RouterListener(_app("a"), ListenerConfig(enabled=True, port=free_port()))
+        assert closed == []
+    finally:
+        logging.getLogger("edge.test.listener").removeHandler(handler)
 
 
 def test_the_listener_is_off_unless_asked():
