@@ -335,8 +335,9 @@ def set_router_listener(args: dict[str, Any], port: int | None, host: str = "127
     """Point an application's raw `args` (in place) at its own listener `port`, or turn the
     listener off (None): a cluster a tool starts (a test's, a benchmark's) must not share the
     shipped port, which any same-user process binding it with SO_REUSEPORT would join."""
-    listener = {"enabled": True, "host": host, "port": port} if port is not None else {}
-    args.setdefault("router", {})["listener"] = listener or {"enabled": False}
+    args.setdefault("router", {})["listener"] = (
+        {"enabled": True, "host": host, "port": port} if port is not None else {"enabled": False}
+    )
 
 
 def without_regions(serve_config: dict[str, Any], home: str) -> dict[str, Any]:

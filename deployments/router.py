@@ -1,7 +1,7 @@
-"""The router's Ray Serve deployment, the HTTP ingress (behind Serve's proxy, and on its own port
-too with `router.listener`): it holds the model handles, builds the
-services and the FastAPI app once (`deployments.api.app.make_app`), and keeps fault drills in sync
-across router replicas. The request path lives in `deployments.api` (routes),
+"""The router's Ray Serve deployment, the HTTP ingress (behind Serve's proxy, and on a port of
+its own with `router.listener`): it holds the model handles, builds the services and the
+FastAPI app once (`deployments.api.app.make_app`), and keeps fault drills in sync across router
+replicas. The request path lives in `deployments.api` (routes),
 `deployments.serving` (services) and `deployments.edge` (dispatch): route -> service -> dispatch
 -> model handle (docs/architecture.md).
 """

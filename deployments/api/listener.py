@@ -1,6 +1,7 @@
-"""The router replicas' own HTTP listener (`router.listener`, off by default): a client connected
-to it reaches a router replica directly, without Ray Serve's proxy in between, so a request
-crosses one Python process fewer (docs/performance.md has the measured difference).
+"""The router replicas' own HTTP listener (`router.listener`; on in serve_config.yaml, off where
+a config leaves it out): a client connected to it reaches a router replica directly, without
+Ray Serve's proxy in between, so a request crosses one Python process fewer (docs/performance.md
+has the measured difference).
 
 Every router replica of a node binds the same port with SO_REUSEPORT, and the kernel spreads new
 connections over them; a replica that dies leaves the group with its socket. Serve's proxy keeps
