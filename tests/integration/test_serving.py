@@ -31,12 +31,15 @@ def http(serve_cluster) -> httpx.Client:
 def test_a_model_at_zero_replicas_scales_up_for_a_request(http, serve_cluster):
     # The test config sends kimi back to zero a few seconds after its last request.
     wait_until(lambda: serve_cluster.running_replicas("kimi") == 0, 90, "kimi at zero replicas")
+    # Greedy: a sampled answer of the random-weight stand-in may be refused by the moderation
+    # gate (finish_reason content_filter), which this test is not about.
     response = http.post(
         "/v1/chat/completions",
         json={
             "model": "kimi",
             "messages": [{"role": "user", "content": "wake up"}],
             "max_tokens": 4,
+            "temperature": 0,
         },
     )
     assert response.status_code == 200
