@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
@@ -21,6 +22,24 @@ def fresh_dir(out: str | Path) -> Path:
         shutil.rmtree(out)
     out.mkdir(parents=True)
     return out
+
+
+def save_graph(model: onnx.ModelProto, path: Path) -> None:
+    """`model` at `path` with its weights in `<path>.data` beside it. ONNX Runtime reads external
+    weights straight into its tensors, where an inline graph is first parsed as one protobuf and
+    its weights copied out of it: the embedding graph (86 MB) opens in 60-75 ms in a fresh
+    process instead of 180-260 ms, with 87 MB less resident, which is a cold start's load."""
+    weights = path.with_name(path.name + ".data")
+    weights.unlink(missing_ok=True)  # onnx appends to a data file that is already there
+    onnx.save_model(
+        model,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=weights.name,
+        size_threshold=1024,
+    )
+    os.chmod(weights, path.stat().st_mode & 0o777)  # onnx creates it 0600; readable as the graph
 
 
 def max_abs_diff(actual: np.ndarray, expected: np.ndarray) -> float:

@@ -25,6 +25,7 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer, BertConfig, Pretr
 from deployments.export.common import (
     VerificationError,
     fresh_dir,
+    save_graph,
     strip_trace_metadata,
 )
 from deployments.export.embedding_parity import (
@@ -251,7 +252,7 @@ def _fuse_transformer_ops(graph: Path, out: Path, config: PretrainedConfig) -> N
         model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
     strip_trace_metadata(model)
     onnx.checker.check_model(model)
-    onnx.save_model(model, str(out))
+    save_graph(model, out)
 
 
 def _export_plain_graph(model: MeanPooledEncoder, example: TokenBatch, path: Path) -> None:
@@ -278,7 +279,7 @@ def _export_plain_graph(model: MeanPooledEncoder, example: TokenBatch, path: Pat
     graph = program.model_proto
     strip_trace_metadata(graph)
     onnx.checker.check_model(graph)
-    onnx.save_model(graph, str(path))
+    save_graph(graph, path)
 
 
 def _quantize_int8(fp32_graph: Path, out_graph: Path) -> None:
@@ -296,6 +297,7 @@ def _quantize_int8(fp32_graph: Path, out_graph: Path) -> None:
         # Fused ops are in the com.microsoft domain, where ONNX shape inference gives no types.
         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
     )
+    save_graph(onnx.load(str(out_graph)), out_graph)
 
 
 _GELU_OPS = frozenset({"Gelu", "BiasGelu", "FastGelu"})
@@ -325,7 +327,8 @@ def export_embedding(
     graph: GraphKind = "fused",
     stages: Stages = NO_STAGES,
 ) -> ModelManifest:
-    """Write `out/` = model.onnx + tokenizer.json + manifest.json for a sentence-embedding model."""
+    """Write `out/` = model.onnx (its weights in model.onnx.data) + tokenizer.json +
+    manifest.json for a sentence-embedding model."""
     if quantize not in (None, "int8"):
         raise ValueError(f"unsupported quantization {quantize!r}; supported: int8")
     if graph not in ("fused", "plain"):

@@ -15,6 +15,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+# numpy imports its random module on first use (np.random): 24 ms of a new replica's first
+# request, paid here instead, where the warm pool imports this module ahead of any replica.
+import numpy.random  # noqa: F401
+
 from deployments.runtime.sampling_params import SamplingParams
 
 

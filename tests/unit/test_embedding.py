@@ -214,10 +214,20 @@ def test_export_is_byte_identical_and_verified(tmp_path: Path) -> None:
     assert _sha256(tmp_path / "first" / "model.onnx") == _sha256(tmp_path / "second" / "model.onnx")
     assert first.files == second.files
     assert first.files["model.onnx"] == _sha256(tmp_path / "first" / "model.onnx")
+    # The weights lie beside the graph (the runtime reads them straight into its tensors),
+    # hashed like every file, readable as the graph is.
+    graph, weights = tmp_path / "first" / "model.onnx", tmp_path / "first" / "model.onnx.data"
+    assert first.files["model.onnx.data"] == _sha256(weights)
+    assert weights.stat().st_size > 80e6 > 100 * graph.stat().st_size
+    assert weights.stat().st_mode & 0o777 == graph.stat().st_mode & 0o777
     np.testing.assert_array_equal(
         EmbeddingRuntime(tmp_path / "first").embed(SENTENCES).vectors,
         EmbeddingRuntime(tmp_path / "second").embed(SENTENCES).vectors,
     )
+
+
+def _graph_bytes(model_dir: Path) -> int:
+    return sum(p.stat().st_size for p in model_dir.glob("model.onnx*"))
 
 
 def test_only_mean_pooled_checkpoints_are_accepted(tmp_path: Path) -> None:
@@ -238,8 +248,7 @@ def test_int8_export_from_a_local_checkpoint_stays_close(
     manifest = export_embedding(str(packaged_model_dir()), tmp_path, verify=True, quantize="int8")
     assert manifest.quantization == "int8"
     assert manifest.source == str(packaged_model_dir())
-    graph_bytes = (tmp_path / "model.onnx").stat().st_size
-    assert graph_bytes < (embedding_dir / "model.onnx").stat().st_size / 2
+    assert _graph_bytes(tmp_path) < _graph_bytes(embedding_dir) / 2
     quantized = EmbeddingRuntime(tmp_path).embed(SENTENCES).vectors
     cosines = (quantized * runtime.embed(SENTENCES).vectors).sum(axis=1)
     assert cosines.min() > 0.98
