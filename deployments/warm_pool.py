@@ -98,8 +98,13 @@ class WarmPoolConfig(BaseModel):
     check_interval_s: float = Field(
         default=2.0, gt=0, le=60, description="one GetNodeStats per node and round"
     )
+    # A preloaded worker appears 2-4 s after it is asked for on a quiet 2-core machine, but the
+    # raylet drops some asks unanswered (seen after cold starts: the pool sat one worker short
+    # until it asked again), and a cold start that finds no idle worker takes 3.5-4 s instead
+    # of 0.5 s. Asked again sooner, a slow worker may arrive besides its replacement: one spare
+    # idle worker, which replicas take like any other.
     start_grace_s: float = Field(
-        default=30.0, gt=0, description="a worker asked for and not seen by then counts as lost"
+        default=10.0, gt=0, description="a worker asked for and not seen by then counts as lost"
     )
     refill_delay_s: float = Field(
         default=3.0,
