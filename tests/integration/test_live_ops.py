@@ -108,9 +108,10 @@ def test_live_autoscaling_change_keeps_replicas_and_requests(serve_cluster):
     assert applied["autoscaling_config"]["target_ongoing_requests"] == 16
     assert applied["user_config"]["max_batch_size"] == 16
     after = replica_actors(serve_cluster)
-    # No replica restarted, not even the changed one's. (kimi is left out: the test config
-    # scales it to zero seconds after its last request, so it may come or go meanwhile.)
-    steady = sorted(set(before) - {"kimi"})
+    # No replica restarted, not even the changed one's. (The chat models are left out: this
+    # load never asks them, and an idle one may reach its scale-to-zero delay meanwhile: kimi's
+    # is seconds in the test config, glm's was reached here once in a rehearsal.)
+    steady = sorted(set(before) - {"kimi", "glm"})
     assert {d: after.get(d) for d in steady} == {d: before[d] for d in steady}
     assert sent > 0 and failures == []
 
