@@ -140,10 +140,12 @@ def test_n_choices(client: openai.OpenAI) -> None:
 def test_parse_with_a_pydantic_model(client: openai.OpenAI, model: str) -> None:
     done = client.chat.completions.parse(
         model=model,
-        messages=[{"role": "user", "content": "Describe a sea."}],
+        messages=[{"role": "user", "content": "Describe the sea."}],
         response_format=Sea,
-        # Greedy: the random-weight models' text is random, and the moderation gate (on, as
-        # shipped) may refuse some random text; this test is about the grammar, not the gate.
+        # Greedy, on a prompt whose answers pass: the random-weight models' text is random, and
+        # the moderation gate (on, as shipped) refuses some of it (kimi's greedy answer to
+        # "Describe a sea." repeats "shar", which the classifier scores 0.85); this test is
+        # about the grammar, not the gate.
         temperature=0,
     )
     assert isinstance(done.choices[0].message.parsed, Sea)

@@ -81,8 +81,37 @@ def test_default_build_is_deterministic_and_manifest_complete(models_root, tmp_p
 
 def test_kimi_cache_is_the_compressed_mla_latent(models_root):
     layout = ModelManifest.load(models_root / "kimi").llm.kv_cache
-    # Multi-head latent attention caches one shared latent (kv_lora_rank) plus the rope key.
-    assert (layout.num_kv_heads, layout.key_head_dim, layout.value_head_dim) == (1, 32, 16)
+    # Multi-head latent attention caches one shared latent (kv_lora_rank) plus the rope key, at
+    # Kimi-K2's own widths.
+    assert (layout.num_kv_heads, layout.key_head_dim, layout.value_head_dim) == (1, 512, 64)
+
+
+def test_kimi_attends_over_the_latent_without_expanding_the_cache(models_root):
+    # The latent's up-projection is absorbed into the query and the output: the cached latent
+    # meets only the queries and the attention weights, never a weight matrix (which would
+    # expand every cached position at every step).
+    import onnx
+
+    manifest = ModelManifest.load(models_root / "kimi")
+    model = onnx.load(models_root / "kimi" / manifest.graph, load_external_data=False)
+    weights = {init.name for init in model.graph.initializer}
+    latent = {f"present.{layer}.key" for layer in range(manifest.llm.kv_cache.num_layers)}
+    products = 0
+    for node in model.graph.node:  # topological order: a view of the latent is seen first
+        if node.op_type in ("Transpose", "Reshape", "Unsqueeze") and node.input[0] in latent:
+            latent.update(node.output)
+        elif node.op_type == "MatMul" and latent & set(node.input):
+            products += 1
+            assert not weights & set(node.input), f"{node.name} multiplies the cache by a weight"
+    assert products == 2 * manifest.llm.kv_cache.num_layers  # scores and the weighted sum
+
+
+def test_kimi_checkpoint_declares_its_expert_routing(tmp_path):
+    # vLLM reads the routing from config.json (softmax and no correction bias by default) and
+    # refuses a checkpoint whose router carries a bias it was not told about.
+    checkpoint = save_checkpoint("kimi", tmp_path / "kimi")
+    config = json.loads((checkpoint / "config.json").read_text())
+    assert (config["topk_method"], config["scoring_func"]) == ("noaux_tc", "sigmoid")
 
 
 @pytest.mark.parametrize("options", [{"dtype": "fp16"}, {"quantize": "int8"}])
