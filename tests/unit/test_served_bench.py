@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks.chat import peer as chat_peer
 from benchmarks.chat.suite import ChatBenchConfig
 from benchmarks.chat.suite import goals as chat_goals
@@ -83,15 +85,30 @@ def test_the_ttft_goal_is_judged_against_one_decode_step_plus_the_router_hop() -
 
 def test_the_vllm_goals_are_misses_that_say_why_until_vllm_is_measured() -> None:
     no_python = chat_goals({}, ChatBenchConfig(models_dir=MODELS))
-    for name in ("chat_16_streams_vs_vllm", "ttft_p50_vs_vllm"):
+    names = [
+        f"{m}_{g}" for m in ("glm", "kimi") for g in ("chat_16_streams_vs_vllm", "ttft_p50_vs_vllm")
+    ]
+    for name in names:
         assert no_python[name]["met"] is False
         assert "--vllm-python" in no_python[name]["missing"]
     config = ChatBenchConfig(models_dir=MODELS, vllm_python=Path("/venv/bin/python"))
-    failed = chat_goals({"vs_vllm": {"error": "vLLM exited with 1 while starting"}}, config)
-    assert failed["ttft_p50_vs_vllm"]["missing"] == "vLLM exited with 1 while starting"
-    measured = chat_goals({"vs_vllm": {"tokens_per_s_ratio": 1.6, "ttft_p50_ratio": 1.1}}, config)
-    assert measured["chat_16_streams_vs_vllm"]["met"] is True  # 1.6 >= 1.5
-    assert measured["ttft_p50_vs_vllm"]["met"] is False  # 1.1 > 1.0: a TTFT must not be longer
+    result = {
+        "vs_vllm": {
+            "glm": {"tokens_per_s_ratio": 1.6, "ttft_p50_ratio": 1.1},
+            "kimi": {"error": "RuntimeError: vLLM exited with 1 while starting"},
+        }
+    }
+    verdicts = chat_goals(result, config)
+    assert verdicts["glm_chat_16_streams_vs_vllm"]["met"] is True  # 1.6 >= 1.5
+    assert verdicts["glm_ttft_p50_vs_vllm"]["met"] is False  # 1.1 > 1.0: a TTFT must not be longer
+    assert verdicts["kimi_ttft_p50_vs_vllm"]["missing"].endswith("exited with 1 while starting")
+    other = {"same_model": {"greedy_tokens_equal": False}, "tokens_per_s_ratio": 3.0}
+    differs = chat_goals({"vs_vllm": {"glm": other}}, config)["glm_chat_16_streams_vs_vllm"]
+    assert differs["met"] is False and "not the same weights" in differs["missing"]
+    glm_only = ChatBenchConfig(models_dir=MODELS, vllm_python=Path("/p"), vllm_models=["glm"])
+    assert not any(name.startswith("kimi") for name in chat_goals(result, glm_only))
+    with pytest.raises(ValueError, match="llama"):
+        ChatBenchConfig(models_dir=MODELS, vllm_models=["glm", "llama"])
 
 
 def test_vllm_is_started_at_its_defaults_on_the_checkpoint_under_the_models_name() -> None:
