@@ -2,7 +2,8 @@
 is released before its verdict), a whole answer in fixed windows, and a stream piece by piece: up
 to its last word boundary, each piece classified with the tail before it and released only once
 checked, so text a client has seen is never taken back and a word cut between chunks is classified
-whole."""
+whole. Chinese and Japanese, written without spaces, flow a character behind the model instead of
+a sentence."""
 
 from __future__ import annotations
 
@@ -34,12 +35,47 @@ def with_context(context: str, window: str, overlap_chars: int) -> tuple[str, st
     return seen, seen[-overlap_chars:]
 
 
+# Scripts written without spaces between words: Han ideographs and Japanese kana. Each of their
+# characters ends a word (a Latin run stops at one too), so Chinese or Japanese text is not held
+# whole until punctuation. Hangul is written with spaces; Thai and its neighbours, whose words
+# span several characters with no mark between them, are held like Latin.
+UNSPACED_RANGES: Final = (
+    (0x3040, 0x30FF),  # hiragana, katakana
+    (0x31F0, 0x31FF),  # katakana phonetic extensions
+    (0x3400, 0x4DBF),  # CJK extension A
+    (0x4E00, 0x9FFF),  # CJK unified ideographs
+    (0xF900, 0xFAFF),  # CJK compatibility ideographs
+    (0xFF66, 0xFF9F),  # halfwidth katakana
+    (0x20000, 0x3FFFF),  # CJK extensions B and later
+)
+
+
+def is_unspaced(char: str) -> bool:
+    point = ord(char)
+    return any(low <= point <= high for low, high in UNSPACED_RANGES)
+
+
+def held_unspaced(pending: str) -> str:
+    """The unspaced character `releasable_length` held back, or "": it is classified with the
+    piece released before it (which it may form a word with), and released with the next one."""
+    return pending if len(pending) == 1 and is_unspaced(pending) else ""
+
+
+def _continues_word(char: str) -> bool:
+    return (char.isalnum() or char == "_") and not is_unspaced(char)
+
+
 def releasable_length(text: str, window_chars: int) -> int:
     """How much of a stream's unreleased `text` may be checked and released now: up to the end of
     its last whole word. The trailing run of word characters may go on in the next chunk, so it
-    is held, unless it has reached `window_chars` (a long run with no boundary still flows)."""
+    is held, unless it has reached `window_chars` (a long run with no boundary still flows). In
+    unspaced scripts every character ends a word, but the last one is held for the next chunk
+    and classified with the piece before it (`held_unspaced`): a two-character word (most
+    Chinese words are one or two characters) is judged whole before any of it is released."""
     end = len(text)
-    while end and (text[end - 1].isalnum() or text[end - 1] == "_"):
+    while end and _continues_word(text[end - 1]):
+        end -= 1
+    if end == len(text) and end and is_unspaced(text[end - 1]):
         end -= 1
     return len(text) if len(text) - end >= window_chars else end
 
@@ -141,7 +177,7 @@ class ModerationGate:
                     classified, context[index] = with_context(
                         context.get(index, ""), piece, overlap
                     )
-                    if (await self._flags([classified]))[0]:
+                    if (await self._flags([classified + held_unspaced(pending[index])]))[0]:
                         ended.add(index)
                         yield _filtered(chunk)
                         if len(ended) == choices:

@@ -44,7 +44,7 @@ from deployments.security import (
     on_kubernetes,
     open_start_refusal,
 )
-from deployments.security.moderation_gate import releasable_length
+from deployments.security.moderation_gate import held_unspaced, releasable_length
 
 ALICE = "sk-alice-0123456789abcdef"
 BOB = "sk-bob-fedcba9876543210"
@@ -693,8 +693,10 @@ def released_while_checking(
     async def collect() -> list[GenerationChunk]:
         chunks = []
         async for chunk in gate.guard_stream(generation.chunks()):
-            if chunk.text:
-                assert classify.calls and classify.calls[-1][0].endswith(chunk.text)
+            if chunk.text:  # checked last, maybe with the unspaced character held after it
+                last = classify.calls[-1][0] if classify.calls else ""
+                ahead = held_unspaced(last[-1:])
+                assert last.endswith(chunk.text) or last.removesuffix(ahead).endswith(chunk.text)
             chunks.append(chunk)
         return chunks
 
@@ -719,6 +721,53 @@ def test_a_run_without_a_boundary_is_released_once_it_reaches_the_window():
     generation.pieces = ["abcdef", "ghijkl", "mn", " x", "y"]
     chunks = released_while_checking(gate, classify, generation)
     assert [c.text for c in chunks] == ["abcdefghijkl", "mn ", "xy"]
+
+
+@pytest.mark.parametrize(
+    ("text", "releasable"),
+    [
+        ("hello wor", "hello "),
+        ("你好世界", "你好世"),  # every character ends a word; the last waits for its neighbour
+        ("こんにちは", "こんにち"),
+        ("Cust光Cust", "Cust光"),  # a Latin run ends where an ideograph starts, and goes on after
+        ("你好abc", "你好"),
+        ("光", ""),
+        ("你好，", "你好，"),
+        ("안녕하세요 친구", "안녕하세요 "),  # Hangul is written with spaces: held like Latin
+    ],
+)
+def test_unspaced_scripts_end_a_word_at_every_character(text, releasable):
+    assert text[: releasable_length(text, 64)] == releasable
+
+
+def test_a_chinese_stream_flows_a_character_behind_and_a_two_character_word_is_judged_whole():
+    gate, classify = gate_for(window=64, overlap=8)
+    generation = Generation("")
+    generation.pieces = ["我是", "一个", "好人", "。"]
+    clean = released_while_checking(gate, classify, generation)
+    assert [c.text for c in clean] == ["我", "是一", "个好", "人。"]  # not "我是一个好人。" at once
+    assert classify.calls[0] == ["我是"]  # the held character judged with the one before it
+    gate, classify = gate_for(window=64, overlap=8)
+    generation = Generation("")
+    generation.pieces = ["他是", "一个", "B", "AD", "人"]  # the marker, cut in two
+    cut = released_while_checking(gate, classify, generation)
+    assert "".join(c.text for c in cut) == "他是一个"
+    assert cut[-1].finish_reason == "content_filter"
+
+    async def flags_the_pair(texts: list[str]) -> list[bool]:
+        return ["坏蛋" in text for text in texts]  # either character alone passes
+
+    gate = ModerationGate(ModerationGateConfig(models=["glm"], window_chars=64), flags_the_pair)
+    for pieces in (["坏", "蛋"], ["这是坏", "蛋"], ["这是", "坏蛋"], ["这是坏蛋", "的人"]):
+        generation = Generation("")
+        generation.pieces = pieces
+        judged = asyncio.run(_collect(gate.guard_stream(generation.chunks())))
+        assert "坏" not in "".join(c.text for c in judged), pieces
+        assert judged[-1].finish_reason == "content_filter"
+
+
+async def _collect(chunks: AsyncIterator[GenerationChunk]) -> list[GenerationChunk]:
+    return [chunk async for chunk in chunks]
 
 
 @pytest.mark.parametrize("seed", range(8))
