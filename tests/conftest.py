@@ -108,11 +108,12 @@ def artefacts(request: pytest.FixtureRequest) -> Path:
 
 @pytest.fixture(scope="session")
 def models_root() -> Path:
-    """The default models built by `make models` (or EDGE_MODELS_DIR); built here if missing."""
+    """The default models built by `make models` (or EDGE_MODELS_DIR); built here if missing or
+    built by an older exporter."""
     root = Path(os.environ.get("EDGE_MODELS_DIR", REPO / "models"))
-    from deployments.export.defaults import DEFAULT_MODELS, build_defaults
+    from deployments.export.defaults import DEFAULT_MODELS, build_defaults, is_built
 
-    missing = [name for name in DEFAULT_MODELS if not (root / name / "manifest.json").is_file()]
+    missing = [name for name in DEFAULT_MODELS if not is_built(root, name)]
     if missing:
         build_defaults(root, only=missing)
     return root

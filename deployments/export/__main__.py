@@ -9,9 +9,8 @@ import time
 from pathlib import Path
 
 from deployments.export.common import VerificationError
-from deployments.export.defaults import DEFAULT_MODELS, build_default
+from deployments.export.defaults import DEFAULT_MODELS, build_default, is_built
 from deployments.export.progress import stages_for
-from deployments.runtime.manifest import ModelManifest
 
 NO_PROGRESS_HELP = "no progress bar (off anyway without a terminal)"
 
@@ -62,13 +61,6 @@ def _parser(prog: str = "python -m deployments.export") -> argparse.ArgumentPars
     return parser
 
 
-def _intact(model_dir: Path) -> bool:
-    try:
-        return not ModelManifest.load(model_dir).verify_files(model_dir)
-    except (FileNotFoundError, ValueError):
-        return False
-
-
 def main(argv: list[str] | None = None, prog: str = "python -m deployments.export") -> int:
     args = _parser(prog).parse_args(argv)
     # Our progress at INFO; the exporters' libraries (onnx_ir, torch.onnx) only when they warn.
@@ -78,7 +70,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m deployments.expor
     try:
         if args.model == "defaults":
             for name in DEFAULT_MODELS:
-                if not args.force and _intact(args.out / name):
+                if not args.force and is_built(args.out, name):
                     print(f"{name}: up to date in {args.out / name}")
                     continue
                 t0 = time.perf_counter()

@@ -6,12 +6,30 @@ from collections.abc import Iterable
 from pathlib import Path
 
 DEFAULT_MODELS = ("glm", "kimi", "embedding", "moderation")
+CHAT_DEFAULTS = ("glm", "kimi")
+# The chat defaults' recipe, named in their manifest's `source`: bumped whenever their weights or
+# graph change, so `make models` rebuilds a directory an older exporter built (its files still
+# match its own manifest). 2: Kimi-K2's cache widths and the absorbed attention (2026-12-03).
+CHAT_DEFAULT_REVISION = "revision 2"
+
+
+def is_built(root: Path, name: str) -> bool:
+    """Whether root/name holds an intact build of the default `name` as this exporter makes it."""
+    from deployments.runtime.manifest import ModelManifest
+
+    try:
+        manifest = ModelManifest.load(root / name)
+    except (FileNotFoundError, ValueError):
+        return False
+    if manifest.verify_files(root / name):
+        return False
+    return name not in CHAT_DEFAULTS or manifest.source.endswith(CHAT_DEFAULT_REVISION)
 
 
 def build_default(name: str, root: Path) -> None:
     # Exporters import torch/transformers/sklearn: import only the one needed.
     out = Path(root) / name
-    if name in ("glm", "kimi"):
+    if name in CHAT_DEFAULTS:
         from deployments.export.llm import export_llm
 
         export_llm(name, None, out)  # type: ignore[arg-type]

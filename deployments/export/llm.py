@@ -37,6 +37,7 @@ from deployments.export.common import (
     fresh_dir,
     strip_trace_metadata,
 )
+from deployments.export.defaults import CHAT_DEFAULT_REVISION
 from deployments.export.progress import NO_STAGES, Stages
 from deployments.export.tiktoken_tokenizer import has_tiktoken_tokenizer, kimi_tokenizer
 from deployments.runtime.decoder import DecoderGraph
@@ -394,7 +395,9 @@ def export_llm(
         task="chat",
         family=family,
         architecture=FAMILIES[family].architecture,
-        source=source or f"embedded default: tiny {FAMILIES[family].architecture}, seed {SEED}",
+        source=source
+        or f"embedded default: tiny {FAMILIES[family].architecture}, seed {SEED}, "
+        f"{CHAT_DEFAULT_REVISION}",
         dtype=dtype,
         quantization=quantize,
         vocab_size=info["vocab_size"],

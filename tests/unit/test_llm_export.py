@@ -79,6 +79,22 @@ def test_default_build_is_deterministic_and_manifest_complete(models_root, tmp_p
     assert "<|assistant|>" in shipped.llm.chat_template
 
 
+def test_make_models_rebuilds_a_chat_default_an_older_exporter_built(models_root, tmp_path):
+    import shutil
+
+    from deployments.export.defaults import is_built
+
+    shutil.copytree(models_root / "kimi", tmp_path / "kimi")
+    assert is_built(tmp_path, "kimi")
+    manifest_path = tmp_path / "kimi" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    # What the exporter wrote before the Kimi-K2 widths: files intact, an older recipe.
+    manifest["source"] = "embedded default: tiny DeepseekV3ForCausalLM, seed 0"
+    manifest_path.write_text(json.dumps(manifest))
+    assert not is_built(tmp_path, "kimi")
+    assert not is_built(tmp_path, "glm")  # absent
+
+
 def test_kimi_cache_is_the_compressed_mla_latent(models_root):
     layout = ModelManifest.load(models_root / "kimi").llm.kv_cache
     # Multi-head latent attention caches one shared latent (kv_lora_rank) plus the rope key, at
