@@ -5,12 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from deployments.export.revisions import CHAT_DEFAULT_REVISION
+
 DEFAULT_MODELS = ("glm", "kimi", "embedding", "moderation")
 CHAT_DEFAULTS = ("glm", "kimi")
-# The chat defaults' recipe, named in their manifest's `source`: bumped whenever their weights or
-# graph change, so `make models` rebuilds a directory an older exporter built (its files still
-# match its own manifest). 2: Kimi-K2's cache widths and the absorbed attention (2026-12-03).
-CHAT_DEFAULT_REVISION = "revision 2"
 
 
 def is_built(root: Path, name: str) -> bool:

@@ -37,8 +37,8 @@ from deployments.export.common import (
     fresh_dir,
     strip_trace_metadata,
 )
-from deployments.export.defaults import CHAT_DEFAULT_REVISION
 from deployments.export.progress import NO_STAGES, Stages
+from deployments.export.revisions import CHAT_DEFAULT_REVISION
 from deployments.export.tiktoken_tokenizer import has_tiktoken_tokenizer, kimi_tokenizer
 from deployments.runtime.decoder import DecoderGraph
 from deployments.runtime.manifest import KVCacheLayout, LLMSpec, ModelManifest

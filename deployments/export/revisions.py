@@ -1,0 +1,10 @@
+"""The embedded chat defaults' recipe revision, named in their manifest's `source`: bumped whenever
+their weights or graph change, so `make models` rebuilds a directory an older exporter built (its
+files still match its own manifest)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+# 2: Kimi-K2's cache widths and the absorbed attention (2026-12-03).
+CHAT_DEFAULT_REVISION: Final = "revision 2"
