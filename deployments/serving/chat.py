@@ -186,6 +186,9 @@ class ChatService(ModelService):
             self.edge.dispatch(model.name, ctx, call, telemetry, notice)
         )
         try:
+            # One turn of the loop: the dispatch sends the call before the check starts. The
+            # router's own classifier never yields, so without it the call left only after it.
+            await asyncio.sleep(0)
             await self.gate.check_input(messages)
             if notice is not None:
                 notice.release()

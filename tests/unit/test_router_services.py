@@ -39,6 +39,7 @@ from deployments.observability import (
     configure_access_logger,
 )
 from deployments.protocol import ChatCompletionRequest, EmbeddingRequest, ModerationRequest
+from deployments.runtime.encoder_outputs import ModerationResult
 from deployments.security import Principal, RateLimits
 from deployments.serving.context import RequestContext
 
@@ -149,15 +150,26 @@ def test_sampled_bypassed_and_workers_chats_are_not_cached():
 # ---- the moderation gate ------------------------------------------------------------------------
 
 
-def test_the_gate_refuses_flagged_input_of_a_gated_model_before_generation():
-    handles = fake_handles()
-    services = services_for(app_config(), handles)  # glm and kimi are gated in serve_config
+def test_the_gate_refuses_flagged_input_of_a_gated_model_and_cancels_its_generation():
+    glm = FakeChatHandle()
+    cancelled: list[bool] = []
+
+    async def generating(*args: Any) -> Any:
+        try:
+            await asyncio.Event().wait()  # a generation that would take a while
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    glm.complete.run = generating
+    services = services_for(app_config(), fake_handles(glm=glm))  # glm is gated in serve_config
     bad = ChatCompletionRequest(
         model="glm", messages=[{"role": "user", "content": f"you {BAD_WORD} fool"}]
     )
     with pytest.raises(ContentPolicyViolationError):
         run(services.chat.complete(bad, context(), telemetry()))
-    assert handles["glm"].complete.calls == []
+    # The call left as the check began (they overlap); the refusal cancelled it.
+    assert len(glm.complete.calls) == 1 and cancelled == [True]
     assert tokens_left(services) >= TOKENS_PER_MINUTE - 1  # refunded
 
 
@@ -238,6 +250,37 @@ def test_a_remote_input_check_overlaps_the_stream_and_a_refusal_cancels_it(flagg
         assert "".join(c.text for c in run(go())) == "hello from the fake model"
     # The generation was opened before the input's verdict came: the check overlapped it.
     assert handles["moderation"].streams_at_verdict[0] == 1
+
+
+class CountingInRouterModeration(FakeInRouterModeration):
+    """The router's own classifier (it never yields to the loop), remembering how many streams
+    the chat model had opened when it ran."""
+
+    def __init__(self, chat_handle: FakeChatHandle) -> None:
+        super().__init__()
+        self.chat_handle = chat_handle
+        self.streams_at_call: list[int] = []
+
+    def classify(self, texts: list[str]) -> list[ModerationResult]:
+        self.streams_at_call.append(len(self.chat_handle.streams))
+        return super().classify(texts)
+
+
+def test_the_routers_own_input_check_runs_after_the_stream_was_opened():
+    glm = FakeChatHandle()
+    in_router = CountingInRouterModeration(glm)
+    services = services_for(app_config(), fake_handles(glm=glm), in_router=in_router)
+    request = ChatCompletionRequest(
+        model="glm", stream=True, messages=[{"role": "user", "content": "hi there"}]
+    )
+
+    async def go() -> list[Any]:
+        answer = await services.chat.stream(request, context(), telemetry())
+        return await collect(answer.value)
+
+    assert "".join(c.text for c in run(go())) == "hello from the fake model"
+    # The input's check (the first call) overlapped the hop: the call had left before it.
+    assert in_router.streams_at_call[0] == 1
 
 
 # ---- edge: failover -----------------------------------------------------------------------------
