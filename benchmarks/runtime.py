@@ -20,6 +20,7 @@ from benchmarks.lib.config import BenchConfig, Provider
 from benchmarks.lib.corpus import benchmark_sentences, chat_messages
 from benchmarks.lib.goals import GoalRecord, goal, ratio
 from benchmarks.lib.pytorch import EmbedFn, pytorch_embedders
+from deployments.export.defaults import CHAT_DEFAULTS
 from deployments.runtime.embedding import EmbeddingRuntime
 from deployments.runtime.llm import LLMRuntime, StepProfile
 from deployments.runtime.sampling_params import SamplingParams
@@ -37,7 +38,6 @@ GOAL_BATCH_SIZE = 32
 KV_CACHE_SPEEDUP_TARGET = 5.0  # cached decode vs full recompute tokens/s
 CONCURRENCY_SPEEDUP_TARGET = 4.0  # 8 concurrent streams vs 1, tokens/s, our runtime
 
-CHAT_MODELS = ("glm", "kimi")
 CONCURRENT_TEMPERATURE = 0.7
 # The engine books its last round trip just after a run's final chunk: this long lets it land in
 # that run's profile, not the next one's.
@@ -57,7 +57,7 @@ class RuntimeBenchConfig(BenchConfig):
     # Interleaved 1- and 8-stream runs: a run is 10-20 ms, so on a shared machine three of them
     # moved the ratio by +-0.3.
     concurrency_repetitions: int = Field(default=15, ge=1)
-    chat_models: tuple[str, ...] = CHAT_MODELS
+    chat_models: tuple[str, ...] = CHAT_DEFAULTS
 
     def session_config(self) -> SessionConfig:
         return SessionConfig(provider=self.provider, intra_op_threads=self.threads)
