@@ -100,12 +100,15 @@ class RayNode:
 
     def signal_group(self, signum: int) -> None:
         """Every process of the node: its `ray start` group and its session, which also holds
-        the workers Ray 2.60's raylet puts in process groups of their own."""
+        the workers Ray 2.60's raylet puts in process groups of their own. The session is read
+        before any is signalled, so the node's processes go at once, not a scan of /proc apart
+        (a replica outliving its raylet by that much still answers); a second look catches a
+        process forked meanwhile."""
+        found = self.pids("")
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signum)
-        for pid in self.pids(""):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signum)
+        _signal_each(found, signum)
+        _signal_each([pid for pid in self.pids("") if pid not in found], signum)
 
     def pids(self, command_part: str) -> list[int]:
         """This node's processes (its `ray start` session) whose command line has
@@ -121,6 +124,12 @@ class RayNode:
                 if session == self.process.pid and command_part in command:
                     found.append(int(entry.name))
         return found
+
+
+def _signal_each(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
 
 
 @dataclass

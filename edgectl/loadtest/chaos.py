@@ -285,6 +285,7 @@ def run_chaos(
     thread.join(timeout=600)
     result = _with_injections(result, injections)
     params = {
+        "url": settings.base_url,
         "faults": list(faults),
         "window_s": window_s,
         "rate_rps": rate_rps,
