@@ -82,14 +82,6 @@ class RegionPolicy(BaseModel):
     wake_timeout_s: float = Field(
         default=120.0, gt=0, le=3600, description="how long a wake request waits for a replica"
     )
-    stall_after_s: float = Field(
-        default=5.0,
-        gt=0,
-        le=3600,
-        description="a region with model calls out and no answer to any of them for this long "
-        "is passed over by new requests while they are out (a node lost with the GCS answers "
-        "nothing: its calls hang instead of failing); the calls out keep waiting",
-    )
 
 
 def validate_regions(regions: Mapping[str, Region], topology: Topology) -> None:

@@ -293,8 +293,6 @@ class EdgeDispatcher:
         path)."""
         loop = asyncio.get_running_loop()
         was_warm = self.pools.pools(model)[region].warm
-        call_id = self.pools.call_sent(region)
-        answered = False
         lost = False
         expiry: Timer | None = None
         check: Timer | None = None
@@ -317,18 +315,12 @@ class EdgeDispatcher:
                 delay_s = self.network.delay_for_rtt_s(rtt_ms)
                 if delay_s > 0:  # sleep(0) would still cost a round of the event loop
                     await self.clock.sleep(delay_s)
-                result = await call.run(self.pools.handle(model, region, stream=call.stream))
-                answered = True
-                return result
-        except ServingError:
-            answered = True  # an error is an answer: the pool is alive
-            raise
+                return await call.run(self.pools.handle(model, region, stream=call.stream))
         except TimeoutError:
             if lost:
                 raise RegionLostError(f"region {region} lost its {model} replicas") from None
             raise
         finally:
-            self.pools.call_ended(region, call_id, answered)
             if expiry is not None:
                 expiry.cancel()
             if check is not None:

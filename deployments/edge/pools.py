@@ -5,7 +5,6 @@ attempts went, and each region's demand for pre-warming)."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -54,11 +53,6 @@ class RegionPools:
         self._syncer: asyncio.Task[None] | None = None
         self.last_cold_start: dict[str, dict[str, Any]] = {}
         self._after_cold_start = after_cold_start
-        # Calls out per region, any model's (call id -> sent at), and when each region last
-        # answered one: a node lost with the GCS answers nothing, a busy one still answers some.
-        self._calls_out: dict[str, dict[int, float]] = {}
-        self._answered_at: dict[str, float] = {}
-        self._call_ids = itertools.count()
 
     def handle(self, model: str, region: str, stream: bool = False) -> Handle:
         """The pool's handle; with `stream`, its streaming form (made on first use, then kept)."""
@@ -78,41 +72,14 @@ class RegionPools:
         return regions[warm[0] if warm else next(iter(regions))]
 
     def pools(self, model: str) -> dict[str, PoolView]:
-        """The snapshot's view of each region's pool, with what this replica saw since: its own
-        back-pressure (full) and a stalled region (its warm pools ejected for new requests)."""
         now = self._clock.now()
         views = {}
         for region in self.handles[model]:
             view = self.snapshot.pool(model, region)
-            full = self._full_until.get((model, region), 0.0) > now
-            stalled = view.warm and self._stalled(region, now)
-            if (full and not view.saturated) or (stalled and not view.ejected):
-                view = PoolView(view.running, view.ejected or stalled, view.saturated or full)
+            if self._full_until.get((model, region), 0.0) > now and not view.saturated:
+                view = PoolView(view.running, view.ejected, saturated=True)
             views[region] = view
         return views
-
-    def call_sent(self, region: str) -> int:
-        """A model call left for `region`; `call_ended` with the id this returns when it is over."""
-        call_id = next(self._call_ids)
-        self._calls_out.setdefault(region, {})[call_id] = self._clock.now()
-        return call_id
-
-    def call_ended(self, region: str, call_id: int, answered: bool) -> None:
-        """`answered`: the region replied (a result or an error), not a timeout or a cancel."""
-        self._calls_out.get(region, {}).pop(call_id, None)
-        if answered:
-            self._answered_at[region] = self._clock.now()
-
-    def _stalled(self, region: str, now: float) -> bool:
-        """Calls are out to `region` and it has answered none of them, nor any other call since
-        the oldest left, for `stall_after_s`. Any model's answer counts: a long generation on a
-        live node does not stall its region while its other calls come back."""
-        calls = self._calls_out.get(region)
-        if not calls:
-            return False
-        oldest = next(iter(calls.values()))  # ids are handed out in time order, kept in order
-        quiet_since = max(oldest, self._answered_at.get(region, float("-inf")))
-        return now - quiet_since >= self.policy.stall_after_s
 
     def lost(self, model: str, region: str, was_warm: bool) -> bool:
         """Has the region become unusable since an attempt started there?"""

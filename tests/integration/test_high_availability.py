@@ -167,12 +167,6 @@ def test_the_head_killed_under_load_fails_no_request_and_the_cluster_heals(
     during = [a for a in load.answers if killed_at <= a.sent_at < restarted_at]
     record_property("served_while_down", sum(a.status == 200 for a in during))
     record_property("slowest_while_down_s", round(max(a.took_s for a in during), 1))
-    # Frankfurt's requests once eu has answered nothing for stall_after_s (5 s): sent elsewhere
-    # at once, not after their attempt's share of the deadline on eu.
-    later = [a for a in during if a.city == "frankfurt" and a.sent_at > killed_at + 10]
-    record_property(
-        "frankfurt_slowest_after_10s", round(max((a.took_s for a in later), default=0), 1)
-    )
     assert not _failed(load.answers), _failed(load.answers)[:5]
     # Frankfurt's home region was on the head: its requests went elsewhere meanwhile.
     frankfurt = {a.region for a in during if a.city == "frankfurt" and a.status == 200}

@@ -346,54 +346,6 @@ def test_an_attempt_whose_region_loses_its_replicas_fails_over_at_its_next_look(
     assert rig.clock.now() == pytest.approx(2 * LOST_CHECK_S)  # not the 10 s share
 
 
-def test_a_warm_region_that_answers_nothing_is_passed_over_by_new_requests() -> None:
-    """The head lost with the GCS: the shared state still shows its region warm (nobody can say
-    otherwise) and calls there hang. Once none has been answered for `stall_after_s`, new
-    requests go elsewhere at once instead of each waiting for its share of the deadline; the
-    calls already out keep waiting (a slow answer is not cut off)."""
-    rig = Rig(ALL_WARM, deadline_s=120.0)  # eu's share: 40 s
-    stall_s = rig.pools.policy.stall_after_s
-    rig.handles["eu"].behaviour = _hang
-
-    async def go() -> tuple[asyncio.Future[Any], asyncio.Future[Any], tuple[CallResult, EdgeTrace]]:
-        first = asyncio.ensure_future(rig.send(FRANKFURT))
-        await turns_until(lambda: len(rig.handles["eu"].calls) == 1)
-        rig.clock.advance(stall_s - 1)
-        second = asyncio.ensure_future(rig.send(FRANKFURT))  # not stalled yet: eu, too
-        await turns_until(lambda: len(rig.handles["eu"].calls) == 2)
-        rig.clock.advance(1)
-        third = await asyncio.wait_for(rig.send(FRANKFURT), 5)
-        return first, second, third
-
-    first, second, (result, trace) = asyncio.run(go())
-    assert len(rig.handles["eu"].calls) == 2  # the third was never sent there
-    assert result.reply.value != "eu" and trace.reason == "failover"
-    assert trace.tried == [result.reply.value]
-    assert first.cancelled() and second.cancelled()  # asyncio.run ended them, unanswered
-    assert Outcome(MODEL, "eu", "failed") not in rig.reported  # stalled is not failed
-
-
-def test_a_stalled_region_counts_from_its_last_answer_to_any_model() -> None:
-    rig = Rig(ALL_WARM)
-    pools, stall_s = rig.pools, rig.pools.policy.stall_after_s
-    hung = pools.call_sent("eu")  # a long whole answer, say
-    rig.clock.advance(stall_s / 2)
-    quick = pools.call_sent("eu")  # another model's call there, answered
-    pools.call_ended("eu", quick, answered=True)
-    rig.clock.advance(stall_s / 2)
-    assert not pools.pools(MODEL)["eu"].ejected
-    rig.clock.advance(stall_s / 2)
-    assert pools.pools(MODEL)["eu"].ejected  # nothing answered for stall_after_s
-    assert not pools.snapshot.pool(MODEL, "eu").ejected  # this replica's view, not shared
-    pools.call_ended("eu", hung, answered=False)  # timed out: no call out, no stall
-    assert not pools.pools(MODEL)["eu"].ejected
-    waiting = pools.call_sent("us")
-    rig.pools.snapshot = BoardSnapshot({MODEL: {"eu": WARM, "ap": WARM}}, {})  # us: cold
-    rig.clock.advance(2 * stall_s)
-    assert not pools.pools(MODEL)["us"].ejected  # a cold start is waited for, not a stall
-    pools.call_ended("us", waiting, answered=True)
-
-
 def test_a_cold_region_waiting_for_its_first_replica_is_not_lost() -> None:
     rig = Rig({})  # all cold: the request waits on the nearest region's cold start
 
