@@ -135,6 +135,21 @@ class DecoderGraph:
         logits, present = self._run(input_ids, mask, positions, past)
         return logits[:, -1], PaddedBatch(self, present, mask, [len(p) for p in prompts])
 
+    def prefill_after(
+        self, cache: KVCache, token_ids: Sequence[int]
+    ) -> tuple[np.ndarray, PaddedBatch]:
+        """The rest of a prompt whose first `cache.length` positions are computed: its last
+        position's logits [vocab] and the whole prompt's cache as a batch of one."""
+        past_len, n = cache.length, len(token_ids)
+        logits, present = self._run(
+            np.asarray([token_ids], dtype=np.int64),
+            np.ones((1, past_len + n), dtype=np.int64),
+            np.arange(past_len, past_len + n, dtype=np.int64)[None, :],
+            cache.layers,
+        )
+        mask = np.ones((1, past_len + n), dtype=np.int64)
+        return logits[0, -1], PaddedBatch(self, present, mask, [past_len + n])
+
     def decode(
         self, last_tokens: Sequence[int], caches: Sequence[KVCache]
     ) -> tuple[np.ndarray, list[KVCache]]:

@@ -38,6 +38,8 @@ from deployments.runtime.outputs import (
     PromptTokenLogprob,
     TokenLogprob,
 )
+from deployments.runtime.prefix_cache import DEFAULT_MAX_TOKENS as PREFIX_CACHE_TOKENS
+from deployments.runtime.prefix_cache import PrefixCache
 from deployments.runtime.sampling import SamplingState, log_softmax, sample_batch
 from deployments.runtime.sampling_params import (
     DEFAULT_MAX_NEW_TOKENS,
@@ -66,6 +68,7 @@ class LLMRuntime:
         max_batch_size: int = 8,
         default_max_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         max_choices: int = DEFAULT_MAX_CHOICES,
+        prefix_cache_tokens: int = PREFIX_CACHE_TOKENS,
     ):
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
@@ -97,6 +100,7 @@ class LLMRuntime:
         )
         self.session.load_s = time.perf_counter() - started  # the rewrite is part of loading
         self.graph = DecoderGraph(self.session, spec.kv_cache)
+        self.prefix_cache = PrefixCache(prefix_cache_tokens)
         start = time.perf_counter()
         _, cache = self.graph.prefill([spec.pad_token_id] * 4)
         self.graph.decode([spec.pad_token_id], [cache])
@@ -317,6 +321,7 @@ class LLMRuntime:
             "max_batch_size": self.max_batch_size,
             "running": len(self._running),
             "waiting": len(self._waiting),
+            "prefix_cache": self.prefix_cache.describe(),
         }
 
     # ---- engine side --------------------------------------------------------------------
@@ -421,22 +426,37 @@ class LLMRuntime:
     def _prefill(
         self, admitted: list[SequenceState], batch_size: int, *, batch_is_new: bool
     ) -> np.ndarray:
-        """The newcomers' prompts, several to a graph run (`prefill_groups`); returns their
+        """The newcomers' prompts: one whose start is cached (`prefix_cache`) has only its rest
+        prefilled, alone; the others several to a graph run (`prefill_groups`). Returns their
         last-position logits in admission order. When they alone form the next step's batch
         and share one run, that run's padded cache is the batch: no split and re-pad."""
         rows: list[np.ndarray] = [np.empty(0)] * len(admitted)
-        for group in prefill_groups([len(seq.prompt) for seq in admitted]):
+        hits = {i: self.prefix_cache.match(seq.prompt) for i, seq in enumerate(admitted)}
+        fresh = [i for i, hit in hits.items() if hit is None]
+        runs = [[i] for i, hit in hits.items() if hit is not None] + [
+            [fresh[j] for j in group]
+            for group in prefill_groups([len(admitted[i].prompt) for i in fresh])
+        ]
+        for group in runs:
             started = time.perf_counter()
-            logits, prefilled = self.graph.prefill_batch([admitted[i].prompt for i in group])
+            hit = hits[group[0]]
+            if hit is None:
+                logits, prefilled = self.graph.prefill_batch([admitted[i].prompt for i in group])
+            else:
+                prompt = admitted[group[0]].prompt
+                row, prefilled = self.graph.prefill_after(hit.cache, prompt[hit.length :])
+                logits = row[None, :]
             seconds = time.perf_counter() - started
+            caches = prefilled.split()
             if batch_is_new and len(group) == len(admitted):
                 self._batch, self._batch_members = prefilled, list(admitted)
             else:
-                for i, cache in zip(group, prefilled.split(), strict=True):
+                for i, cache in zip(group, caches, strict=True):
                     admitted[i].cache = cache
-            for i, row in zip(group, logits, strict=True):
+            for i, row, cache in zip(group, logits, caches, strict=True):
                 admitted[i].timings.prefilled(seconds, batch_size)
                 rows[i] = row
+                self.prefix_cache.store(admitted[i].prompt, cache)
         return np.stack(rows)
 
     def _batch_for(self, running: list[SequenceState]) -> PaddedBatch:
