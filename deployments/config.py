@@ -49,6 +49,9 @@ def serve_switches(serve_config: Mapping[str, Any]) -> dict[str, str]:
     return {str(name): str(value) for name, value in env_vars.items()}
 
 
+MIB = 1 << 20
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -77,6 +80,15 @@ class BatchingConfig(_Strict):
 
     max_batch_size: int = Field(default=8, ge=1, le=256)
     batch_wait_timeout_s: float = Field(default=0.005, ge=0, le=1)
+    # The chat runtime's own default (prefix_cache.DEFAULT_MAX_BYTES, pinned equal by a test): the
+    # router reads this module and must not load the engine's.
+    prefix_cache_mb: float = Field(
+        default=64,
+        ge=0,
+        le=1_048_576,
+        description="chat: recent prompts' KV caches, reused by prompts that start the same way "
+        "(a system prompt, earlier turns); 0: off",
+    )
 
 
 CacheBackend = Literal["sqlite", "redis", "memory"]

@@ -38,7 +38,7 @@ from deployments.runtime.outputs import (
     PromptTokenLogprob,
     TokenLogprob,
 )
-from deployments.runtime.prefix_cache import DEFAULT_MAX_TOKENS as PREFIX_CACHE_TOKENS
+from deployments.runtime.prefix_cache import DEFAULT_MAX_BYTES as PREFIX_CACHE_BYTES
 from deployments.runtime.prefix_cache import PrefixCache
 from deployments.runtime.sampling import SamplingState, log_softmax, sample_batch
 from deployments.runtime.sampling_params import (
@@ -68,7 +68,7 @@ class LLMRuntime:
         max_batch_size: int = 8,
         default_max_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         max_choices: int = DEFAULT_MAX_CHOICES,
-        prefix_cache_tokens: int = PREFIX_CACHE_TOKENS,
+        prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
     ):
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
@@ -100,7 +100,7 @@ class LLMRuntime:
         )
         self.session.load_s = time.perf_counter() - started  # the rewrite is part of loading
         self.graph = DecoderGraph(self.session, spec.kv_cache)
-        self.prefix_cache = PrefixCache(prefix_cache_tokens)
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
         start = time.perf_counter()
         _, cache = self.graph.prefill([spec.pad_token_id] * 4)
         self.graph.decode([spec.pad_token_id], [cache])

@@ -8,8 +8,8 @@ tokens), an application's own system prompt, and every earlier turn of a convers
 
 Prompts are indexed by a chain of hashes over blocks of BLOCK_TOKENS tokens (each block's hash
 covers everything before it), so a lookup costs one pass over the prompt; the tokens themselves
-are compared before a match is used. Least recently used prompts are dropped beyond `max_tokens`
-cached positions.
+are compared before a match is used. Least recently used prompts are dropped beyond `max_bytes`
+of cached tensors.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from deployments.runtime.decoder import KVCache
 
 BLOCK_TOKENS = 16
-# Enough for the system prompts and recent turns of a busy replica on the tiny defaults (4.6 KB
-# a position for Kimi's latent, 1 KB for GLM's); a real checkpoint's positions are larger.
-DEFAULT_MAX_TOKENS = 16_384
+# Bytes, not positions: a position is 4.6 KB for the Kimi stand-in's latent, 1 KB for the GLM
+# stand-in, about 80 KB for a real GLM-4-9B in float32. 64 MiB holds about 14,000 positions of the
+# Kimi stand-in, or about 800 (a few system prompts) of a real 9B model.
+DEFAULT_MAX_BYTES = 64 << 20
 
 
 @dataclass
@@ -31,6 +32,7 @@ class _Entry:
     tokens: tuple[int, ...]
     cache: KVCache
     hashes: list[int]
+    nbytes: int
 
 
 @dataclass(frozen=True)
@@ -42,19 +44,20 @@ class PrefixHit:
 
 
 class PrefixCache:
-    def __init__(self, max_tokens: int = DEFAULT_MAX_TOKENS):
-        if max_tokens < 0:
-            raise ValueError("max_tokens must be 0 (off) or more")
-        self.max_tokens = max_tokens
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES):
+        if max_bytes < 0:
+            raise ValueError("max_bytes must be 0 (off) or more")
+        self.max_bytes = max_bytes
         self._entries: OrderedDict[tuple[int, ...], _Entry] = OrderedDict()
         self._by_hash: dict[int, _Entry] = {}
         self.tokens = 0  # cached positions, summed over entries
+        self.nbytes = 0
         self.hits = 0
         self.reused_tokens = 0
 
     @property
     def enabled(self) -> bool:
-        return self.max_tokens > 0
+        return self.max_bytes > 0
 
     def match(self, prompt: Sequence[int]) -> PrefixHit | None:
         """The longest cached prefix of `prompt`, at least one block long and leaving at least
@@ -84,24 +87,38 @@ class PrefixCache:
     def store(self, prompt: Sequence[int], cache: KVCache) -> None:
         """Keep `cache` (exactly `prompt`'s positions) for prompts that start the same way."""
         tokens = tuple(prompt)
-        if not self.enabled or len(tokens) < BLOCK_TOKENS or len(tokens) > self.max_tokens:
-            return
         if cache.length != len(tokens):
             raise ValueError(f"a cache of {cache.length} positions for {len(tokens)} tokens")
+        nbytes = sum(key.nbytes + value.nbytes for key, value in cache.layers)
+        if not self.enabled or len(tokens) < BLOCK_TOKENS or nbytes > self.max_bytes:
+            return
         old = self._entries.pop(tokens, None)
         if old is not None:
             self._forget(old)
-        entry = _Entry(tokens, _own(cache), list(_block_hashes(tokens)))
+        entry = _Entry(tokens, _own(cache), list(_block_hashes(tokens)), nbytes)
         self._entries[tokens] = entry
         self.tokens += len(tokens)
+        self.nbytes += nbytes
         for digest in entry.hashes:
             self._by_hash[digest] = entry  # the newest prompt with this prefix answers for it
-        while self.tokens > self.max_tokens:
+        self._evict()
+
+    def resize(self, max_bytes: int) -> None:
+        """A new bound (a live config change): least recently used prompts go until it holds;
+        0 empties the cache and turns it off."""
+        if max_bytes < 0:
+            raise ValueError("max_bytes must be 0 (off) or more")
+        self.max_bytes = max_bytes
+        self._evict()
+
+    def _evict(self) -> None:
+        while self.nbytes > self.max_bytes:
             _, oldest = self._entries.popitem(last=False)
             self._forget(oldest)
 
     def _forget(self, entry: _Entry) -> None:
         self.tokens -= len(entry.tokens)
+        self.nbytes -= entry.nbytes
         for digest in entry.hashes:
             if self._by_hash.get(digest) is entry:
                 del self._by_hash[digest]
@@ -110,7 +127,8 @@ class PrefixCache:
         return {
             "prompts": len(self._entries),
             "tokens": self.tokens,
-            "max_tokens": self.max_tokens,
+            "bytes": self.nbytes,
+            "max_bytes": self.max_bytes,
             "hits": self.hits,
             "reused_tokens": self.reused_tokens,
         }
@@ -130,6 +148,4 @@ def _own(cache: KVCache) -> KVCache:
 
 
 def _head(cache: KVCache, length: int) -> KVCache:
-    return KVCache(
-        [(key[:, :, :length].copy(), value[:, :, :length].copy()) for key, value in cache.layers]
-    )
+    return KVCache([(k[:, :, :length].copy(), v[:, :, :length].copy()) for k, v in cache.layers])

@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from deployments.config import BatchingConfig
+from deployments.config import MIB, BatchingConfig
 from deployments.observability.model_telemetry import ModelCall
 from deployments.runtime.chat_features import (
     ChatFeatures,
@@ -41,6 +41,7 @@ class ChatServer(ModelServer[LLMRuntime]):
     def _apply_batching(self, batching: BatchingConfig) -> None:
         # The engine reads the limit before each step: new sequences wait for a free slot.
         self.runtime.max_batch_size = batching.max_batch_size
+        self.runtime.prefix_cache.resize(int(batching.prefix_cache_mb * MIB))
 
     @property
     def tool_format(self) -> ToolCallFormat:

@@ -7,11 +7,15 @@ import asyncio
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
+from deployments.config import MIB, BatchingConfig
 from deployments.runtime.decoder import KVCache
 from deployments.runtime.llm import LLMRuntime
-from deployments.runtime.prefix_cache import BLOCK_TOKENS, PrefixCache
+from deployments.runtime.prefix_cache import BLOCK_TOKENS, DEFAULT_MAX_BYTES, PrefixCache
 from deployments.runtime.sampling_params import SamplingParams
+from deployments.runtime.session_config import SessionConfig
+from deployments.servers.chat import ChatServer
 
 SYSTEM = {
     "role": "system",
@@ -35,7 +39,7 @@ def _cache(length: int, seed: int = 0, heads: int = 2) -> KVCache:
 
 
 def test_a_prompt_sharing_a_cached_start_gets_exactly_that_many_positions():
-    cache = PrefixCache(max_tokens=1000)
+    cache = PrefixCache()
     stored = list(range(100, 140))
     assert cache.match(stored) is None
     kv = _cache(len(stored))
@@ -50,7 +54,7 @@ def test_a_prompt_sharing_a_cached_start_gets_exactly_that_many_positions():
 
 
 def test_the_same_prompt_again_leaves_its_last_token_to_prefill():
-    cache = PrefixCache(max_tokens=1000)
+    cache = PrefixCache()
     prompt = list(range(40))
     cache.store(prompt, _cache(40))
     hit = cache.match(prompt)
@@ -58,7 +62,7 @@ def test_the_same_prompt_again_leaves_its_last_token_to_prefill():
 
 
 def test_less_than_a_block_in_common_is_no_match():
-    cache = PrefixCache(max_tokens=1000)
+    cache = PrefixCache()
     cache.store(list(range(40)), _cache(40))
     assert cache.match(list(range(BLOCK_TOKENS - 1)) + [999] * 30) is None
     cache.store(list(range(BLOCK_TOKENS - 1)), _cache(BLOCK_TOKENS - 1))  # too short to index
@@ -66,23 +70,24 @@ def test_less_than_a_block_in_common_is_no_match():
 
 
 def test_least_recently_used_prompts_go_beyond_the_bound():
-    cache = PrefixCache(max_tokens=64)
+    one = _cache(32).layers
+    cache = PrefixCache(max_bytes=2 * sum(key.nbytes + value.nbytes for key, value in one))
     a, b, c = ([base + i for i in range(32)] for base in (0, 1000, 2000))
     cache.store(a, _cache(32, 1))
     cache.store(b, _cache(32, 2))
     assert cache.match(a + [5]) is not None  # a is now the most recently used
     cache.store(c, _cache(32, 3))
-    assert cache.tokens == 64
+    assert cache.tokens == 64 and cache.nbytes == cache.max_bytes
     assert cache.match(b + [5]) is None
     assert cache.match(a + [5]) is not None and cache.match(c + [5]) is not None
 
 
 def test_off_keeps_nothing_and_a_wrong_cache_is_refused():
-    off = PrefixCache(max_tokens=0)
+    off = PrefixCache(max_bytes=0)
     off.store(list(range(40)), _cache(40))
     assert off.match(list(range(40))) is None and off.tokens == 0
-    with pytest.raises(ValueError, match="max_tokens"):
-        PrefixCache(max_tokens=-1)
+    with pytest.raises(ValueError, match="max_bytes"):
+        PrefixCache(max_bytes=-1)
     with pytest.raises(ValueError, match="40 positions for 41 tokens"):
         PrefixCache().store(list(range(41)), _cache(40))
 
@@ -90,7 +95,7 @@ def test_off_keeps_nothing_and_a_wrong_cache_is_refused():
 @pytest.mark.parametrize("family", ["glm", "kimi"])
 def test_a_conversation_sharing_a_start_reuses_it_and_answers_the_same(family, models_root):
     reusing = LLMRuntime(models_root / family, max_batch_size=4)
-    fresh = LLMRuntime(models_root / family, max_batch_size=4, prefix_cache_tokens=0)
+    fresh = LLMRuntime(models_root / family, max_batch_size=4, prefix_cache_bytes=0)
     first = [SYSTEM, {"role": "user", "content": "When does the first train leave?"}]
     second = [SYSTEM, {"role": "user", "content": "Can I take my bicycle on board?"}]
     greedy = SamplingParams(max_tokens=16, temperature=0)
@@ -126,7 +131,7 @@ def test_a_conversation_sharing_a_start_reuses_it_and_answers_the_same(family, m
 def test_the_rest_of_a_prompt_after_a_cached_start_gives_the_whole_prompts_logits(
     family, models_root
 ):
-    runtime = LLMRuntime(models_root / family, prefix_cache_tokens=0)
+    runtime = LLMRuntime(models_root / family, prefix_cache_bytes=0)
     try:
         graph = runtime.graph
         prompt = [int(t) for t in np.random.default_rng(3).integers(10, 2000, size=40)]
@@ -144,3 +149,32 @@ def test_the_rest_of_a_prompt_after_a_cached_start_gives_the_whole_prompts_logit
         np.testing.assert_allclose(after_rest, after_whole, atol=1e-4)
     finally:
         runtime.close()
+
+
+def test_resizing_drops_the_least_recently_used_and_zero_turns_it_off():
+    one = sum(key.nbytes + value.nbytes for key, value in _cache(32).layers)
+    cache = PrefixCache(max_bytes=3 * one)
+    prompts = [[base + i for i in range(32)] for base in (0, 1000, 2000)]
+    for seed, prompt in enumerate(prompts):
+        cache.store(prompt, _cache(32, seed))
+    cache.resize(one)
+    assert [cache.match(p + [1]) is not None for p in prompts] == [False, False, True]
+    cache.resize(0)
+    assert cache.tokens == 0 and cache.match(prompts[2] + [1]) is None
+    with pytest.raises(ValueError, match="max_bytes"):
+        cache.resize(-1)
+
+
+def test_a_chat_replicas_user_config_sizes_its_prefix_cache(models_root):
+    server = ChatServer(str(models_root / "glm"), SessionConfig(provider="cpu"))
+    try:
+        assert BatchingConfig().prefix_cache_mb * MIB == DEFAULT_MAX_BYTES
+        assert server.runtime.prefix_cache.max_bytes == DEFAULT_MAX_BYTES
+        server.reconfigure({"max_batch_size": 4, "prefix_cache_mb": 0.5})
+        assert server.runtime.prefix_cache.max_bytes == MIB // 2
+        server.reconfigure({"prefix_cache_mb": 0})
+        assert not server.runtime.prefix_cache.enabled
+    finally:
+        server.runtime.close()
+    with pytest.raises(ValidationError, match="prefix_cache_mb"):
+        BatchingConfig.model_validate({"prefix_cache_mb": -1})
