@@ -14,6 +14,7 @@ of cached tensors.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -48,6 +49,8 @@ class PrefixCache:
         if max_bytes < 0:
             raise ValueError("max_bytes must be 0 (off) or more")
         self.max_bytes = max_bytes
+        # The engine thread matches and stores; a live config change resizes from the event loop.
+        self._lock = threading.Lock()
         self._entries: OrderedDict[tuple[int, ...], _Entry] = OrderedDict()
         self._by_hash: dict[int, _Entry] = {}
         self.tokens = 0  # cached positions, summed over entries
@@ -62,6 +65,10 @@ class PrefixCache:
     def match(self, prompt: Sequence[int]) -> PrefixHit | None:
         """The longest cached prefix of `prompt`, at least one block long and leaving at least
         its last token to prefill (the step needs that token's logits); None if there is none."""
+        with self._lock:
+            return self._match(prompt)
+
+    def _match(self, prompt: Sequence[int]) -> PrefixHit | None:
         if not self.enabled:
             return None
         found: _Entry | None = None
@@ -86,6 +93,10 @@ class PrefixCache:
 
     def store(self, prompt: Sequence[int], cache: KVCache) -> None:
         """Keep `cache` (exactly `prompt`'s positions) for prompts that start the same way."""
+        with self._lock:
+            self._store(prompt, cache)
+
+    def _store(self, prompt: Sequence[int], cache: KVCache) -> None:
         tokens = tuple(prompt)
         if cache.length != len(tokens):
             raise ValueError(f"a cache of {cache.length} positions for {len(tokens)} tokens")
@@ -108,8 +119,9 @@ class PrefixCache:
         0 empties the cache and turns it off."""
         if max_bytes < 0:
             raise ValueError("max_bytes must be 0 (off) or more")
-        self.max_bytes = max_bytes
-        self._evict()
+        with self._lock:
+            self.max_bytes = max_bytes
+            self._evict()
 
     def _evict(self) -> None:
         while self.nbytes > self.max_bytes:
