@@ -136,19 +136,30 @@ class DecoderGraph:
         return logits[:, -1], PaddedBatch(self, present, mask, [len(p) for p in prompts])
 
     def prefill_after(
-        self, cache: KVCache, token_ids: Sequence[int]
+        self, caches: Sequence[KVCache], rests: Sequence[Sequence[int]]
     ) -> tuple[np.ndarray, PaddedBatch]:
-        """The rest of a prompt whose first `cache.length` positions are computed: its last
-        position's logits [vocab] and the whole prompt's cache as a batch of one."""
-        past_len, n = cache.length, len(token_ids)
+        """The rests of prompts whose first positions are computed (`caches`, all of one length;
+        the rests all of one length too, so no row needs padding): their last positions'
+        logits [rows, vocab] and the whole prompts' caches as one batch."""
+        past_len, n = caches[0].length, len(rests[0])
+        if any(c.length != past_len for c in caches) or any(len(r) != n for r in rests):
+            raise ValueError("prefill_after runs cached starts and rests of one length each")
+        rows = len(caches)
+        past = [
+            (
+                np.concatenate([c.layers[layer][0] for c in caches]),
+                np.concatenate([c.layers[layer][1] for c in caches]),
+            )
+            for layer in range(self.layout.num_layers)
+        ]
+        mask = np.ones((rows, past_len + n), dtype=np.int64)
         logits, present = self._run(
-            np.asarray([token_ids], dtype=np.int64),
-            np.ones((1, past_len + n), dtype=np.int64),
-            np.arange(past_len, past_len + n, dtype=np.int64)[None, :],
-            cache.layers,
+            np.asarray(rests, dtype=np.int64),
+            mask,
+            np.tile(np.arange(past_len, past_len + n, dtype=np.int64), (rows, 1)),
+            past,
         )
-        mask = np.ones((1, past_len + n), dtype=np.int64)
-        return logits[0, -1], PaddedBatch(self, present, mask, [past_len + n])
+        return logits[:, -1], PaddedBatch(self, present, mask, [past_len + n] * rows)
 
     def decode(
         self, last_tokens: Sequence[int], caches: Sequence[KVCache]

@@ -426,26 +426,36 @@ class LLMRuntime:
     def _prefill(
         self, admitted: list[SequenceState], batch_size: int, *, batch_is_new: bool
     ) -> np.ndarray:
-        """The newcomers' prompts: one whose start is cached (`prefix_cache`) has only its rest
-        prefilled, alone; the others several to a graph run (`prefill_groups`). Returns their
-        last-position logits in admission order. When they alone form the next step's batch
-        and share one run, that run's padded cache is the batch: no split and re-pad."""
+        """The newcomers' prompts: those whose start is cached (`prefix_cache`) have only their
+        rest prefilled, on it, in one graph run per cached length and rest length; the others
+        several to a run (`prefill_groups`). Returns their last-position logits in admission
+        order. When they alone form the next step's batch and share one run, that run's
+        padded cache is the batch: no split and re-pad."""
         rows: list[np.ndarray] = [np.empty(0)] * len(admitted)
         hits = {i: self.prefix_cache.match(seq.prompt) for i, seq in enumerate(admitted)}
         fresh = [i for i, hit in hits.items() if hit is None]
-        runs = [[i] for i, hit in hits.items() if hit is not None] + [
+        on_cached: dict[tuple[int, int], list[int]] = {}
+        for i, hit in hits.items():
+            if hit is not None:
+                shape = (hit.length, len(admitted[i].prompt) - hit.length)
+                on_cached.setdefault(shape, []).append(i)
+        runs = list(on_cached.values()) + [
             [fresh[j] for j in group]
             for group in prefill_groups([len(admitted[i].prompt) for i in fresh])
         ]
         for group in runs:
             started = time.perf_counter()
-            hit = hits[group[0]]
-            if hit is None:
-                logits, prefilled = self.graph.prefill_batch([admitted[i].prompt for i in group])
+            cached = [hit for i in group if (hit := hits[i]) is not None]
+            if cached:
+                logits, prefilled = self.graph.prefill_after(
+                    [hit.cache for hit in cached],
+                    [
+                        admitted[i].prompt[hit.length :]
+                        for i, hit in zip(group, cached, strict=True)
+                    ],
+                )
             else:
-                prompt = admitted[group[0]].prompt
-                row, prefilled = self.graph.prefill_after(hit.cache, prompt[hit.length :])
-                logits = row[None, :]
+                logits, prefilled = self.graph.prefill_batch([admitted[i].prompt for i in group])
             seconds = time.perf_counter() - started
             caches = prefilled.split()
             if batch_is_new and len(group) == len(admitted):

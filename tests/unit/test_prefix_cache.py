@@ -137,8 +137,8 @@ def test_the_rest_of_a_prompt_after_a_cached_start_gives_the_whole_prompts_logit
         prompt = [int(t) for t in np.random.default_rng(3).integers(10, 2000, size=40)]
         whole_logits, whole = graph.prefill_batch([prompt])
         _, start = graph.prefill(prompt[:23])
-        rest_logits, rest = graph.prefill_after(start, prompt[23:])
-        np.testing.assert_allclose(rest_logits, whole_logits[0], atol=1e-4)
+        rest_logits, rest = graph.prefill_after([start], [prompt[23:]])
+        np.testing.assert_allclose(rest_logits[0], whole_logits[0], atol=1e-4)
         (cache,) = rest.split()
         for (key, value), (key0, value0) in zip(cache.layers, whole.split()[0].layers, strict=True):
             np.testing.assert_allclose(key, key0, atol=1e-4)
@@ -178,3 +178,49 @@ def test_a_chat_replicas_user_config_sizes_its_prefix_cache(models_root):
         server.runtime.close()
     with pytest.raises(ValidationError, match="prefix_cache_mb"):
         BatchingConfig.model_validate({"prefix_cache_mb": -1})
+
+
+@pytest.mark.parametrize("family", ["glm", "kimi"])
+def test_rests_of_one_length_on_starts_of_one_length_run_together_as_alone(family, models_root):
+    runtime = LLMRuntime(models_root / family, prefix_cache_bytes=0)
+    try:
+        graph = runtime.graph
+        rng = np.random.default_rng(4)
+        prompts = [[int(t) for t in rng.integers(10, 2000, size=30)] for _ in range(3)]
+        starts = [graph.prefill(p[:20])[1] for p in prompts]
+        together, batch = graph.prefill_after(starts, [p[20:] for p in prompts])
+        for row, (prompt, start) in enumerate(zip(prompts, starts, strict=True)):
+            alone, _ = graph.prefill_after([start], [prompt[20:]])
+            np.testing.assert_allclose(together[row], alone[0], atol=1e-4)
+        assert batch.lengths == [30, 30, 30]
+        with pytest.raises(ValueError, match="one length"):
+            graph.prefill_after(starts, [prompts[0][20:], prompts[1][21:], prompts[2][20:]])
+    finally:
+        runtime.close()
+
+
+def test_a_burst_of_one_cached_prompt_is_prefilled_in_one_run(models_root, monkeypatch):
+    runtime = LLMRuntime(models_root / "kimi", max_batch_size=4)
+    runs: list[int] = []
+    prefill_after = runtime.graph.prefill_after
+
+    def counted(caches, rests):
+        runs.append(len(caches))
+        return prefill_after(caches, rests)
+
+    monkeypatch.setattr(runtime.graph, "prefill_after", counted)
+    messages = [SYSTEM, {"role": "user", "content": "Is the night train on time?"}]
+    seeded = [SamplingParams(max_tokens=8, temperature=0.7, seed=s) for s in range(3)]
+
+    async def burst():
+        return await asyncio.gather(*(runtime.complete(messages, p) for p in seeded))
+
+    try:
+        asyncio.run(runtime.complete(messages, SamplingParams(max_tokens=2)))  # now cached
+        answers = asyncio.run(burst())
+        assert runs == [3]  # three rows, one graph run
+        assert [a.prompt_tokens for a in answers] == [
+            len(runtime.tokenizer.encode_chat(messages))
+        ] * 3
+    finally:
+        runtime.close()
