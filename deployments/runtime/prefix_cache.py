@@ -100,12 +100,12 @@ class PrefixCache:
         tokens = tuple(prompt)
         if cache.length != len(tokens):
             raise ValueError(f"a cache of {cache.length} positions for {len(tokens)} tokens")
+        if tokens in self._entries:  # the same prompt again: the same positions, kept as they are
+            self._entries.move_to_end(tokens)
+            return
         nbytes = sum(key.nbytes + value.nbytes for key, value in cache.layers)
         if not self.enabled or len(tokens) < BLOCK_TOKENS or nbytes > self.max_bytes:
             return
-        old = self._entries.pop(tokens, None)
-        if old is not None:
-            self._forget(old)
         entry = _Entry(tokens, _own(cache), list(_block_hashes(tokens)), nbytes)
         self._entries[tokens] = entry
         self.tokens += len(tokens)
@@ -160,4 +160,5 @@ def _own(cache: KVCache) -> KVCache:
 
 
 def _head(cache: KVCache, length: int) -> KVCache:
-    return KVCache([(k[:, :, :length].copy(), v[:, :, :length].copy()) for k, v in cache.layers])
+    # Views: a stored cache is never written, and the prefill copies them into its batch anyway.
+    return KVCache([(k[:, :, :length], v[:, :, :length]) for k, v in cache.layers])
