@@ -80,6 +80,9 @@ def build_app(args: dict[str, Any]) -> Application:
             # Every model replica holds one long poll here for its region's drills.
             max_ongoing_requests=10_000,
             ray_actor_options={"num_cpus": 0.01, **ingress_options},
+            # Its calls are the platform's own (syncs, long polls), not users' requests: no
+            # access log line per call (the routers log what users asked).
+            logging_config={"enable_access_log": False},
         )
         .bind(
             {m: {r: deployment_name(m, r) for r in regions} for m in config.models},

@@ -1,8 +1,9 @@
 """`edge-control`: the one place every router replica and model replica share edge state with.
 
-- Routers call `sync(outcomes)` about twice a second: they hand over how their requests went
-  (real failures, back-pressure, cold starts) and get back one snapshot of every region's pool:
-  RUNNING replicas as Serve reports them, health, back-pressure marks, measured cold starts.
+- Routers call `sync(outcomes)` twice a second while they serve, less often while idle (every
+  4 s at the slowest): they hand over how their requests went (real failures, back-pressure,
+  cold starts) and get back one snapshot of every region's pool: RUNNING replicas as Serve
+  reports them, health, back-pressure marks, measured cold starts.
   `snapshot()` gives them the colo fault drills.
 - `ServeView` reads Serve's replicas per deployment (`deployments.ray_ext.serve_details`) every
   0.5 s while they change or routers report traffic, less often while all is still; a failed read
@@ -24,6 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from deployments.pacing import PollPacer
 from deployments.prewarm import PredictiveWarmer
 from deployments.ray_ext.serve_details import DeploymentReader, DeploymentReplicas
 from edge_sim.clock import Clock
@@ -81,28 +83,6 @@ class FaultStore:
         return self.version
 
 
-class PollPacer:
-    """How long edge-control waits before its next read of Serve: `fast_s` while replicas change
-    or settle, or routers report traffic; twice as long after each read where none of that
-    happened, up to `idle_s`. A read that failed counts as nothing having happened."""
-
-    def __init__(
-        self, fast_s: float = SERVE_POLL_INTERVAL_S, idle_s: float = SERVE_IDLE_POLL_INTERVAL_S
-    ) -> None:
-        if not 0 < fast_s <= idle_s:
-            raise ValueError(f"poll intervals need 0 < fast_s <= idle_s, got {fast_s}, {idle_s}")
-        self.fast_s, self.idle_s = fast_s, idle_s
-        self.interval_s = fast_s
-
-    def after_read(self, busy: bool) -> float:
-        self.interval_s = self.fast_s if busy else min(self.idle_s, self.interval_s * 2)
-        return self.interval_s
-
-    @property
-    def idle(self) -> bool:
-        return self.interval_s > self.fast_s
-
-
 def _app_name() -> str:
     from ray import serve
 
@@ -135,7 +115,7 @@ class ServeView:
         self._board = board
         self._read = read
         self._clock = clock
-        self.pacer = pacer or PollPacer()
+        self.pacer = pacer or PollPacer(SERVE_POLL_INTERVAL_S, SERVE_IDLE_POLL_INTERVAL_S)
         self.polled = asyncio.Event()  # set by the first good read
         self._reading = asyncio.Lock()
         self._wake = asyncio.Event()

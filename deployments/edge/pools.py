@@ -5,17 +5,20 @@ attempts went, and each region's demand for pre-warming)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from deployments.edge.calls import Handle
 from deployments.edge.clock import EdgeClock, SystemClock
+from deployments.pacing import PollPacer
 from edge_sim.region_board import BoardSnapshot, Outcome, OutcomeKind
 from edge_sim.regions import PoolView, RegionPolicy
 
 log = logging.getLogger("ray.serve")
-SYNC_INTERVAL_S = 0.5
+SYNC_INTERVAL_S = 0.5  # while this replica serves requests or the pools change
+IDLE_SYNC_INTERVAL_S = 4.0  # the slowest, reached by doubling while all is still
 FIRST_SYNC_TIMEOUT_S = 3.0
 
 
@@ -51,6 +54,8 @@ class RegionPools:
         self._wakes: dict[tuple[str, str], asyncio.Task[Any]] = {}
         self._woken_at: dict[tuple[str, str], float] = {}  # when each pool's wake was sent
         self._syncer: asyncio.Task[None] | None = None
+        self.sync_pacer = PollPacer(SYNC_INTERVAL_S, IDLE_SYNC_INTERVAL_S)
+        self._sync_now = asyncio.Event()
         self.last_cold_start: dict[str, dict[str, Any]] = {}
         self._after_cold_start = after_cold_start
 
@@ -108,6 +113,7 @@ class RegionPools:
             self._full_until[(model, region)] = self._clock.now() + self.policy.saturation_hold_s
         if self._control is not None:
             self._outcomes.append(Outcome(model, region, kind, cold_ms))
+            self._wake_syncer()
 
     def note_demand(self, model: str, region: str) -> None:
         """A request for `model` entered at a colo of `region` (wherever it is served): the
@@ -115,6 +121,7 @@ class RegionPools:
         if self._control is not None:
             key = (model, region)
             self._demand[key] = self._demand.get(key, 0) + 1
+            self._wake_syncer()
 
     def note_cold_start(self, model: str, record: dict[str, Any]) -> None:
         """A request of `model` waited for a replica to start: `record` is /readyz's account."""
@@ -157,28 +164,42 @@ class RegionPools:
             except TimeoutError:
                 log.warning("no region state from edge-control yet: routing by distance")
 
-    async def sync(self) -> None:
+    async def sync(self) -> bool:
         """Hand edge-control this replica's outcomes and demand; take every pool's state in
-        return."""
+        return. True when there was something to hand over or the pools' state changed."""
         outcomes, self._outcomes = self._outcomes, []
         demand, self._demand = self._demand, {}
         try:
-            self.snapshot = await self._control.sync.remote(outcomes, demand)
+            snapshot = await self._control.sync.remote(outcomes, demand)
         except BaseException:
             self._outcomes[:0] = outcomes  # reported on the next sync instead
             for key, count in demand.items():
                 self._demand[key] = self._demand.get(key, 0) + count
             raise
+        changed = snapshot != self.snapshot
+        self.snapshot = snapshot
         if self._synced is not None:
             self._synced.set()
+        return bool(outcomes or demand) or changed
 
     async def _sync_forever(self) -> None:
+        """Sync every 0.5 s while requests come or the pools change, doubling the wait up to 4 s
+        while all is still (each sync costs this replica and edge-control a Serve call); the
+        next request ends an idle wait at once."""
         while True:
+            self._sync_now.clear()  # a request from here on makes the next sync come at once
+            busy = False
             try:
-                await self.sync()
+                busy = await self.sync()
             except Exception:  # noqa: BLE001 - a missed sync is retried; routing goes on
                 log.warning("region sync with edge-control failed", exc_info=True)
-            await asyncio.sleep(SYNC_INTERVAL_S)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.sync_pacer.after_read(busy)):
+                    await self._sync_now.wait()
+
+    def _wake_syncer(self) -> None:
+        if self.sync_pacer.idle:
+            self._sync_now.set()
 
 
 async def _await(response: Awaitable[Any]) -> Any:

@@ -79,10 +79,12 @@ class RecentTraffic:
         # Per authenticated key: requests, input tokens, output tokens, cost units.
         self._keys: dict[tuple[int, str], list[float]] = {}
         self._cold_starts: deque[dict[str, Any]] = deque(maxlen=MAX_COLD_STARTS)
+        self.recorded = 0  # model requests recorded so far: a publisher's "anything new?"
 
     def record(self, outcome: RequestOutcome) -> None:
         if outcome.model is None or outcome.operation is None:
             return  # not a model request (catalogue, admin)
+        self.recorded += 1
         now = self._clock()
         bucket = int(now // BUCKET_S) * BUCKET_S
         place = self._place_of(outcome) or NO_PLACE

@@ -19,6 +19,9 @@ from deployments.serving.models import DeploymentStates
 
 log = logging.getLogger("ray.serve")
 PUBLISH_INTERVAL_S = 1.0  # the page polls every second: a replica's traffic is at most 1 s old
+# With nothing new, a publish this often still says the replica is there (edge-control forgets a
+# replica silent for 10 s) and lets its window's old minutes age out on the page.
+IDLE_PUBLISH_INTERVAL_S = 4.0
 # Real regions, when the router has them: the /admin/regions payload (a list of regions).
 RegionsSource = Callable[[], Awaitable[Sequence[Mapping[str, Any]]]]
 
@@ -43,13 +46,18 @@ class TrafficShare:
             await self._control.report_traffic.remote(self._replica_id, self.recent.snapshot())
 
     async def publish_forever(self) -> None:
+        """Publish each second while requests come, every IDLE_PUBLISH_INTERVAL_S otherwise."""
         if self._control is None:
             return
+        published, published_at = -1, float("-inf")
         while True:
-            try:
-                await self.publish()
-            except Exception:  # noqa: BLE001 - the next publish retries; serving goes on
-                log.warning("traffic publish to edge-control failed", exc_info=True)
+            recorded = self.recent.recorded
+            if recorded != published or time.monotonic() - published_at >= IDLE_PUBLISH_INTERVAL_S:
+                try:
+                    await self.publish()
+                    published, published_at = recorded, time.monotonic()
+                except Exception:  # noqa: BLE001 - the next publish retries; serving goes on
+                    log.warning("traffic publish to edge-control failed", exc_info=True)
             await asyncio.sleep(PUBLISH_INTERVAL_S)
 
     async def snapshots(self) -> list[dict[str, Any]]:

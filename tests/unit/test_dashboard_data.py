@@ -266,3 +266,46 @@ def test_router_replicas_share_their_traffic_through_edge_control():
     # A replica that stops publishing drops out after a while.
     clock.now += 60
     assert asyncio.run(control.control.traffic()) == {}
+
+
+def test_a_replica_publishes_its_traffic_when_it_has_new_requests_and_now_and_then_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    import asyncio
+
+    from deployments.serving import dashboard
+    from deployments.serving.dashboard import TrafficShare
+
+    monkeypatch.setattr(dashboard, "PUBLISH_INTERVAL_S", 0.001)
+    monkeypatch.setattr(dashboard, "IDLE_PUBLISH_INTERVAL_S", 3600.0)
+    published: list[int] = []
+
+    class CountingControl:
+        def __init__(self) -> None:
+            self.report_traffic = _Remote(self._report)
+
+        async def _report(self, replica_id: str, snapshot: dict[str, Any]) -> None:
+            published.append(sum(cell[3]["requests"] for cell in snapshot["cells"]))
+
+    share = TrafficShare(RecentTraffic(), CountingControl(), "r0")
+
+    async def until(count: int) -> None:
+        async with asyncio.timeout(5):
+            while len(published) < count:
+                await asyncio.sleep(0.001)
+
+    async def run() -> None:
+        publishing = asyncio.get_running_loop().create_task(share.publish_forever())
+        await until(1)
+        await asyncio.sleep(0.05)  # fifty turns of its loop
+        assert published == [0]  # at once, then nothing new to say
+        share.recent.record(outcome())
+        await until(2)
+        await asyncio.sleep(0.05)
+        assert published == [0, 1]  # the new request, once
+        monkeypatch.setattr(dashboard, "IDLE_PUBLISH_INTERVAL_S", 0.01)
+        await until(3)
+        assert published[2] == 1  # still there, now and then
+        publishing.cancel()
+
+    asyncio.run(run())

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from deployments.edge_control import EdgeControl, PollPacer, ServeView, apply_snapshot
+from deployments.edge_control import EdgeControl, ServeView, apply_snapshot
+from deployments.pacing import PollPacer
 from deployments.ray_ext.serve_details import DeploymentReplicas
 from edge_sim.clock import ManualClock
 from edge_sim.config import EdgeConfig

@@ -26,6 +26,7 @@ from deployments.errors import (
     WaitBudgetExceededError,
 )
 from deployments.observability import RequestTelemetry
+from deployments.pacing import PollPacer
 from deployments.servers.base import Reply
 from edge_sim.config import EdgeConfig
 from edge_sim.geo import CountryCentroids
@@ -619,3 +620,45 @@ def test_demand_is_counted_by_the_entry_colo_s_region_and_survives_a_failed_sync
     assert demand == {(MODEL, "ap"): 3, (MODEL, "eu"): 1}  # none lost to the failed sync
     served = [o.region for outcomes, _ in control.synced for o in outcomes if o.kind == "ok"]
     assert served == ["eu"] * 4
+
+
+class IdlePacer(PollPacer):
+    """The pools' sync pace, reduced to its two states: `fast_s` after a sync with something to
+    hand over or a changed snapshot, an hour after one without (only a request can end that
+    wait); records each wait."""
+
+    def __init__(self) -> None:
+        super().__init__(fast_s=0.001, idle_s=3600.0)
+        self.waits: list[float] = []
+
+    def after_read(self, busy: bool) -> float:
+        self.interval_s = self.fast_s if busy else self.idle_s
+        self.waits.append(self.interval_s)
+        return self.interval_s
+
+
+def test_an_idle_router_syncs_rarely_and_its_next_request_syncs_at_once() -> None:
+    running = {"eu": 1, "us": 0, "ap": 0}
+    control = RecordingControl(
+        BoardSnapshot({MODEL: {r: PoolView(running=n + 1) for r, n in running.items()}}, {})
+    )  # not the rig's snapshot: the first sync changes the pools
+    rig = Rig(running, control=control)
+    pacer = rig.pools.sync_pacer = IdlePacer()
+
+    async def until(condition: Callable[[], bool]) -> None:
+        async with asyncio.timeout(5):
+            while not condition():
+                await asyncio.sleep(0.001)
+
+    async def go() -> None:
+        await rig.pools.ready()  # starts syncing
+        await until(lambda: len(pacer.waits) == 2)
+        await asyncio.sleep(0.05)
+        assert pacer.waits == [0.001, 3600.0]  # the pools changed: fast; then nothing new: idle
+        assert len(control.synced) == 2  # and no sync while all is still
+        await rig.send(FRANKFURT)  # its demand ends the idle wait
+        await until(lambda: len(control.synced) == 3)
+
+    asyncio.run(go())
+    assert rig.pools.snapshot == control.snapshot
+    assert control.synced[2][1] == {(MODEL, "eu"): 1}  # the request's demand, at once
