@@ -19,6 +19,9 @@ from edge_sim.regions import PoolView, RegionPolicy
 log = logging.getLogger("ray.serve")
 SYNC_INTERVAL_S = 0.5  # while this replica serves requests or the pools change
 IDLE_SYNC_INTERVAL_S = 4.0  # the slowest, reached by doubling while all is still
+# A request that ends an idle wait has its sync this much later, not in the milliseconds that
+# decide its first byte (both are CPU in this replica's process).
+WOKEN_SYNC_DELAY_S = 0.05
 FIRST_SYNC_TIMEOUT_S = 3.0
 
 
@@ -185,7 +188,7 @@ class RegionPools:
     async def _sync_forever(self) -> None:
         """Sync every 0.5 s while requests come or the pools change, doubling the wait up to 4 s
         while all is still (each sync costs this replica and edge-control a Serve call); the
-        next request ends an idle wait at once."""
+        next request ends an idle wait (WOKEN_SYNC_DELAY_S after it)."""
         while True:
             self._sync_now.clear()  # a request from here on makes the next sync come at once
             busy = False
@@ -196,6 +199,7 @@ class RegionPools:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.sync_pacer.after_read(busy)):
                     await self._sync_now.wait()
+                await asyncio.sleep(WOKEN_SYNC_DELAY_S)  # woken by a request
 
     def _wake_syncer(self) -> None:
         if self.sync_pacer.idle:
