@@ -154,7 +154,9 @@ async def openai_chunks(
         )
         yield event([choice])
     if chat.include_usage and last is not None:
-        yield event([], Usage.from_counts(last.prompt_tokens, last.completion_tokens))
+        yield event(
+            [], Usage.from_counts(last.prompt_tokens, last.completion_tokens, last.cached_tokens)
+        )
 
 
 async def _opened_streams(
@@ -207,6 +209,7 @@ def legacy_completion(body: CompletionRequest, chats: list[ChatCompletion]) -> C
         usage=Usage.from_counts(
             sum(chat.usage.prompt_tokens for chat in chats),
             sum(chat.usage.completion_tokens for chat in chats),
+            sum(chat.usage.cached_tokens for chat in chats),
         ),
     )
 
@@ -224,7 +227,7 @@ async def completion_chunks(
     side), indexed as a whole answer is: with `echo`, each choice's prompt first (with its
     tokens' logprobs when asked); then the text; then the usage if the client asked for it."""
     cmpl_id, created = completion_id(), created_timestamp()
-    prompt_tokens = completion_tokens = 0
+    prompt_tokens = completion_tokens = cached_tokens = 0
 
     def event(choices: list[CompletionChoice], usage: Usage | None = None) -> str:
         return Completion(
@@ -261,7 +264,8 @@ async def completion_chunks(
         if last is not None:
             prompt_tokens += last.prompt_tokens
             completion_tokens += last.completion_tokens
+            cached_tokens += last.cached_tokens
     if len(streams) > 1:  # each stream told the telemetry its own usage
         telemetry.usage(input_tokens=prompt_tokens, output_tokens=completion_tokens)
     if body.stream_options is not None and body.stream_options.include_usage:
-        yield event([], Usage.from_counts(prompt_tokens, completion_tokens))
+        yield event([], Usage.from_counts(prompt_tokens, completion_tokens, cached_tokens))

@@ -193,18 +193,37 @@ class ResponseModel(BaseModel):
         return data
 
 
+class PromptTokensDetails(ResponseModel):
+    cached_tokens: int = Field(ge=0)  # of prompt_tokens, read from the replica's prefix cache
+
+
 class Usage(ResponseModel):
+    omitted_when_none = frozenset({"prompt_tokens_details"})
+
     prompt_tokens: int = Field(ge=0)
     completion_tokens: int = Field(ge=0)
     total_tokens: int = Field(ge=0)
+    prompt_tokens_details: PromptTokensDetails | None = None
 
     @classmethod
-    def from_counts(cls, prompt_tokens: int, completion_tokens: int) -> Usage:
+    def from_counts(
+        cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+    ) -> Usage:
+        """`cached_tokens`: of the prompt's tokens, those a chat model's prefix cache held (OpenAI's
+        and Workers AI's `prompt_tokens_details.cached_tokens`); None leaves the details out."""
         return cls(
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             total_tokens=prompt_tokens + completion_tokens,
+            prompt_tokens_details=None
+            if cached_tokens is None
+            else PromptTokensDetails(cached_tokens=cached_tokens),
         )
+
+    @property
+    def cached_tokens(self) -> int:
+        details = self.prompt_tokens_details
+        return 0 if details is None else details.cached_tokens
 
 
 def make_id(prefix: str, uuid_source: Callable[[], uuid.UUID] = uuid.uuid4) -> str:

@@ -270,6 +270,7 @@ class LLMRuntime:
                     index=index,
                     logprobs=tuple(logprobs[index]) if params.logprobs else None,
                     prompt_logprobs=prompt_logprobs,
+                    cached_tokens=final.cached_tokens,
                 )
             )
         return done
@@ -437,6 +438,7 @@ class LLMRuntime:
         on_cached: dict[tuple[int, int], list[int]] = {}
         for i, hit in hits.items():
             if hit is not None:
+                admitted[i].cached_tokens = hit.length
                 shape = (hit.length, len(admitted[i].prompt) - hit.length)
                 on_cached.setdefault(shape, []).append(i)
         runs = list(on_cached.values()) + [

@@ -56,6 +56,7 @@ class GenerationChunk:
     tool_calls: tuple[ToolCall, ...] = ()
     # with its choice's first chunk, when SamplingParams.prompt_logprobs asked for them
     prompt_logprobs: tuple[PromptTokenLogprob, ...] | None = None
+    cached_tokens: int = 0  # of prompt_tokens, those the prefix cache held (not prefilled)
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class Completion:
     logprobs: tuple[TokenLogprob, ...] | None = None  # None unless asked for
     tool_calls: tuple[ToolCall, ...] = ()
     prompt_logprobs: tuple[PromptTokenLogprob, ...] | None = None  # None unless asked for
+    cached_tokens: int = 0  # of prompt_tokens, those the prefix cache held (not prefilled)
 
 
 def merge_chunks(chunks: Sequence[GenerationChunk]) -> GenerationChunk:

@@ -47,6 +47,7 @@ class SequenceState:
     text: str = ""  # kept only while stop strings need to see it
     emitted_chars: int = 0
     cache: KVCache | None = None
+    cached_tokens: int = 0  # the prompt's first tokens, read from the prefix cache
     timings: InferenceTimings = field(default_factory=InferenceTimings)
     finished: bool = False
     cancelled: bool = False
@@ -92,6 +93,7 @@ class SequenceState:
             len(self.generated),
             index=self.index,
             logprobs=() if sampled.logprob is None else self._logprobs(sampled),
+            cached_tokens=self.cached_tokens,
         )
 
     def _until_stop(

@@ -83,7 +83,14 @@ def releasable_length(text: str, window_chars: int) -> int:
 def _filtered(last: GenerationChunk) -> GenerationChunk:
     # GenerationChunk's FinishReason names only the runtime's reasons; the gate adds its own.
     reason: Any = CONTENT_FILTER
-    return GenerationChunk("", reason, last.prompt_tokens, last.completion_tokens, index=last.index)
+    return GenerationChunk(
+        "",
+        reason,
+        last.prompt_tokens,
+        last.completion_tokens,
+        index=last.index,
+        cached_tokens=last.cached_tokens,
+    )
 
 
 class ModerationGate:

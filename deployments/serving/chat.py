@@ -61,7 +61,9 @@ def chat_completion(model: str, choices: list[Completion]) -> ChatCompletion:
         model=model,
         choices=[chat_choice(done) for done in choices],
         usage=Usage.from_counts(
-            choices[0].prompt_tokens, sum(c.completion_tokens for c in choices)
+            choices[0].prompt_tokens,
+            sum(c.completion_tokens for c in choices),
+            choices[0].cached_tokens,
         ),
         prompt_logprobs=None
         if prompt_logprobs is None

@@ -14,6 +14,7 @@ from deployments.protocol import (
     WORKERS_INPUT_BY_TASK,
     ChatCompletionRequest,
     OpenAIRequest,
+    Usage,
     WorkersChatResult,
     rejects_if_busy,
     request_error_from_validation,
@@ -97,7 +98,9 @@ class WorkersRun:
             message = completion.choices[0].message
             calls = [WorkersToolCall.from_openai(c) for c in message.tool_calls or []]
             result = WorkersChatResult(
-                response=message.content or "", usage=usage, tool_calls=calls or None
+                response=message.content or "",
+                usage=Usage.from_counts(*tokens),  # the classic record's three counts
+                tool_calls=calls or None,
             )
             return WorkersAnswer(result, answer.headers, *tokens)
         if model.task == "embedding":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 
 import pytest
@@ -36,7 +37,9 @@ def test_seeded_sampling_is_reproducible(runtime):
     first = run(runtime.complete(HELLO, params))
     again = run(runtime.complete(HELLO, params))
     other = [run(runtime.complete(HELLO, SamplingParams(max_tokens=24, seed=s))) for s in (1, 2, 3)]
-    assert first == again
+    uncached = dataclasses.replace(again, cached_tokens=first.cached_tokens)
+    assert first == uncached
+    assert again.cached_tokens == again.prompt_tokens - 1  # all but the last read from the cache
     assert len({c.text for c in other}) > 1  # different seeds explore different continuations
 
 

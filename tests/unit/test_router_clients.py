@@ -230,7 +230,12 @@ def test_a_prompt_list_answers_each_prompt_n_times_indexed_as_openai():
         4: "re: three more words",
         5: "re: three more words",
     }
-    assert answer["usage"] == {"prompt_tokens": 6, "completion_tokens": 12, "total_tokens": 18}
+    assert answer["usage"] == {
+        "prompt_tokens": 6,
+        "completion_tokens": 12,
+        "total_tokens": 18,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     assert [call[0][-1]["content"] for call in glm.complete.calls] == body["prompt"]
     events = [json.loads(e) for e in sse_data(streamed)[:-1]]
     assert {e["choices"][0]["index"]: e["choices"][0]["text"] for e in events} == texts

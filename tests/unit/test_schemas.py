@@ -432,3 +432,42 @@ def test_a_failing_workers_stream_ends_with_a_valid_envelope_event():
     with client_for(glm=FakeChatHandle(stream_fails_after=1)) as client:
         events = streamed(client, "/ai/run/glm", {"prompt": "hi", "stream": True})
     assert_valid(FAILURE, events[-1], "the error event")
+
+
+# ---- prompt caching: the cached share of the prompt, where each contract has it ---------------
+
+CACHED = [Completion("hello", "stop", 40, 2, cached_tokens=32)]
+CACHED_CHUNKS = [
+    GenerationChunk("hel", None, 40, 1, cached_tokens=32),
+    GenerationChunk("lo", "stop", 40, 2, cached_tokens=32),
+]
+
+
+def test_the_prompt_tokens_a_replica_had_cached_are_in_every_usage_that_has_them():
+    """OpenAI's `usage.prompt_tokens_details.cached_tokens` (answers and a stream's usage
+    event), Workers AI's under the chat record's name; the classic text-generation record has
+    no such field and gets none."""
+    with client_for(kimi=ScriptedChatHandle(CACHED, CACHED_CHUNKS)) as client:
+        answer = post(client, "/v1/chat/completions", {"model": "kimi", "messages": HI}).json()
+        chunks = streamed(
+            client,
+            "/v1/chat/completions",
+            {
+                "model": "kimi",
+                "messages": HI,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+        )
+        legacy = post(client, "/v1/completions", {"model": "kimi", "prompt": "hi"}).json()
+        workers = post(client, f"/ai/run/{KIMI}", {"messages": HI}).json()["result"]
+        classic = post(client, "/ai/run/kimi", {"messages": HI}).json()["result"]
+    assert_valid(CHAT, answer, "a chat completion")
+    assert answer["usage"]["prompt_tokens_details"] == {"cached_tokens": 32}
+    assert_valid(CHUNK, chunks[-1], "the usage event")
+    assert chunks[-1]["usage"]["prompt_tokens_details"] == {"cached_tokens": 32}
+    assert_valid(COMPLETION, legacy, "a legacy completion")
+    assert legacy["usage"]["prompt_tokens_details"] == {"cached_tokens": 32}
+    assert_valid(catalogue_output_validator(KIMI), workers, "Workers AI's Kimi answer")
+    assert workers["usage"]["prompt_tokens_details"] == {"cached_tokens": 32}
+    assert classic["usage"] == {"prompt_tokens": 40, "completion_tokens": 2, "total_tokens": 42}
