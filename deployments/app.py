@@ -20,6 +20,7 @@ from deployments.observability.environment import resolve_tracing_config
 from deployments.runtime.session_config import SessionConfig
 from deployments.servers.batched import EmbeddingServer, ModerationServer
 from deployments.servers.chat import ChatServer
+from deployments.servers.session_router import SessionAffinityRouter
 from deployments.warm_pool import WarmPool, warm_runtime_env
 from edge_sim.regions import deployment_name, region_resource
 
@@ -109,6 +110,13 @@ def build_app(args: dict[str, Any]) -> Application:
             deployment = as_deployment(SERVER_BY_TASK[model.task]).options(
                 name=deployment_name(name, region), ray_actor_options=actor_options
             )
+            if model.task == "chat":  # a session's requests to one replica: its prefix cache
+                deployment = deployment.options(
+                    request_router_config={
+                        "request_router_class": f"{SessionAffinityRouter.__module__}."
+                        f"{SessionAffinityRouter.__qualname__}"
+                    }
+                )
             servers[name][region] = deployment.bind(
                 str(path),
                 session,

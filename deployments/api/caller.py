@@ -12,7 +12,7 @@ from deployments.cache import wants_bypass
 from deployments.edge.waiting import WaitLimits
 from deployments.observability import RequestTelemetry, request_telemetry
 from deployments.security import KeyStore
-from deployments.serving.context import RequestContext
+from deployments.serving.context import RequestContext, session_of
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ def caller_of(keys: KeyStore) -> Callable[[Request], Awaitable[Caller]]:
             location_headers=RequestContext.location_of(request.headers),
             cache_bypass=wants_bypass(request.headers),
             wait_limits=WaitLimits.from_headers(request.headers),
+            session=session_of(request.headers),
         )
         return Caller(context, telemetry)
 

@@ -32,16 +32,20 @@ class CallResult:
 class HandleCall:
     """`handle.<method>.remote(*args)` on a model deployment's handle, as a value: built by a
     service, run by the dispatcher on one region's handle (and again on the next region's if that
-    one fails). A `stream` call runs on the handle's streaming form."""
+    one fails). A `stream` call runs on the handle's streaming form; a call with a `session`
+    goes to that session's replica of the pool (deployments.servers.session_router)."""
 
     method: str
     args: tuple[Any, ...] = ()
     stream: bool = False
+    session: str = ""
 
     async def run(self, handle: Handle) -> CallResult:
         """Call the method and await its reply; a stream is opened and its first reply awaited,
         the proof that the region answers (until then the edge may still fail over)."""
         try:
+            if self.session:
+                handle = handle.options(session_id=self.session)  # shares the handle's router
             response = getattr(handle, self.method).remote(*self.args)
             if not self.stream:
                 return CallResult(await response)

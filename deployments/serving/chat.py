@@ -102,7 +102,9 @@ class ChatService(ModelService):
         )
         model, messages, params, quota, fallback = admitted
         features = chat_features(chat)
-        call = HandleCall("complete_choices", (messages, params, ctx.traceparent, features))
+        call = HandleCall(
+            "complete_choices", (messages, params, ctx.traceparent, features), session=ctx.session
+        )
         used_tokens = 0
         try:
             cacheable = use_cache and is_deterministic(chat) and not fallback
@@ -154,7 +156,12 @@ class ChatService(ModelService):
         )
         model, messages, params, quota, _ = admitted
         features = chat_features(chat)
-        call = HandleCall("stream", (messages, params, ctx.traceparent, features), stream=True)
+        call = HandleCall(
+            "stream",
+            (messages, params, ctx.traceparent, features),
+            stream=True,
+            session=ctx.session,
+        )
         try:
             opened, trace = await self._checked_dispatch(
                 model, messages, ctx, telemetry, call, notice

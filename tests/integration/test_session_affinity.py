@@ -1,0 +1,64 @@
+"""Session affinity inside real Serve, on the session's cluster: a deployment routed by
+`SessionAffinityRouter` (what every chat pool uses) sends each session's calls to one replica and
+spreads calls without a session over all of them. A small app of its own (three replicas that
+name themselves), deleted afterwards. The header and the ranking:
+tests/unit/test_session_router.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import REPO
+
+CHECK = """
+import json, os
+os.environ["RAY_AUTH_MODE"] = "token"
+import ray
+from ray import serve
+from deployments.servers.session_router import SessionAffinityRouter
+
+ray.init(address="auto", logging_level="ERROR")
+ROUTER = f"{SessionAffinityRouter.__module__}.{SessionAffinityRouter.__qualname__}"
+
+
+@serve.deployment(
+    num_replicas=3,
+    ray_actor_options={"num_cpus": 0.01},
+    request_router_config={"request_router_class": ROUTER},
+)
+class Who:
+    def __call__(self) -> str:
+        return serve.get_replica_context().replica_id.unique_id
+
+
+handle = serve.run(Who.bind(), name="session-affinity-check", route_prefix=None)
+try:
+    sessions = {}
+    for i in range(12):
+        pinned = handle.options(session_id=f"ses_{i}")
+        sessions[f"ses_{i}"] = sorted({pinned.remote().result() for _ in range(6)})
+    anonymous = sorted({handle.remote().result() for _ in range(40)})
+finally:
+    serve.delete("session-affinity-check")
+print(json.dumps({"sessions": sessions, "anonymous": anonymous}))
+"""
+
+
+def test_a_session_s_calls_go_to_one_replica_and_calls_without_one_spread(serve_cluster):
+    done = subprocess.run(
+        [sys.executable, "-c", CHECK],
+        env=serve_cluster.env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert all(len(replicas) == 1 for replicas in seen["sessions"].values()), seen
+    owners = {replicas[0] for replicas in seen["sessions"].values()}
+    assert len(owners) >= 2, seen  # twelve sessions do not all hash to one of three replicas
+    assert len(seen["anonymous"]) == 3, seen  # forty calls without a session reach all three
