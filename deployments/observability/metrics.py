@@ -143,6 +143,10 @@ MODEL_METRICS: Mapping[str, MetricSpec] = {
               "In the replica: arrival to first batch", ("model",), QUEUE_WAIT_S_BUCKETS),
         _spec("histogram", PREFIX + "model_batch_size", "Largest batch a request ran in",
               ("model",), BATCH_SIZE_BUCKETS),
+        _spec("counter", PREFIX + "model_input_tokens_total", "Input tokens the replica took in",
+              ("model",)),
+        _spec("counter", PREFIX + "model_cached_input_tokens_total",
+              "Of those, read from the replica's prefix cache (chat)", ("model",)),
         _spec("histogram", GEN_AI_PREFIX + "server_time_per_output_token_seconds",
               "gen_ai.server.time_per_output_token: decode time per token after the first",
               _GEN_AI, GEN_AI_TPOT_S_BUCKETS),
@@ -327,5 +331,17 @@ class ModelMetrics:
                 tpot_s, dict(self._gen_ai_tags)
             )
 
+    def input_tokens(self, taken: int, cached: int = 0) -> None:
+        """A call's input tokens, and how many of them the prefix cache held."""
+        for name, count in (
+            ("edge_model_input_tokens_total", taken),
+            ("edge_model_cached_input_tokens_total", cached),
+        ):
+            if count:  # Ray's counters refuse increments <= 0
+                self._counter(name).inc(count, dict(self._tags))
+
     def _histogram(self, name: str) -> Histogram:
+        return self._metrics[name]  # type: ignore[return-value]
+
+    def _counter(self, name: str) -> Counter:
         return self._metrics[name]  # type: ignore[return-value]

@@ -48,12 +48,17 @@ class ModelCall:
         output_tokens: int | None = None,
         finish_reason: str | None = None,
         embedding_dimensions: int | None = None,
+        cached_input_tokens: int = 0,
     ) -> None:
+        """Once per call (a stream's: with its finishing chunk); `cached_input_tokens`: of the
+        input tokens, those the prefix cache held."""
         if finish_reason is not None:
             self._finish_reasons.append(finish_reason)
         self.span.set_attributes(
             usage_attributes(input_tokens=input_tokens, output_tokens=output_tokens)
         )
+        if self._metrics is not None and input_tokens:
+            self._metrics.input_tokens(input_tokens, cached_input_tokens)
         if embedding_dimensions is not None:
             self.span.set_attribute(GEN_AI_EMBEDDINGS_DIMENSION_COUNT, embedding_dimensions)
 

@@ -96,6 +96,7 @@ class ChatServer(ModelServer[LLMRuntime]):
                 input_tokens=choices[0].prompt_tokens,
                 output_tokens=sum(c.completion_tokens for c in choices),
                 finish_reason=choices[0].finish_reason,
+                cached_input_tokens=choices[0].cached_tokens,
             )
         return self.reply(choices)
 
@@ -126,6 +127,7 @@ class ChatServer(ModelServer[LLMRuntime]):
                         input_tokens=chunk.prompt_tokens,
                         output_tokens=chunk.completion_tokens,
                         finish_reason=chunk.finish_reason,
+                        cached_input_tokens=chunk.cached_tokens,
                     )
                 yield self.reply(chunk)
 

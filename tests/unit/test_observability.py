@@ -193,7 +193,9 @@ def test_router_and_model_span_share_one_trace_with_genai_and_edge_attributes(tr
             for _ in range(4):
                 clock.advance(0.010)
                 call.timings.decoded(0.010, batch_size=5)
-            call.usage(input_tokens=11, output_tokens=5, finish_reason="length")
+            call.usage(
+                input_tokens=11, output_tokens=5, finish_reason="length", cached_input_tokens=8
+            )
 
     in_fresh_context(replica)
     telemetry.routed(FakeRoute(), FakeClient())
@@ -248,6 +250,8 @@ def test_router_and_model_span_share_one_trace_with_genai_and_edge_attributes(tr
         pytest.approx(0.030)
     ]
     assert model_metrics.values("edge_model_batch_size", model="glm") == [5]
+    assert model_metrics.values("edge_model_input_tokens_total", model="glm") == [11]
+    assert model_metrics.values("edge_model_cached_input_tokens_total", model="glm") == [8]
     tpot = model_metrics.values(
         "gen_ai_server_time_per_output_token_seconds",
         gen_ai_operation_name="chat",
