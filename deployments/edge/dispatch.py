@@ -306,6 +306,7 @@ class EdgeDispatcher:
                 lost = True
                 end_now(scope)
             else:
+                self.pools.keep_fresh()  # the next look sees a loss within a sync or so
                 check = self.clock.call_later(LOST_CHECK_S, partial(look, scope))
 
         try:

@@ -186,11 +186,12 @@ class RegionPools:
         return bool(outcomes or demand) or changed
 
     async def _sync_forever(self) -> None:
-        """Sync every 0.5 s while requests come or the pools change, doubling the wait up to 4 s
-        while all is still (each sync costs this replica and edge-control a Serve call); the
-        next request ends an idle wait (WOKEN_SYNC_DELAY_S after it)."""
+        """Sync every 0.5 s while requests come or wait on a region, or the pools change;
+        doubling the wait up to 4 s while all is still (each sync costs this replica and
+        edge-control a Serve call). The next request ends an idle wait (WOKEN_SYNC_DELAY_S after
+        it)."""
         while True:
-            self._sync_now.clear()  # a request from here on makes the next sync come at once
+            self._sync_now.clear()  # a request from here on ends the wait for the next sync
             busy = False
             try:
                 busy = await self.sync()
@@ -200,6 +201,10 @@ class RegionPools:
                 async with asyncio.timeout(self.sync_pacer.after_read(busy)):
                     await self._sync_now.wait()
                 await asyncio.sleep(WOKEN_SYNC_DELAY_S)  # woken by a request
+
+    def keep_fresh(self) -> None:
+        """An attempt is waiting on a region (whose loss it must see): sync at the fast pace."""
+        self._wake_syncer()
 
     def _wake_syncer(self) -> None:
         if self.sync_pacer.idle:

@@ -662,3 +662,33 @@ def test_an_idle_router_syncs_rarely_and_its_next_request_syncs_at_once() -> Non
     asyncio.run(go())
     assert rig.pools.snapshot == control.snapshot
     assert control.synced[2][1] == {(MODEL, "eu"): 1}  # the request's demand, at once
+
+
+def test_an_attempt_waiting_on_a_region_keeps_the_syncs_coming() -> None:
+    """So that a region lost meanwhile (a killed node: Serve holds the call) is seen within a
+    sync or so, not after an idle router's longest wait."""
+    running = {"eu": 1, "us": 1, "ap": 1}
+    control = RecordingControl(
+        BoardSnapshot({MODEL: {r: PoolView(running=n) for r, n in running.items()}}, {})
+    )
+    rig = Rig(running, control=control, deadline_s=60.0)
+    pacer = rig.pools.sync_pacer = IdlePacer()
+    rig.handles["ap"].behaviour = _hang
+
+    async def until(condition: Callable[[], bool]) -> None:
+        async with asyncio.timeout(5):
+            while not condition():
+                await asyncio.sleep(0.001)
+
+    async def go() -> None:
+        sending = asyncio.ensure_future(rig.send(TOKYO))
+        await until(lambda: bool(rig.handles["ap"].calls))
+        await until(lambda: pacer.waits[-1:] == [3600.0])  # demand handed over; then idle
+        for _ in range(3):
+            synced = len(control.synced)
+            rig.clock.advance(LOST_CHECK_S)  # a look at ap, still there
+            await until(lambda: len(control.synced) > synced)  # noqa: B023 - awaited here
+            await until(lambda: pacer.waits[-1:] == [3600.0])
+        sending.cancel()
+
+    asyncio.run(go())
