@@ -39,7 +39,15 @@ def loaded_after(module: str) -> set[str]:
 
 
 @pytest.mark.parametrize(
-    "module", ["deployments.config", "deployments.api", "deployments.api.app", "deployments.router"]
+    "module",
+    [
+        "deployments.config",
+        "deployments.api",
+        "deployments.api.app",
+        "deployments.router",
+        # Serve loads a chat pool's request router in the process of every handle to it
+        "deployments.servers.session_router",
+    ],
 )
 def test_the_router_import_path_loads_no_engine(module: str) -> None:
     loaded = loaded_after(module)
