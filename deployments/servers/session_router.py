@@ -45,10 +45,11 @@ class SessionAffinityRouter(LocalityMixin, RequestRouter):
         candidate_replicas: list[RunningReplica],
         pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
-        session = pending_request.metadata.session_id if pending_request is not None else ""
-        if session:
-            ranked = session_rank(session, candidate_replicas)[: 1 + FALLBACK_REPLICAS]
-            return [[replica] for replica in ranked]
+        if pending_request is not None and pending_request.metadata.session_id:
+            # All of them full: Serve's loop waits (backs off) before asking again, not at once.
+            pending_request.routing_context.should_backoff = True
+            ranked = session_rank(pending_request.metadata.session_id, candidate_replicas)
+            return [[replica] for replica in ranked[: 1 + FALLBACK_REPLICAS]]
         # As Serve's default: this node's replicas first (LocalityMixin), then two at random, the
         # less busy of which serves.
         nearby = self.apply_locality_routing(pending_request)

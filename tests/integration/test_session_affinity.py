@@ -13,7 +13,7 @@ import sys
 from conftest import REPO
 
 CHECK = """
-import json, os
+import asyncio, json, os
 os.environ["RAY_AUTH_MODE"] = "token"
 import ray
 from ray import serve
@@ -25,11 +25,13 @@ ROUTER = f"{SessionAffinityRouter.__module__}.{SessionAffinityRouter.__qualname_
 
 @serve.deployment(
     num_replicas=3,
+    max_ongoing_requests=1,
     ray_actor_options={"num_cpus": 0.01},
     request_router_config={"request_router_class": ROUTER},
 )
 class Who:
-    def __call__(self) -> str:
+    async def __call__(self, hold_s: float = 0.0) -> str:
+        await asyncio.sleep(hold_s)
         return serve.get_replica_context().replica_id.unique_id
 
 
@@ -40,13 +42,19 @@ try:
         pinned = handle.options(session_id=f"ses_{i}")
         sessions[f"ses_{i}"] = sorted({pinned.remote().result() for _ in range(6)})
     anonymous = sorted({handle.remote().result() for _ in range(40)})
+    # Five at once of one session, each holding its replica 0.5 s: its own replica and its next
+    # two take three; the other two wait for one of them (backing off), none is lost.
+    pinned = handle.options(session_id="ses_busy")
+    held = [pinned.remote(0.5) for _ in range(5)]
+    busy = sorted({response.result(timeout_s=60) for response in held})
 finally:
     serve.delete("session-affinity-check")
-print(json.dumps({"sessions": sessions, "anonymous": anonymous}))
+print(json.dumps({"sessions": sessions, "anonymous": anonymous, "busy": busy}))
 """
 
 
 def test_a_session_s_calls_go_to_one_replica_and_calls_without_one_spread(serve_cluster):
+    """And a session whose replica is full (max_ongoing_requests) goes to its next ones."""
     done = subprocess.run(
         [sys.executable, "-c", CHECK],
         env=serve_cluster.env,
@@ -62,3 +70,4 @@ def test_a_session_s_calls_go_to_one_replica_and_calls_without_one_spread(serve_
     owners = {replicas[0] for replicas in seen["sessions"].values()}
     assert len(owners) >= 2, seen  # twelve sessions do not all hash to one of three replicas
     assert len(seen["anonymous"]) == 3, seen  # forty calls without a session reach all three
+    assert len(seen["busy"]) == 3, seen  # a full replica passed its session's requests on

@@ -7,13 +7,18 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from deployments.edge.calls import HandleCall
 from deployments.errors import BadHeaderValueError
-from deployments.servers.session_router import session_rank
+from deployments.servers.session_router import (
+    FALLBACK_REPLICAS,
+    SessionAffinityRouter,
+    session_rank,
+)
 from deployments.serving.context import MAX_SESSION_CHARS, SESSION_HEADER, session_of
 
 
@@ -116,3 +121,18 @@ def test_a_bad_session_header_is_a_400_in_the_api_s_error_shape_and_a_good_one_i
     error = bad.json()["error"]
     assert (error["type"], error["param"]) == ("invalid_request_error", SESSION_HEADER)
     assert good.status_code == 200, good.text
+
+
+def test_a_session_s_replicas_are_offered_in_its_order_and_serve_backs_off_when_all_are_full():
+    """What the router hands Serve's routing loop for a request of a session: its own replica,
+    then its next ones, one at a time; and backing off before the next round (Serve's loop
+    asks again at once otherwise). Only `choose_replicas`, which reads nothing else."""
+    router = object.__new__(SessionAffinityRouter)
+    pool = replicas("a", "b", "c", "d", "e")
+    request = SimpleNamespace(
+        metadata=SimpleNamespace(session_id="ses_1"),
+        routing_context=SimpleNamespace(should_backoff=False),
+    )
+    ranks = asyncio.run(router.choose_replicas(pool, request))  # type: ignore[arg-type]
+    assert ranks == [[replica] for replica in session_rank("ses_1", pool)[: 1 + FALLBACK_REPLICAS]]
+    assert request.routing_context.should_backoff
