@@ -12,10 +12,11 @@ How it works (Ray 2.60, measured: docs/operating.md, "Cold starts"):
   such worker runs before it takes work: Ray Serve's replica machinery, ONNX Runtime, tokenizers
   and our model servers are imported while the worker idles, not while a request waits.
 - `WarmPool`, a tiny Serve deployment, tops each node up to `workers_per_node` such workers every
-  `check_interval_s`, and at once when `top_up()` is called (the router does after each cold
-  start, whose replica took a worker). A worker taken is replaced only `refill_delay_s` later:
-  its replacement's start-up (a process and its imports, about a second of CPU) would otherwise
-  compete with the new replica's first requests.
+  `check_interval_s` while a pool fills, refills or the nodes change, less often (doubling up to
+  `idle_check_interval_s`) while every pool stays full, and at once when `top_up()` is called
+  (the router does after each cold start, whose replica took a worker). A worker taken is
+  replaced only `refill_delay_s` later: its replacement's start-up (a process and its imports,
+  about a second of CPU) would otherwise compete with the new replica's first requests.
 - After importing, the hook freezes those objects out of the garbage collector (`gc.freeze`):
   the full `gc.collect()` Ray Serve runs once a replica is constructed then skips them.
 
@@ -37,8 +38,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from deployments.pacing import PollPacer
 from deployments.ray_ext.raylet import RayletClient, missing_rpcs
 from deployments.ray_ext.worker_setup import SERVE_REPLICA_MODULE, setup_hook_env_var
 
@@ -98,6 +100,15 @@ class WarmPoolConfig(BaseModel):
     check_interval_s: float = Field(
         default=2.0, gt=0, le=60, description="one GetNodeStats per node and round"
     )
+    # Each round asks every raylet for its workers' stats, which each worker answers: at rest the
+    # rounds were a third of the pool's share of the idle platform's CPU.
+    idle_check_interval_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=600,
+        description="the longest wait between rounds while every node's pool stays full "
+        "(a replica started by Serve's autoscaler takes a worker the pool sees by then)",
+    )
     # A preloaded worker appears 2-4 s after it is asked for on a quiet 2-core machine, but the
     # raylet drops some asks unanswered (seen after cold starts: the pool sat one worker short
     # until it asked again), and a cold start that finds no idle worker takes 3.5-4 s instead
@@ -113,6 +124,15 @@ class WarmPoolConfig(BaseModel):
         description="a worker taken by a replica is replaced this long after, off the new "
         "replica's first requests",
     )
+
+    @model_validator(mode="after")
+    def _idle_rounds_are_not_faster(self) -> WarmPoolConfig:
+        if self.idle_check_interval_s < self.check_interval_s:
+            raise ValueError(
+                f"idle_check_interval_s ({self.idle_check_interval_s}) must be at least "
+                f"check_interval_s ({self.check_interval_s})"
+            )
+        return self
 
 
 @dataclass(frozen=True)
@@ -165,6 +185,10 @@ class NodePool:
     def starting(self) -> int:
         return len(self._asked_at)
 
+    def full(self, now: float) -> bool:
+        """The target reached, with no worker asked for and no replacement waiting."""
+        return not self._asked_at and len(self.ours) >= self.target and now >= self._refill_at
+
 
 class PoolKeeper:
     """Tops every node with CPUs up to `workers_per_node` warm workers, one round per call."""
@@ -184,11 +208,21 @@ class PoolKeeper:
         self._clock = clock
         self._clients: dict[str, RayletClient] = {}
         self._pools: dict[str, NodePool] = {}
+        self._pacer = PollPacer(config.check_interval_s, config.idle_check_interval_s)
+
+    @property
+    def wait_s(self) -> float:
+        """How long to wait before the next round."""
+        return self._pacer.interval_s
 
     def top_up(self) -> dict[str, int]:
-        """One round over the nodes; returns the workers asked for per node."""
+        """One round over the nodes; returns the workers asked for per node. The next round
+        comes `check_interval_s` later unless every node's pool was full and the nodes were
+        those of the round before, then twice the last wait (up to `idle_check_interval_s`)."""
         asked = {}
-        for node in self._nodes():
+        nodes = self._nodes()
+        busy = {node.node_id for node in nodes} != set(self._pools)
+        for node in nodes:
             client = self._clients.get(node.node_id)
             if client is None:
                 client = self._clients[node.node_id] = self._raylet(node.address)
@@ -200,11 +234,21 @@ class PoolKeeper:
                     self.config.refill_delay_s,
                 ),
             )
-            count = pool.missing(client.fresh_idle_workers(), self._clock())
+            now = self._clock()
+            count = pool.missing(client.fresh_idle_workers(), now)
             if count:
                 client.prestart(count, self.runtime_env, self.config.keep_alive_s)
             asked[node.node_id] = count
+            busy = busy or not pool.full(now)
+        for gone in set(self._pools) - set(asked):
+            del self._pools[gone]
+            self._clients.pop(gone, None)
+        self._pacer.after_read(busy=busy)
         return asked
+
+    def failed(self) -> None:
+        """A round that raised: the next one comes soon."""
+        self._pacer.after_read(busy=True)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -217,8 +261,8 @@ class PoolKeeper:
 
 
 class WarmPool:
-    """The Ray Serve deployment (one replica, no CPU): a `PoolKeeper` round every
-    `check_interval_s` in a thread (its RPCs block), with the runtime_env it runs in itself -
+    """The Ray Serve deployment (one replica, no CPU): `PoolKeeper` rounds in a thread (its RPCs
+    block), with the runtime_env it runs in itself -
     exactly the string the model replicas get, which is what the raylet compares. On a Ray
     without the raylet RPCs it needs, it says so and keeps no workers: replicas start as usual."""
 
@@ -243,8 +287,9 @@ class WarmPool:
                 self.keeper.top_up()
             except Exception:  # noqa: BLE001 - gRPC or GCS hiccup: retried next round
                 self.failed_rounds += 1
+                self.keeper.failed()
                 logger.warning("warm pool: top-up round failed", exc_info=True)
-            self._wake.wait(self.config.check_interval_s)
+            self._wake.wait(self.keeper.wait_s)
             self._wake.clear()
 
     async def top_up(self) -> None:

@@ -133,6 +133,56 @@ def test_a_pool_of_zero_workers_asks_for_none():
     assert log == []
 
 
+def test_a_pool_is_full_once_its_workers_arrived_and_until_one_is_taken():
+    pool = NodePool(target=2, start_grace_s=30, refill_delay_s=3)
+    pool.missing([], now=0.0)
+    assert not pool.full(0.0)  # asked for, starting
+    pool.missing([21, 22], now=5.0)
+    assert pool.full(5.0)
+    pool.missing([22], now=10.0)  # 21 became a replica: its replacement waits
+    assert not pool.full(10.0) and not pool.full(12.0)
+
+
+class PacedRig:
+    """A keeper over nodes and idle workers the test changes between rounds, on a clock that
+    advances by each round's wait."""
+
+    def __init__(self, idle: dict[str, list[int]]):
+        self.idle, self.now, self.asked = idle, 0.0, 0
+        self.keeper = PoolKeeper(
+            WarmPoolConfig(workers_per_node=1, refill_delay_s=0),
+            "{}",
+            raylet=lambda address: FakeRaylet(address, [], self.idle[address]),
+            nodes=lambda: [NodeAddress(f"node-{a}", a) for a in self.idle],
+            clock=lambda: self.now,
+        )
+
+    def round(self) -> float:
+        self.asked += sum(self.keeper.top_up().values())
+        self.now += self.keeper.wait_s
+        return self.keeper.wait_s
+
+
+def test_rounds_slow_down_while_every_pool_stays_full_and_speed_up_when_one_changes():
+    rig = PacedRig({"a:1": []})
+    assert rig.round() == 2.0  # asked for a worker
+    rig.idle["a:1"].append(21)
+    assert [rig.round() for _ in range(6)] == [4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
+    rig.idle["a:1"].clear()  # a replica started by Serve's autoscaler took it
+    assert rig.round() == 2.0 and rig.asked == 2
+    rig.idle["a:1"].append(22)
+    assert rig.round() == 4.0
+    rig.idle["b:2"] = [31]  # a node joined (31 started with it, not ours): it fills fast
+    assert rig.round() == 2.0 and rig.asked == 3
+    rig.idle["b:2"].append(32)  # the worker asked for arrived: every pool full again
+    assert [rig.round() for _ in range(2)] == [4.0, 8.0]
+    del rig.idle["b:2"]  # the node left: forgotten, and the next round comes soon
+    assert rig.round() == 2.0
+    assert list(rig.keeper.describe()["nodes"]) == ["node-a:1"]
+    rig.keeper.failed()
+    assert rig.keeper.wait_s == 2.0
+
+
 def test_the_warm_runtime_env_adds_the_setup_hook_and_keeps_the_apps_variables():
     env = warm_runtime_env({"env_vars": {"A": "1"}, "working_dir": "."})
     assert env == {"env_vars": {"A": "1", SETUP_HOOK_ENV_VAR: SETUP_HOOK}, "working_dir": "."}
@@ -155,7 +205,13 @@ def test_preload_imports_the_modules_and_survives_one_that_fails(
 
 @pytest.mark.parametrize(
     "bad",
-    [{"workers_per_node": -1}, {"keep_alive_s": 1}, {"check_interval_s": 0}, {"size": 2}],
+    [
+        {"workers_per_node": -1},
+        {"keep_alive_s": 1},
+        {"check_interval_s": 0},
+        {"check_interval_s": 10, "idle_check_interval_s": 5},
+        {"size": 2},
+    ],
 )
 def test_the_config_refuses_bad_values(bad: dict[str, Any]):
     with pytest.raises(ValidationError):
