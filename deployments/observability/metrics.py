@@ -188,26 +188,11 @@ def error_type_label(outcome: RequestOutcome, known_errors: Collection[str]) -> 
     return str(outcome.status) if 400 <= outcome.status < 600 else OTHER
 
 
-class RouterMetrics:
-    """The router's metrics per model, colo and region, GenAI metrics per operation and model,
-    and usage per key. Make it inside the replica (Ray's metrics bind to the process that
-    creates them); `served_models` bounds the model label, `prices` turns tokens into cost."""
+class _Instruments:
+    """Typed access to a process's instruments (`_instruments`), by metric name."""
 
-    def __init__(
-        self,
-        backend: MetricsBackend,
-        served_models: Collection[str],
-        prices: Mapping[str, ModelPrice] | None = None,
-    ):
-        self._served = frozenset(served_models)
-        self._prices = dict(prices or {})
-        self._metrics = _instruments(ROUTER_METRICS, backend)
-        self._known_errors = serving_error_names()
-
-    def model_label(self, model: str | None) -> str:
-        if model is None:
-            return NO_MODEL
-        return model if model in self._served else UNKNOWN_MODEL
+    def __init__(self, specs: Mapping[str, MetricSpec], backend: MetricsBackend):
+        self._metrics = _instruments(specs, backend)
 
     def _counter(self, name: str) -> Counter:
         return self._metrics[name]  # type: ignore[return-value]
@@ -221,6 +206,28 @@ class RouterMetrics:
     def _inc(self, name: str, value: float | None, tags: dict[str, str]) -> None:
         if value:  # Ray's counters refuse increments <= 0
             self._counter(name).inc(value, tags)
+
+
+class RouterMetrics(_Instruments):
+    """The router's metrics per model, colo and region, GenAI metrics per operation and model,
+    and usage per key. Make it inside the replica (Ray's metrics bind to the process that
+    creates them); `served_models` bounds the model label, `prices` turns tokens into cost."""
+
+    def __init__(
+        self,
+        backend: MetricsBackend,
+        served_models: Collection[str],
+        prices: Mapping[str, ModelPrice] | None = None,
+    ):
+        super().__init__(ROUTER_METRICS, backend)
+        self._served = frozenset(served_models)
+        self._prices = dict(prices or {})
+        self._known_errors = serving_error_names()
+
+    def model_label(self, model: str | None) -> str:
+        if model is None:
+            return NO_MODEL
+        return model if model in self._served else UNKNOWN_MODEL
 
     def record(self, outcome: RequestOutcome) -> None:
         model = self.model_label(outcome.model)
@@ -309,13 +316,13 @@ class RouterMetrics:
                 usage.observe(count, {**tags, "gen_ai_token_type": token_type})
 
 
-class ModelMetrics:
+class ModelMetrics(_Instruments):
     """A model replica's view: queueing, batching and decode speed (Ray adds the replica tag)."""
 
     def __init__(self, backend: MetricsBackend, model: str, operation: str):
+        super().__init__(MODEL_METRICS, backend)
         self._tags = {"model": model}
         self._gen_ai_tags = {"gen_ai_operation_name": operation, "gen_ai_request_model": model}
-        self._metrics = _instruments(MODEL_METRICS, backend)
 
     def record(self, timings: InferenceTimings) -> None:
         queue_wait_s = timings.queue_wait_s
@@ -333,15 +340,5 @@ class ModelMetrics:
 
     def input_tokens(self, taken: int, cached: int = 0) -> None:
         """A call's input tokens, and how many of them the prefix cache held."""
-        for name, count in (
-            ("edge_model_input_tokens_total", taken),
-            ("edge_model_cached_input_tokens_total", cached),
-        ):
-            if count:  # Ray's counters refuse increments <= 0
-                self._counter(name).inc(count, dict(self._tags))
-
-    def _histogram(self, name: str) -> Histogram:
-        return self._metrics[name]  # type: ignore[return-value]
-
-    def _counter(self, name: str) -> Counter:
-        return self._metrics[name]  # type: ignore[return-value]
+        self._inc("edge_model_input_tokens_total", taken, dict(self._tags))
+        self._inc("edge_model_cached_input_tokens_total", cached, dict(self._tags))
