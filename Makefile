@@ -69,7 +69,7 @@ serve: install models
 # with the system's headless Chromium (apt-get install chromium).
 DASHBOARD_URL ?= http://127.0.0.1:8000
 dashboard-screenshot: install-dev
-	$(PY) -m deployments.dashboard.screenshot --url $(DASHBOARD_URL) --out docs/dashboard.png
+	$(PY) -m deployments.ingress.dashboard.screenshot --url $(DASHBOARD_URL) --out docs/dashboard.png
 
 bench: install-dev models
 	$(PY) -m benchmarks.run

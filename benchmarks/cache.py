@@ -22,14 +22,14 @@ from pydantic import Field
 
 from benchmarks.lib.config import BenchConfig
 from benchmarks.lib.goals import goal, ratio
-from deployments.cache import ResponseCache, SharedStore
-from deployments.cache.codec import decode_answer, encode_answer
-from deployments.cache.redis_store import RedisStore
-from deployments.cache.sqlite_store import SQLiteStore
 from deployments.config import CacheConfig
-from deployments.protocol import ChatCompletion, ModerationCreateResponse
-from deployments.protocol.embeddings import EmbeddingList
-from deployments.protocol.moderations import Moderation
+from deployments.ingress.cache import ResponseCache, SharedStore
+from deployments.ingress.cache.codec import decode_answer, encode_answer
+from deployments.ingress.cache.redis_store import RedisStore
+from deployments.ingress.cache.sqlite_store import SQLiteStore
+from deployments.ingress.protocol import ChatCompletion, ModerationCreateResponse
+from deployments.ingress.protocol.embeddings import EmbeddingList
+from deployments.ingress.protocol.moderations import Moderation
 from edgectl.loadtest.summary import latency_stats_s
 from edgectl.local_services import RedisServer
 

@@ -2,8 +2,8 @@
 compressed to `day_s` each, on a private cluster with the shipped three regions (one model,
 moderation, every pool at zero, scale-to-zero delays compressed with the day), run twice on the
 same seeded schedule: scale-to-zero as configured, then with `edge.prewarm` on (edge-control
-holds the pools its forecast expects busy; deployments/prewarm.py). Figures from the second day
-(the forecaster's same-time-yesterday needs one): requests that met a cold start, and replica-
+holds the pools its forecast expects busy; deployments/control/prewarm.py). Figures from the second
+day (the forecaster's same-time-yesterday needs one): requests that met a cold start, and replica-
 seconds (Serve's replicas running or starting, as the planner counts them, sampled every 0.5 s;
 running alone beside). Goal: at least 80% of scale-to-zero's cold starts hidden for at most 25%
 more replica-seconds. The arms run one after the other, not interleaved: the machine's load

@@ -20,11 +20,11 @@ from benchmarks.lib.config import BenchConfig, Provider
 from benchmarks.lib.corpus import benchmark_sentences, chat_messages
 from benchmarks.lib.goals import GoalRecord, goal, ratio
 from benchmarks.lib.pytorch import EmbedFn, pytorch_embedders
+from deployments.contracts.sampling_params import SamplingParams
 from deployments.export.defaults import CHAT_DEFAULTS
-from deployments.runtime.embedding import EmbeddingRuntime
-from deployments.runtime.llm import LLMRuntime, StepProfile
-from deployments.runtime.sampling_params import SamplingParams
-from deployments.runtime.session import SessionConfig
+from deployments.replica.engine.embedding import EmbeddingRuntime
+from deployments.replica.engine.llm import LLMRuntime, StepProfile
+from deployments.replica.engine.session import SessionConfig
 
 log = logging.getLogger(__name__)
 

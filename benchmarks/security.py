@@ -19,8 +19,8 @@ from pydantic import Field
 from benchmarks.lib.cluster import apply_applications, serve_cluster
 from benchmarks.lib.config import BenchConfig
 from deployments.config import PROJECT_ROOT, set_router_listener
-from deployments.protocol import ChatCompletionRequest
-from deployments.security import (
+from deployments.ingress.protocol import ChatCompletionRequest
+from deployments.ingress.security import (
     KeyStore,
     RateLimiter,
     SecurityConfig,

@@ -21,9 +21,9 @@ from pydantic import Field
 
 from benchmarks.lib.config import BenchConfig, Provider
 from benchmarks.lib.goals import goal
-from deployments.runtime.llm import LLMRuntime
-from deployments.runtime.sampling_params import GenerationOptions, GrammarSpec, SamplingParams
-from deployments.runtime.session import SessionConfig
+from deployments.contracts.sampling_params import GenerationOptions, GrammarSpec, SamplingParams
+from deployments.replica.engine.llm import LLMRuntime
+from deployments.replica.engine.session import SessionConfig
 
 NEEDS_RAY = False
 

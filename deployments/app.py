@@ -15,13 +15,13 @@ from ray.serve import Application
 from ray.serve.deployment import Deployment
 
 from deployments.config import AppConfig, ConfigError, parse_app_config
-from deployments.edge_control import EdgeControl
+from deployments.contracts.session_config import SessionConfig
+from deployments.contracts.session_router import SessionAffinityRouter
+from deployments.control.edge_control import EdgeControl
+from deployments.control.warm_pool import WarmPool, warm_runtime_env
 from deployments.observability.environment import resolve_tracing_config
-from deployments.runtime.session_config import SessionConfig
-from deployments.servers.batched import EmbeddingServer, ModerationServer
-from deployments.servers.chat import ChatServer
-from deployments.servers.session_router import SessionAffinityRouter
-from deployments.warm_pool import WarmPool, warm_runtime_env
+from deployments.replica.batched import EmbeddingServer, ModerationServer
+from deployments.replica.chat import ChatServer
 from edge_sim.regions import deployment_name, region_resource
 
 log = logging.getLogger("ray.serve")
@@ -65,7 +65,7 @@ def build_app(args: dict[str, Any]) -> Application:
     config = config.model_copy(update={"observability": observability})
     gpu = uses_gpu(config)
     # Model replicas and the warm pool's idle workers share one runtime_env: the raylet hands a
-    # prestarted worker only to an actor with the same one (deployments.warm_pool).
+    # prestarted worker only to an actor with the same one (deployments.control.warm_pool).
     replica_env = {"runtime_env": warm_runtime_env()} if config.warm_pool.enabled else {}
     pinned = uses_region_nodes(config)
     regions = config.edge.region_names
@@ -126,7 +126,7 @@ def build_app(args: dict[str, Any]) -> Application:
                 control=control,
             )
 
-    from deployments.router import RouterIngress  # FastAPI app: only where the router runs
+    from deployments.ingress.router import RouterIngress  # FastAPI app: only where the router runs
 
     warm_pool = None
     if config.warm_pool.enabled:

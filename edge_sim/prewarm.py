@@ -9,7 +9,7 @@ The forecast is the larger of the two; a pool is held at one replica while the f
 at least `min_expected` requests within `lookahead_s` (which must cover a cold start plus a
 margin, so the replica is up before the first of them), and left to Serve's own scale-to-zero
 otherwise. Pure and clock-free: the caller passes time and counts, so the planner
-(edge_sim.plan) and edge-control (deployments.prewarm) drive the same object.
+(edge_sim.plan) and edge-control (deployments.control.prewarm) drive the same object.
 """
 
 from __future__ import annotations

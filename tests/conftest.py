@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import pytest
 
 # The system's Chromium (`apt-get install chromium`): Playwright never downloads a browser here.
-from deployments.dashboard.screenshot import CHROMIUM, CHROMIUM_ARGS
+from deployments.ingress.dashboard.screenshot import CHROMIUM, CHROMIUM_ARGS
 from edgectl.local_services import PostgresServer, RedisServer, ServiceUnavailable
 
 REPO = Path(__file__).resolve().parent.parent

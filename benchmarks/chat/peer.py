@@ -26,9 +26,9 @@ class DocsPatternChat:
     exporter's own seeded constructor), prompt encoded with the served model's chat template."""
 
     def __init__(self, model_dir: str):
+        from deployments.contracts.manifest import ModelManifest
         from deployments.export.llm import default_model
-        from deployments.runtime.manifest import ModelManifest
-        from deployments.runtime.tokenizer import ChatTokenizer
+        from deployments.replica.engine.tokenizer import ChatTokenizer
 
         with tempfile.TemporaryDirectory() as scratch:
             model, _ = default_model("glm", Path(scratch))

@@ -48,10 +48,10 @@ from benchmarks.lib.http_load import (
 )
 from benchmarks.lib.served import served
 from deployments.config import parse_app_config
+from deployments.contracts.sampling_params import SamplingParams
 from deployments.export.defaults import CHAT_DEFAULTS
-from deployments.runtime.llm import LLMRuntime
-from deployments.runtime.sampling_params import SamplingParams
-from deployments.runtime.session import SessionConfig
+from deployments.replica.engine.llm import LLMRuntime
+from deployments.replica.engine.session import SessionConfig
 from edgectl.loadtest.summary import latency_stats_s
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from ray.serve.handle import DeploymentHandle
 # Only light modules of ours: the model servers' imports are the cost this replica must not pay.
 from deployments.app import as_deployment
 from deployments.ray_ext.router_metrics import sample_queue_before_push_at_zero
-from deployments.servers.process import process_age_s
+from deployments.replica.process import process_age_s
 
 EMPTY_DEPLOYMENT = "empty"
 EMPTY_INGRESS = "empty-ingress"

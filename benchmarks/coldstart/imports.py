@@ -20,15 +20,15 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 # What a model replica deserialises (the router, always running, never cold-starts), and the
 # runtime modules it cannot do without: the difference is what leaner imports would save.
 REPLICA_MODULES: Mapping[str, tuple[str, ...]] = {
-    "deployments.servers.chat": (
-        "deployments.runtime.llm",
-        "deployments.runtime.sampling",
-        "deployments.runtime.session",
+    "deployments.replica.chat": (
+        "deployments.replica.engine.llm",
+        "deployments.replica.engine.sampling",
+        "deployments.replica.engine.session",
     ),
-    "deployments.servers.batched": (
-        "deployments.runtime.embedding",
-        "deployments.runtime.moderation",
-        "deployments.runtime.session",
+    "deployments.replica.batched": (
+        "deployments.replica.engine.embedding",
+        "deployments.replica.engine.moderation",
+        "deployments.replica.engine.session",
     ),
 }
 

@@ -1,4 +1,4 @@
-"""Pre-warming measured: a keep-warm window (deployments.keep_warm) opens on a model at zero
+"""Pre-warming measured: a keep-warm window (deployments.control.keep_warm) opens on a model at zero
 replicas with no traffic; how long until its replica runs, and what the first request after that
 costs next to a cold one measured in the same run."""
 
@@ -15,7 +15,7 @@ import httpx
 from benchmarks.coldstart.cluster import replica_states
 from benchmarks.coldstart.probe import ColdTarget, wait_for_zero
 from benchmarks.lib.cluster import apply_applications
-from deployments.keep_warm import KEEP_WARM_POLICY
+from deployments.control.keep_warm import KEEP_WARM_POLICY
 from edgectl.local_cluster import wait_until
 
 WINDOW_LENGTH = timedelta(minutes=10)

@@ -10,10 +10,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from deployments.runtime.embedding import EmbeddingRuntime
-from deployments.runtime.llm import LLMRuntime
-from deployments.runtime.moderation import ModerationRuntime
-from deployments.runtime.session import SessionConfig
+from deployments.replica.engine.embedding import EmbeddingRuntime
+from deployments.replica.engine.llm import LLMRuntime
+from deployments.replica.engine.moderation import ModerationRuntime
+from deployments.replica.engine.session import SessionConfig
 
 log = logging.getLogger(__name__)
 

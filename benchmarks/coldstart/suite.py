@@ -1,9 +1,9 @@
 """The cold-start suite: each model from zero replicas to its first response (p50 over cycles, split
 into phases), next to a model-less replica and the in-process load + warm-up measured in the same
 run; then the reaction to a load step (1 -> 2 replicas), and a keep-warm window waking a model
-ahead of its first request. Each model is cycled with the warm pool (deployments.warm_pool, as
-shipped) and, alternating with it, in a copy of the application without one, so the pool's gain is
-a ratio measured under the same load; after each cold start with the pool, the time until the
+ahead of its first request. Each model is cycled with the warm pool (deployments.control.warm_pool,
+as shipped) and, alternating with it, in a copy of the application without one, so the pool's gain
+is a ratio measured under the same load; after each cold start with the pool, the time until the
 pool has replaced the worker it took. With every model at zero, the controller's CPU (the cost of
 serve_config.yaml's shorter control loop). The --coldstart-* variants compare other settings."""
 

@@ -17,8 +17,8 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from benchmarks.coldstart.cluster import replica_states
 from benchmarks.coldstart.controller_log import ControllerLog, ScaleUp
 from benchmarks.coldstart.probe import ColdTarget, WallClock
-from deployments.runtime.sampling_params import SamplingParams
-from deployments.servers.base import Reply
+from deployments.contracts.replies import Reply
+from deployments.contracts.sampling_params import SamplingParams
 from edgectl.local_cluster import wait_until
 
 log = logging.getLogger(__name__)

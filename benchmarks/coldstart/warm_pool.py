@@ -1,6 +1,6 @@
-"""The warm pool (deployments.warm_pool) measured against no pool in the same run: a second copy of
-the edge application with `warm_pool.enabled: false` under its own route prefix, so cycles of the
-two alternate under the same machine load.
+"""The warm pool (deployments.control.warm_pool) measured against no pool in the same run: a second
+copy of the edge application with `warm_pool.enabled: false` under its own route prefix, so cycles
+of the two alternate under the same machine load.
 
 History: a first experiment warmed workers by running an importing *task* in them; Ray 2.60 never
 gave such a worker to a replica (a worker that ran a task is an actor-less worker of that job),

@@ -30,7 +30,7 @@ class DocsPatternEmbedder:
 
     def __init__(self, model_dir: str):
         from benchmarks.lib.pytorch import pytorch_embedders
-        from deployments.runtime.embedding import SentenceTokenizer
+        from deployments.replica.engine.embedding import SentenceTokenizer
 
         tokenizer = SentenceTokenizer(Path(model_dir) / "tokenizer.json")
         self._embed = pytorch_embedders(tokenizer)["pytorch_sdpa"]

@@ -36,8 +36,8 @@ from benchmarks.lib.http_load import (
 )
 from benchmarks.lib.served import served
 from deployments.config import parse_app_config
-from deployments.runtime.embedding import EmbeddingRuntime
-from deployments.runtime.session import SessionConfig
+from deployments.replica.engine.embedding import EmbeddingRuntime
+from deployments.replica.engine.session import SessionConfig
 from edgectl.local_cluster import wait_until
 
 log = logging.getLogger(__name__)

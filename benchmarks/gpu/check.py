@@ -17,11 +17,11 @@ import numpy as np
 
 from benchmarks.lib.corpus import chat_messages
 from benchmarks.lib.goals import goal
-from deployments.runtime.decoder import DecoderGraph
-from deployments.runtime.llm import LLMRuntime
-from deployments.runtime.manifest import ModelManifest
-from deployments.runtime.sampling_params import SamplingParams
-from deployments.runtime.session import Provider, SessionConfig, cuda_available, open_session
+from deployments.contracts.manifest import ModelManifest
+from deployments.contracts.sampling_params import SamplingParams
+from deployments.replica.engine.decoder import DecoderGraph
+from deployments.replica.engine.llm import LLMRuntime
+from deployments.replica.engine.session import Provider, SessionConfig, cuda_available, open_session
 
 STREAMS = (1, 8, 32)
 NEW_TOKENS = 64

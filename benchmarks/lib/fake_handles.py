@@ -13,11 +13,11 @@ import numpy as np
 import yaml
 
 from deployments.config import PROJECT_ROOT, AppConfig, parse_app_config
+from deployments.contracts.encoder_outputs import EmbeddingResult, ModerationResult
+from deployments.contracts.outputs import Completion, GenerationChunk
+from deployments.contracts.replies import Reply
 from deployments.errors import ServingError
-from deployments.runtime.encoder_outputs import EmbeddingResult, ModerationResult
-from deployments.runtime.outputs import Completion, GenerationChunk
-from deployments.servers.base import Reply
-from deployments.servers.batched import check_dimensions
+from deployments.replica.batched import check_dimensions
 
 SERVE_CONFIG = PROJECT_ROOT / "serve_config.yaml"
 DIMENSION = 4  # the fake embedding's default: small vectors that tests can read
@@ -47,7 +47,7 @@ class Method:
 
 class GroupedMethod(Method):
     """`handle.<method>_many.remote(list of argument tuples)`, as the text replicas have it
-    (deployments.servers.batched): each request through `single` (so its calls record them), a
+    (deployments.replica.batched): each request through `single` (so its calls record them), a
     request's ServingError answered in its place, any other failure failing the whole call."""
 
     def __init__(self, single: Method):

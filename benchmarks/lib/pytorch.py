@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from deployments.runtime.embedding import SentenceTokenizer
+from deployments.replica.engine.embedding import SentenceTokenizer
 
 EmbedFn = Callable[[Sequence[str]], np.ndarray]
 

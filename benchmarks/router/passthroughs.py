@@ -14,10 +14,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from deployments.app import as_deployment
-from deployments.runtime.encoder_outputs import ModerationResult
-from deployments.runtime.session import SessionConfig
-from deployments.servers.base import Reply
-from deployments.servers.batched import ModerationServer
+from deployments.contracts.encoder_outputs import ModerationResult
+from deployments.contracts.replies import Reply
+from deployments.replica.batched import ModerationServer
+from deployments.replica.engine.session import SessionConfig
 
 # The router's share of a node in serve_config.yaml: the baselines get the same.
 INGRESS_NUM_CPUS = 0.1

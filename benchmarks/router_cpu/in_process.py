@@ -35,12 +35,10 @@ from benchmarks.lib.fake_handles import (
     handle_for_task,
     in_every_region,
 )
-from deployments.api.app import make_app
-from deployments.api.responses import encode_json
 from deployments.config import PROJECT_ROOT, AppConfig
-from deployments.observability import RouterObservability
-from deployments.observability.access_log import configure_access_logger
-from deployments.protocol import (
+from deployments.ingress.api.app import make_app
+from deployments.ingress.api.responses import encode_json
+from deployments.ingress.protocol import (
     CreateEmbeddingResponse,
     Embedding,
     EmbeddingList,
@@ -51,11 +49,13 @@ from deployments.protocol import (
     ok_envelope,
     workers_embedding_result,
 )
-from deployments.protocol.embeddings import EncodingFormat
-from deployments.security import KeyStore
-from deployments.serving.services import build_services
-from deployments.state.gateway import GatewayState
-from deployments.state.sqlite import SqliteDatabase
+from deployments.ingress.protocol.embeddings import EncodingFormat
+from deployments.ingress.security import KeyStore
+from deployments.ingress.serving.services import build_services
+from deployments.ingress.state.gateway import GatewayState
+from deployments.ingress.state.sqlite import SqliteDatabase
+from deployments.observability import RouterObservability
+from deployments.observability.access_log import configure_access_logger
 
 DIMENSION = 384  # all-MiniLM-L6-v2, the default embedding model
 USER_KEY = "sk-bench-0123456789abcdef"

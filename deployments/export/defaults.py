@@ -13,7 +13,7 @@ CHAT_DEFAULTS = ("glm", "kimi")
 
 def is_built(root: Path, name: str) -> bool:
     """Whether root/name holds an intact build of the default `name` as this exporter makes it."""
-    from deployments.runtime.manifest import ModelManifest
+    from deployments.contracts.manifest import ModelManifest
 
     try:
         manifest = ModelManifest.load(root / name)

@@ -22,6 +22,7 @@ import onnx
 import torch
 from transformers import AutoConfig, AutoModel, AutoTokenizer, BertConfig, PretrainedConfig
 
+from deployments.contracts.manifest import EmbeddingSpec, ModelManifest
 from deployments.export.common import (
     VerificationError,
     fresh_dir,
@@ -37,8 +38,7 @@ from deployments.export.embedding_parity import (
     check_parity,
 )
 from deployments.export.progress import NO_STAGES, Stages
-from deployments.runtime.embedding import OUTPUT_NAME, SentenceTokenizer, TokenBatch
-from deployments.runtime.manifest import EmbeddingSpec, ModelManifest
+from deployments.replica.engine.embedding import OUTPUT_NAME, SentenceTokenizer, TokenBatch
 
 log = logging.getLogger(__name__)
 

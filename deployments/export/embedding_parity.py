@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from deployments.export.common import VerificationError, max_abs_diff
-from deployments.runtime.embedding import OUTPUT_NAME, SentenceTokenizer, TokenBatch
-from deployments.runtime.session import SessionConfig, open_session
+from deployments.replica.engine.embedding import OUTPUT_NAME, SentenceTokenizer, TokenBatch
+from deployments.replica.engine.session import SessionConfig, open_session
 
 # Parity bars for `verify=True`. fp32 differs from PyTorch only by kernel rounding; int8 moves every
 # vector a little, so its bar is on direction only (one-word inputs are its worst case, ~0.99).

@@ -30,6 +30,7 @@ from transformers import (
 )
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as deepseek_v3
 
+from deployments.contracts.manifest import KVCacheLayout, LLMSpec, ModelManifest
 from deployments.export.chat_tokenizer import CHAT_FORMATS, build_tokenizer, save_tokenizer
 from deployments.export.common import (
     VerificationError,
@@ -40,9 +41,8 @@ from deployments.export.common import (
 from deployments.export.progress import NO_STAGES, Stages
 from deployments.export.revisions import CHAT_DEFAULT_REVISION
 from deployments.export.tiktoken_tokenizer import has_tiktoken_tokenizer, kimi_tokenizer
-from deployments.runtime.decoder import DecoderGraph
-from deployments.runtime.manifest import KVCacheLayout, LLMSpec, ModelManifest
-from deployments.runtime.session import SessionConfig, open_session
+from deployments.replica.engine.decoder import DecoderGraph
+from deployments.replica.engine.session import SessionConfig, open_session
 
 log = logging.getLogger(__name__)
 

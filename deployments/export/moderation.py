@@ -22,15 +22,15 @@ from skl2onnx.common.data_types import FloatTensorType, Int64TensorType, StringT
 from sklearn.feature_extraction.text import CountVectorizer
 from sklearn.pipeline import Pipeline
 
+from deployments.contracts.manifest import ModelManifest, ModerationSpec
 from deployments.export.common import VerificationError, fresh_dir, max_abs_diff
-from deployments.runtime.manifest import ModelManifest, ModerationSpec
-from deployments.runtime.moderation import (
+from deployments.replica.engine.moderation import (
     INPUT_NORMALIZATION_KEY,
     SCORES_OUTPUT,
     graph_normalization,
     normalize_texts,
 )
-from deployments.runtime.session import SessionConfig, open_session
+from deployments.replica.engine.session import SessionConfig, open_session
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from deployments.cache import REDIS_PASSWORD_ENV
+from deployments.ingress.cache import REDIS_PASSWORD_ENV
 from deployments.k8s import secrets
 
 

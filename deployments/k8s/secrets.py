@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from deployments.config.state import DATABASE_URL_ENV
+from deployments.ingress.security import ADMIN_KEY_ENV, API_KEYS_FILE_ENV
 from deployments.k8s.manifest_yaml import FileMode
-from deployments.security import ADMIN_KEY_ENV, API_KEYS_FILE_ENV
-from deployments.state.config import DATABASE_URL_ENV
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from deployments.observability.jsonl import LineAppender, to_json_line
 from deployments.observability.outcome import RequestOutcome
 
 ACCESS_LOGGER_NAME = "edge.access"
-# The id deployments.security.keys gives an unnamed key, so logs and rate limits agree.
+# The id deployments.ingress.security.keys gives an unnamed key, so logs and rate limits agree.
 KEY_ID_PREFIX = "key-"
 KEY_ID_HEX_DIGITS = 8
 

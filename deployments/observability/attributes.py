@@ -71,7 +71,7 @@ CLIENT_COORDINATE_DECIMALS = 1
 
 
 class RouteDecision(Protocol):
-    """Where a request went (deployments.edge.EdgeTrace has this shape)."""
+    """Where a request went (deployments.ingress.edge.EdgeTrace has this shape)."""
 
     colo: str
     region: str

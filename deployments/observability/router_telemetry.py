@@ -65,8 +65,8 @@ class RouterObservability:
         recent: RecentTraffic | None = None,
         ledger: Callable[[RequestTelemetry, RequestOutcome], None] | None = None,
     ):
-        """`ledger`: where each finished request also goes (deployments.state's request log),
-        set once the gateway's state is open."""
+        """`ledger`: where each finished request also goes (deployments.ingress.state's request
+        log), set once the gateway's state is open."""
         self.config = config
         self.ledger = ledger
         self.recent = (
@@ -192,7 +192,7 @@ class RequestTelemetry:
         self.outcome: RequestOutcome | None = None
         self._payload_opt_in = payload_opt_in
         self._key_collects_payloads = False
-        # What a key's budget decided (deployments.state.budgets), for its ledger record.
+        # What a key's budget decided (deployments.ingress.state.budgets), for its ledger record.
         self.served_model: str | None = None
         self.budget_period: str | None = None
         self.reserved_cost_units = 0.0

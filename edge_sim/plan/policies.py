@@ -51,7 +51,7 @@ class Policy:
 
 class LocalHoursFloor:
     """Keep-warm hours in each region's local (solar) time: `replicas` from start_h to end_h,
-    the shape of a KeepWarm schedule (deployments/keep_warm.py) written per region."""
+    the shape of a KeepWarm schedule (deployments/control/keep_warm.py) written per region."""
 
     def __init__(
         self,

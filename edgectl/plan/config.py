@@ -1,7 +1,7 @@
 """What the planner reads from a serve_config.yaml: the edge section (colos, regions, routing),
 the router's failover and cold-start settings, each model's GPU share (its cost per replica-
 second) and every `<model>-<region>` deployment's autoscaling_config and queue limits. Keep-warm
-schedules (`policy: deployments.keep_warm:KeepWarm`) become the planner's floor policy."""
+schedules (`policy: deployments.control.keep_warm:KeepWarm`) become the planner's floor policy."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from deployments.config import ConfigError, parse_app_config
-from deployments.keep_warm import KEEP_WARM_POLICY, KeepWarmConfig
+from deployments.control.keep_warm import KEEP_WARM_POLICY, KeepWarmConfig
 from edge_sim.plan.autoscaler import PoolSpec
 from edge_sim.plan.simulator import SimSettings
 from edge_sim.regions import deployment_name

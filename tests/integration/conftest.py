@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from deployments.config import set_router_listener, without_regions
-from deployments.state.config import DATABASE_URL_ENV
+from deployments.config.state import DATABASE_URL_ENV
 from edgectl.local_cluster import LocalCluster, free_port, wait_until
 from edgectl.local_services import PostgresServer, ServiceUnavailable
 

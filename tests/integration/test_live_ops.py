@@ -14,7 +14,7 @@ import pytest
 import yaml
 from conftest import KIMI_TO_ZERO_S, LOAD, USER, wait_until
 
-from deployments.keep_warm import KEEP_WARM_POLICY
+from deployments.control.keep_warm import KEEP_WARM_POLICY
 
 
 def replica_actors(serve_cluster) -> dict[str, set[str]]:

@@ -1,5 +1,5 @@
 """Pre-warming's one live assumption, on the session's cluster: a `hold` call in flight on a pool
-(what edge-control keeps on a pool it pre-warms, deployments/prewarm.py) makes Serve's own
+(what edge-control keeps on a pool it pre-warms, deployments/control/prewarm.py) makes Serve's own
 autoscaler start a replica from zero and keep it past the scale-to-zero delay, and once the hold
 is cancelled the pool goes back to zero as usual. The forecaster and the warmer are unit-tested
 (tests/unit/test_prewarm.py); `python -m benchmarks.run --suite prewarm` measures the policy."""

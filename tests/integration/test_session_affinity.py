@@ -17,7 +17,7 @@ import asyncio, json, os
 os.environ["RAY_AUTH_MODE"] = "token"
 import ray
 from ray import serve
-from deployments.servers.session_router import SessionAffinityRouter
+from deployments.contracts.session_router import SessionAffinityRouter
 
 ray.init(address="auto", logging_level="ERROR")
 ROUTER = f"{SessionAffinityRouter.__module__}.{SessionAffinityRouter.__qualname__}"

@@ -37,6 +37,6 @@ def _forbid_ray_init(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(autouse=True)
 def _off_kubernetes(monkeypatch: pytest.MonkeyPatch) -> None:
-    from deployments.security import KUBERNETES_ENV
+    from deployments.ingress.security import KUBERNETES_ENV
 
     monkeypatch.delenv(KUBERNETES_ENV, raising=False)

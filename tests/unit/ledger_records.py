@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from deployments.state.request_log import RequestRecord
+from deployments.ingress.state.request_log import RequestRecord
 
 NOW = 1_764_633_600.0  # 2025-12-02 00:00 UTC
 

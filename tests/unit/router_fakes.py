@@ -21,12 +21,12 @@ from benchmarks.lib.fake_handles import (
     in_every_region,
     reply,
 )
-from deployments.cache import SharedStore
 from deployments.config import AppConfig
+from deployments.contracts.outputs import Completion, GenerationChunk
+from deployments.ingress.cache import SharedStore
+from deployments.ingress.security import KeyStore
+from deployments.ingress.serving.services import RouterServices, build_services
 from deployments.observability import RouterObservability
-from deployments.runtime.outputs import Completion, GenerationChunk
-from deployments.security import KeyStore
-from deployments.serving.services import RouterServices, build_services
 
 __all__ = [
     "BAD_WORD",

@@ -12,7 +12,7 @@ from typing import Any
 from ray.serve.autoscaling_policy import replica_queue_length_autoscaling_policy
 from ray.serve.config import AutoscalingConfig, AutoscalingContext, AutoscalingPolicy
 
-from deployments.autoscale import (
+from deployments.control.autoscale import (
     HELD_REQUESTS_POLICY,
     REQUESTS_METRIC,
     ByHeldRequests,

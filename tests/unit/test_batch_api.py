@@ -18,12 +18,12 @@ from router_fakes import FakeEmbeddingHandle, app_config, fake_handles, services
 from schema_contracts import assert_valid, envelope_validator
 from test_gateway_state_api import ADMIN, ENV, NOW, USER_KEY, Gateway, bearer, open_gateway
 
-from deployments.api.app import make_app
+from deployments.config.state import BatchConfig
 from deployments.errors import InvalidRequestError, QueueFullError
-from deployments.serving.batch_runner import BatchRunner
-from deployments.state.config import BatchConfig
-from deployments.state.postgres import PostgresDatabase
-from deployments.state.sqlite import SqliteDatabase
+from deployments.ingress.api.app import make_app
+from deployments.ingress.serving.batch_runner import BatchRunner
+from deployments.ingress.state.postgres import PostgresDatabase
+from deployments.ingress.state.sqlite import SqliteDatabase
 from edge_sim.region_board import BoardSnapshot
 from edge_sim.regions import PoolView
 

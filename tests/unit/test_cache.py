@@ -17,7 +17,8 @@ from redis import Redis
 from starlette.datastructures import Headers
 
 from benchmarks.lib.fake_handles import app_config
-from deployments.cache import (
+from deployments.config import CacheConfig, ConfigError
+from deployments.ingress.cache import (
     REDIS_PASSWORD_ENV,
     REDIS_URL_ENV,
     ResponseCache,
@@ -27,19 +28,18 @@ from deployments.cache import (
     open_cache_store,
     wants_bypass,
 )
-from deployments.cache.codec import CodecError, decode_answer, encode_answer
-from deployments.cache.redis_store import RedisStore
-from deployments.cache.response_cache import ENVELOPE, MAX_STORE_CALLS_IN_FLIGHT
-from deployments.cache.sqlite_store import SQLiteStore
-from deployments.config import CacheConfig, ConfigError
-from deployments.protocol import (
+from deployments.ingress.cache.codec import CodecError, decode_answer, encode_answer
+from deployments.ingress.cache.redis_store import RedisStore
+from deployments.ingress.cache.response_cache import ENVELOPE, MAX_STORE_CALLS_IN_FLIGHT
+from deployments.ingress.cache.sqlite_store import SQLiteStore
+from deployments.ingress.protocol import (
     ChatCompletion,
     ChatCompletionRequest,
     EmbeddingRequest,
     ModerationCreateResponse,
 )
-from deployments.protocol.embeddings import EmbeddingList
-from deployments.protocol.moderations import Moderation
+from deployments.ingress.protocol.embeddings import EmbeddingList
+from deployments.ingress.protocol.moderations import Moderation
 from edge_sim.clock import ManualClock
 from edgectl.local_cluster import wait_until
 from edgectl.local_services import RedisServer

@@ -9,11 +9,11 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from deployments.contracts.chat_features import ChatFeatures
+from deployments.contracts.sampling_params import SamplingParams
 from deployments.errors import InvalidRequestError
-from deployments.runtime.chat_features import ChatFeatures
-from deployments.runtime.sampling_params import SamplingParams
-from deployments.runtime.session import SessionConfig
-from deployments.servers.chat import ChatServer
+from deployments.replica.chat import ChatServer
+from deployments.replica.engine.session import SessionConfig
 
 SCHEMA = {
     "type": "object",

@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from deployments.dashboard.data import (
+from deployments.ingress.dashboard.data import (
     ReplicaCount,
     colo_display_state,
     dashboard_data,
     replica_counts,
 )
-from deployments.dashboard.world import ring_path, world_outline
+from deployments.ingress.dashboard.world import ring_path, world_outline
 from deployments.observability.outcome import RequestOutcome
 from deployments.observability.recent_traffic import (
     BUCKET_S,
@@ -229,7 +229,7 @@ class FakeControl:
     """The edge-control deployment's handle, calling a real EdgeControl in this process."""
 
     def __init__(self, clock: Clock) -> None:
-        from deployments.edge_control import EdgeControl
+        from deployments.control.edge_control import EdgeControl
 
         self.control = EdgeControl(clock=clock)
         for name in ("report_traffic", "traffic"):
@@ -244,7 +244,7 @@ class _Remote:
 def test_router_replicas_share_their_traffic_through_edge_control():
     import asyncio
 
-    from deployments.serving.dashboard import TrafficShare
+    from deployments.ingress.serving.dashboard import TrafficShare
 
     clock = Clock()
     control = FakeControl(clock)
@@ -273,8 +273,8 @@ def test_a_replica_publishes_its_traffic_when_it_has_new_requests_and_now_and_th
 ):
     import asyncio
 
-    from deployments.serving import dashboard
-    from deployments.serving.dashboard import TrafficShare
+    from deployments.ingress.serving import dashboard
+    from deployments.ingress.serving.dashboard import TrafficShare
 
     monkeypatch.setattr(dashboard, "PUBLISH_INTERVAL_S", 0.001)
     monkeypatch.setattr(dashboard, "IDLE_PUBLISH_INTERVAL_S", 3600.0)

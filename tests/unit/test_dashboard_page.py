@@ -20,15 +20,15 @@ import uvicorn
 from fastapi.testclient import TestClient
 from router_fakes import app_config, fake_handles, in_every_region
 
-from deployments.api.app import make_app
+from deployments.ingress.api.app import make_app
+from deployments.ingress.security import KeyStore
+from deployments.ingress.serving.models import DeploymentState
+from deployments.ingress.serving.services import RouterServices, build_services
+from deployments.ingress.state.gateway import GatewayState
+from deployments.ingress.state.request_log import RequestLog, RequestRecord
+from deployments.ingress.state.sqlite import SqliteDatabase
 from deployments.observability import InMemoryMetricsBackend, RouterObservability
 from deployments.observability.access_log import configure_access_logger
-from deployments.security import KeyStore
-from deployments.serving.models import DeploymentState
-from deployments.serving.services import RouterServices, build_services
-from deployments.state.gateway import GatewayState
-from deployments.state.request_log import RequestLog, RequestRecord
-from deployments.state.sqlite import SqliteDatabase
 
 T = TypeVar("T")
 ADMIN_KEY = "admin-secret"

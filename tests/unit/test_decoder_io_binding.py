@@ -9,11 +9,11 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from deployments.runtime.decoder import DecoderGraph, PaddedBatch
-from deployments.runtime.llm import LLMRuntime
-from deployments.runtime.manifest import ModelManifest
-from deployments.runtime.sampling_params import SamplingParams
-from deployments.runtime.session import SessionConfig, open_session
+from deployments.contracts.manifest import ModelManifest
+from deployments.contracts.sampling_params import SamplingParams
+from deployments.replica.engine.decoder import DecoderGraph, PaddedBatch
+from deployments.replica.engine.llm import LLMRuntime
+from deployments.replica.engine.session import SessionConfig, open_session
 
 PROMPTS = ([5, 17, 42, 99, 7], [3, 8], [250, 251, 252, 253, 254, 255, 256, 257])
 STEPS = 12

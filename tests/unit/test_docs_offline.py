@@ -12,7 +12,7 @@ import uvicorn
 from fastapi.testclient import TestClient
 from router_fakes import app_config, fake_handles, services_for
 
-from deployments.api.app import make_app
+from deployments.ingress.api.app import make_app
 from edgectl.local_cluster import free_port, wait_until
 
 CDNS = ("cdn.jsdelivr.net", "unpkg.com", "googleapis.com", "cdnjs")

@@ -11,9 +11,9 @@ from fastapi.testclient import TestClient
 from ray.exceptions import ActorDiedError
 from router_fakes import app_config, fake_handles, services_for
 
-from deployments.api.app import make_app
 from deployments.errors import RegionNotFoundError
-from deployments.serving import drills
+from deployments.ingress.api.app import make_app
+from deployments.ingress.serving import drills
 
 ADMIN_KEY = "sk-admin-0123456789abcdef"
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}

@@ -1,6 +1,6 @@
-"""The router's coalescing of concurrent text-model calls (deployments.edge.coalesce), on fake
-handles and one event loop: a lone call leaves at once; calls made while the pool's calls are all
-out leave together as one grouped call, each answered with its own reply or error; a failure of
+"""The router's coalescing of concurrent text-model calls (deployments.ingress.edge.coalesce), on
+fake handles and one event loop: a lone call leaves at once; calls made while the pool's calls are
+all out leave together as one grouped call, each answered with its own reply or error; a failure of
 the whole call reaches every request in it; a request abandoned while queued is not sent."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from deployments.config import CoalesceConfig
-from deployments.edge.coalesce import CoalescingHandle, coalescing
 from deployments.errors import InvalidRequestError, QueueFullError
+from deployments.ingress.edge.coalesce import CoalescingHandle, coalescing
 
 
 class GroupedHandle:

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from deployments.edge_control import EdgeControl, ServeView, apply_snapshot
+from deployments.contracts.faults import apply_snapshot
+from deployments.control.edge_control import EdgeControl, ServeView
 from deployments.pacing import PollPacer
 from deployments.ray_ext.serve_details import DeploymentReplicas
 from edge_sim.clock import ManualClock
@@ -106,7 +107,7 @@ class CountingControl:
 
 
 def test_a_router_follows_drills_by_long_poll_at_once_and_without_polling_when_idle():
-    from deployments.serving.drills import FaultDrills
+    from deployments.ingress.serving.drills import FaultDrills
 
     async def go() -> None:
         store = EdgeControl()

@@ -11,12 +11,7 @@ from typing import Any
 
 import pytest
 
-from deployments.edge.calls import CallResult, HandleCall
-from deployments.edge.clock import ManualEdgeClock
-from deployments.edge.dispatch import LOST_CHECK_S, EdgeDispatcher
-from deployments.edge.pools import RegionPools
-from deployments.edge.trace import EdgeTrace
-from deployments.edge.waiting import BACKGROUND, ColdStartNotice, WaitLimits
+from deployments.contracts.replies import Reply
 from deployments.errors import (
     BusyError,
     InvalidRequestError,
@@ -25,9 +20,14 @@ from deployments.errors import (
     RegionFaultError,
     WaitBudgetExceededError,
 )
+from deployments.ingress.edge.calls import CallResult, HandleCall
+from deployments.ingress.edge.clock import ManualEdgeClock
+from deployments.ingress.edge.dispatch import LOST_CHECK_S, EdgeDispatcher
+from deployments.ingress.edge.pools import RegionPools
+from deployments.ingress.edge.trace import EdgeTrace
+from deployments.ingress.edge.waiting import BACKGROUND, ColdStartNotice, WaitLimits
 from deployments.observability import RequestTelemetry
 from deployments.pacing import PollPacer
-from deployments.servers.base import Reply
 from edge_sim.config import EdgeConfig
 from edge_sim.geo import CountryCentroids
 from edge_sim.network import EdgeNetwork

@@ -16,6 +16,7 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
+from deployments.contracts.manifest import ModelManifest
 from deployments.errors import (
     ContextLengthExceededError,
     EmptyInputError,
@@ -38,14 +39,13 @@ from deployments.export.embedding_parity import (
     check_parity,
     parity_sentences,
 )
-from deployments.runtime.embedding import (
+from deployments.replica.engine.embedding import (
     EmbeddingResult,
     EmbeddingRuntime,
     SentenceTokenizer,
     length_buckets,
 )
-from deployments.runtime.manifest import ModelManifest
-from deployments.runtime.session import SessionConfig
+from deployments.replica.engine.session import SessionConfig
 
 SENTENCES = [
     "A man is playing a guitar.",
@@ -201,7 +201,7 @@ def test_describe_reports_cold_start(runtime: EmbeddingRuntime) -> None:
 
 def test_runtime_import_keeps_torch_out() -> None:
     code = (
-        "import sys, deployments.runtime.embedding; "
+        "import sys, deployments.replica.engine.embedding; "
         "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -18,20 +18,20 @@ from opentelemetry.sdk.trace import TracerProvider
 from rich.console import Console
 from router_fakes import FakeInRouterModeration, app_config, fake_handles, in_every_region
 
-from deployments.api.app import make_app
+from deployments.ingress.api.app import make_app
+from deployments.ingress.security import KeyStore, key_digest
+from deployments.ingress.serving.services import RouterServices, build_services
+from deployments.ingress.state.database import Database
+from deployments.ingress.state.gateway import GatewayState
+from deployments.ingress.state.key_follower import KeyFollower
+from deployments.ingress.state.postgres import PostgresDatabase
+from deployments.ingress.state.sqlite import SqliteDatabase
+from deployments.ingress.state.virtual_keys import VirtualKeys
 from deployments.observability import (
     InMemoryMetricsBackend,
     RouterObservability,
     configure_access_logger,
 )
-from deployments.security import KeyStore, key_digest
-from deployments.serving.services import RouterServices, build_services
-from deployments.state.database import Database
-from deployments.state.gateway import GatewayState
-from deployments.state.key_follower import KeyFollower
-from deployments.state.postgres import PostgresDatabase
-from deployments.state.sqlite import SqliteDatabase
-from deployments.state.virtual_keys import VirtualKeys
 from edgectl.cli import main as edge_main
 
 USER_KEY = "sk-user-0123456789abcdef"

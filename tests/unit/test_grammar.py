@@ -10,9 +10,9 @@ import jsonschema
 import numpy as np
 import pytest
 
+from deployments.contracts.manifest import ModelManifest
 from deployments.errors import InvalidRequestError
-from deployments.runtime.grammar import GrammarCompiler, GrammarConstraint
-from deployments.runtime.manifest import ModelManifest
+from deployments.replica.engine.grammar import GrammarCompiler, GrammarConstraint
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 

@@ -11,9 +11,6 @@ import pytest
 from fastapi import Body, FastAPI, Request
 from fastapi.testclient import TestClient
 
-from deployments.api.body_limit import BodyLimitMiddleware
-from deployments.api.errors import ErrorShapes, install_error_handler
-from deployments.edge.calls import as_serving_error
 from deployments.errors import (
     InternalServerError,
     ModelNotFoundError,
@@ -21,7 +18,10 @@ from deployments.errors import (
     OverloadedError,
     ServingError,
 )
-from deployments.protocol import EmbeddingRequest
+from deployments.ingress.api.body_limit import BodyLimitMiddleware
+from deployments.ingress.api.errors import ErrorShapes, install_error_handler
+from deployments.ingress.edge.calls import as_serving_error
+from deployments.ingress.protocol import EmbeddingRequest
 
 LIMIT = 2048
 SECRET = "do-not-leak-4f1c"  # what a bug's exception says; a client must never see it

@@ -68,7 +68,7 @@ def import_graph(root: Path, node_of: Callable[[str], str | None]) -> Graph:
 
 
 def top_level(module: str) -> str | None:
-    """deployments.serving.chat -> serving; deployments.config -> config; deployments -> None."""
+    """deployments.ingress.serving -> ingress; deployments.config -> config; deployments -> None."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else None
 

@@ -1,5 +1,6 @@
-"""The router's one JSON encoder (`deployments.api.responses`): numpy vectors written as they are
-and read back as the same float32 values, models and plain data as FastAPI would write them."""
+"""The router's one JSON encoder (`deployments.ingress.api.responses`): numpy vectors written as
+they are and read back as the same float32 values, models and plain data as FastAPI would write
+them."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import pytest
 from fastapi.testclient import TestClient
 from router_fakes import DIMENSION, app_config, fake_handles, services_for
 
-from deployments.api.app import make_app
-from deployments.api.responses import encode_json, json_response
-from deployments.protocol import EmbeddingList, ModelCard, Usage
+from deployments.ingress.api.app import make_app
+from deployments.ingress.api.responses import encode_json, json_response
+from deployments.ingress.protocol import EmbeddingList, ModelCard, Usage
 
 USER_KEY = "sk-user-0123456789abcdef"
 USER = {"authorization": f"Bearer {USER_KEY}"}

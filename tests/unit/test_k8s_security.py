@@ -19,9 +19,9 @@ import pytest
 import yaml
 
 from deployments import k8s
+from deployments.config.state import DATABASE_URL_ENV
+from deployments.ingress.security import ADMIN_KEY_ENV, API_KEYS_FILE_ENV, KeyConfigError, KeyStore
 from deployments.k8s import pod_security, secrets
-from deployments.security import ADMIN_KEY_ENV, API_KEYS_FILE_ENV, KeyConfigError, KeyStore
-from deployments.state.config import DATABASE_URL_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"

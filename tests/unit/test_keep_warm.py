@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from ray.serve.config import AutoscalingConfig, AutoscalingContext, AutoscalingPolicy
 
 from deployments.config import PROJECT_ROOT, check_serve_config
-from deployments.keep_warm import KEEP_WARM_POLICY, KeepWarm, KeepWarmConfig, WarmWindow
+from deployments.control.keep_warm import KEEP_WARM_POLICY, KeepWarm, KeepWarmConfig, WarmWindow
 
 OFFICE_HOURS = {
     "days": ["mon", "tue", "wed", "thu", "fri"],

@@ -14,6 +14,7 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+from deployments.contracts.manifest import ModelManifest
 from deployments.export.chat_tokenizer import KIMI_K2_CHAT_TEMPLATE, corpus_lines
 from deployments.export.llm import FAMILIES, export_llm
 from deployments.export.tiktoken_tokenizer import (
@@ -21,8 +22,7 @@ from deployments.export.tiktoken_tokenizer import (
     RESERVED_SPECIAL_TOKENS,
     kimi_tokenizer,
 )
-from deployments.runtime.manifest import ModelManifest
-from deployments.runtime.tokenizer import ChatTokenizer
+from deployments.replica.engine.tokenizer import ChatTokenizer
 
 # Named specials at their offsets above the ranks, with gaps as in Kimi's own config.
 NAMED = {

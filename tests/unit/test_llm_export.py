@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pytest
 
+from deployments.contracts.manifest import ModelManifest
 from deployments.export.common import VerificationError
 from deployments.export.llm import default_model, export_llm, save_checkpoint, verify_llm
-from deployments.runtime.decoder import DecoderGraph
-from deployments.runtime.manifest import ModelManifest
-from deployments.runtime.session import SessionConfig, cuda_available, open_session
+from deployments.replica.engine.decoder import DecoderGraph
+from deployments.replica.engine.session import SessionConfig, cuda_available, open_session
 
 FAMILIES = ["glm", "kimi"]
 

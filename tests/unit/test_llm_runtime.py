@@ -8,15 +8,15 @@ import threading
 
 import pytest
 
+from deployments.contracts.outputs import GenerationChunk, TokenLogprob, ToolCall, merge_chunks
+from deployments.contracts.sampling_params import GenerationOptions, SamplingParams
 from deployments.errors import (
     ContextLengthExceededError,
     EmptyInputError,
     InvalidRequestError,
 )
-from deployments.runtime.llm import LLMRuntime, prefill_groups
-from deployments.runtime.outputs import GenerationChunk, TokenLogprob, ToolCall, merge_chunks
-from deployments.runtime.sampling_params import GenerationOptions, SamplingParams
-from deployments.runtime.step_profile import StepProfile
+from deployments.replica.engine.llm import LLMRuntime, prefill_groups
+from deployments.replica.engine.step_profile import StepProfile
 
 HELLO = [{"role": "user", "content": "Tell me about Beijing 北京 and Paris."}]
 
@@ -271,9 +271,9 @@ def test_merged_chunks_keep_every_token_and_the_last_counts():
 def test_prompt_logprobs_are_the_exported_graphs_own(runtime, models_root):
     """What `echo` with `logprobs` shows, against a direct computation: the exported graph's
     logits for every prompt position in one run, each row's log-softmax at the next token."""
-    from deployments.runtime.decoder import DecoderGraph
-    from deployments.runtime.sampling import log_softmax
-    from deployments.runtime.session import SessionConfig, open_session
+    from deployments.replica.engine.decoder import DecoderGraph
+    from deployments.replica.engine.sampling import log_softmax
+    from deployments.replica.engine.session import SessionConfig, open_session
 
     prompt_text = "Once upon a time in Paris, 北京"
     graph_path = runtime.model_dir / runtime.manifest.graph

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from deployments.contracts.manifest import MANIFEST_NAME, ModelManifest
 from deployments.errors import (
     ContextLengthExceededError,
     EmptyInputError,
@@ -33,10 +34,12 @@ from deployments.export.moderation import (
     packaged_model_dir,
     verify_moderation_graph,
 )
-from deployments.runtime.manifest import MANIFEST_NAME, ModelManifest
-from deployments.runtime.moderation import MAX_INPUT_CHARS, ModerationRuntime
-from deployments.security import ModerationGateConfig
-from deployments.security.gate_classifier import in_router_classifier, open_embedded_classifier
+from deployments.ingress.security import ModerationGateConfig
+from deployments.ingress.security.gate_classifier import (
+    in_router_classifier,
+    open_embedded_classifier,
+)
+from deployments.replica.engine.moderation import MAX_INPUT_CHARS, ModerationRuntime
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -26,8 +26,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode, format_span_id, format_trace_id
 from pydantic import ValidationError
 
-from deployments.api.errors import ErrorShapes, install_error_handler
 from deployments.errors import ContextLengthExceededError, InternalServerError, ModelNotFoundError
+from deployments.ingress.api.errors import ErrorShapes, install_error_handler
 from deployments.observability import attributes as attrs
 from deployments.observability import config as config_module
 from deployments.observability.access_log import (
@@ -84,7 +84,7 @@ class FakeClock:
 
 @dataclass
 class FakeRoute:
-    """Shaped like deployments.edge.EdgeTrace."""
+    """Shaped like deployments.ingress.edge.EdgeTrace."""
 
     colo: str = "LHR"
     region: str = "eu"

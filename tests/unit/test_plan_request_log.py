@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from ledger_records import NOW, record
 
-from deployments.state.database import Database
-from deployments.state.migrations import migrate
-from deployments.state.postgres import PostgresDatabase
-from deployments.state.request_log import LogFilter, RequestLog, RequestRecord
-from deployments.state.sqlite import SqliteDatabase
+from deployments.ingress.state.database import Database
+from deployments.ingress.state.migrations import migrate
+from deployments.ingress.state.postgres import PostgresDatabase
+from deployments.ingress.state.request_log import LogFilter, RequestLog, RequestRecord
+from deployments.ingress.state.sqlite import SqliteDatabase
 from edge_sim.config import EdgeConfig
 from edgectl.plan.cli import main as plan_main
 from edgectl.plan.config import load_serve_config

@@ -10,12 +10,12 @@ import pytest
 from pydantic import ValidationError
 
 from deployments.config import MIB, BatchingConfig
-from deployments.runtime.decoder import KVCache
-from deployments.runtime.llm import LLMRuntime
-from deployments.runtime.prefix_cache import BLOCK_TOKENS, DEFAULT_MAX_BYTES, PrefixCache
-from deployments.runtime.sampling_params import SamplingParams
-from deployments.runtime.session_config import SessionConfig
-from deployments.servers.chat import ChatServer
+from deployments.contracts.sampling_params import SamplingParams
+from deployments.contracts.session_config import SessionConfig
+from deployments.replica.chat import ChatServer
+from deployments.replica.engine.decoder import KVCache
+from deployments.replica.engine.llm import LLMRuntime
+from deployments.replica.engine.prefix_cache import BLOCK_TOKENS, DEFAULT_MAX_BYTES, PrefixCache
 
 SYSTEM = {
     "role": "system",

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from deployments.config import ConfigError, parse_app_config
-from deployments.edge_control import EdgeControl
-from deployments.prewarm import HOLD_RETRY_S, PredictiveWarmer
+from deployments.control.edge_control import EdgeControl
+from deployments.control.prewarm import HOLD_RETRY_S, PredictiveWarmer
 from edge_sim.clock import ManualClock
 from edge_sim.prewarm import PrewarmConfig
 

@@ -25,9 +25,9 @@ from openai.types.chat import ChatCompletion as SDKChatCompletion
 from openai.types.chat import ChatCompletionChunk as SDKChatCompletionChunk
 from pydantic import BaseModel, ValidationError
 
-from deployments.api.responses import encode_json
 from deployments.errors import EmptyInputError, InvalidRequestError, InvalidUTF8Error
-from deployments.protocol import (
+from deployments.ingress.api.responses import encode_json
+from deployments.ingress.protocol import (
     WORKERS_INPUT_BY_TASK,
     ChatCompletion,
     ChatCompletionChunk,
@@ -63,7 +63,7 @@ from deployments.protocol import (
     workers_chat_to_chat_request,
     workers_embedding_result,
 )
-from deployments.protocol.moderations import OPENAI_CATEGORIES
+from deployments.ingress.protocol.moderations import OPENAI_CATEGORIES
 
 HELLO = [{"role": "user", "content": "hello"}]
 LONE_SURROGATE = "ok \ud800"
@@ -721,7 +721,7 @@ def test_workers_envelopes():
 
 def test_protocol_imports_neither_ray_nor_fastapi():
     code = (
-        "import sys, deployments.protocol; "
+        "import sys, deployments.ingress.protocol; "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'ray', 'fastapi', 'starlette'}))"
     )
     result = subprocess.run(

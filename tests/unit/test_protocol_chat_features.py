@@ -11,9 +11,9 @@ from openai.types.chat import ChatCompletionChunk as SDKChatCompletionChunk
 from pydantic import ValidationError
 
 from deployments.errors import UnsupportedParameterError
-from deployments.protocol import request_error_from_validation
-from deployments.protocol.chat import ChatCompletionRequest, chat_messages_as_dicts
-from deployments.protocol.chat_response import (
+from deployments.ingress.protocol import request_error_from_validation
+from deployments.ingress.protocol.chat import ChatCompletionRequest, chat_messages_as_dicts
+from deployments.ingress.protocol.chat_response import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionMessage,
@@ -24,7 +24,7 @@ from deployments.protocol.chat_response import (
     ChoiceLogprobs,
     ChunkChoice,
 )
-from deployments.protocol.common import Usage
+from deployments.ingress.protocol.common import Usage
 
 TOOL = {
     "type": "function",

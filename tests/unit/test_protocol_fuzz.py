@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from deployments.errors import InvalidRequestError
-from deployments.protocol import (
+from deployments.ingress.protocol import (
     WORKERS_INPUT_BY_TASK,
     ChatCompletionRequest,
     EmbeddingRequest,

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from deployments.edge_control import EdgeControl
+from deployments.control.edge_control import EdgeControl
 from deployments.errors import RegionFaultError
-from deployments.servers.faults import ReplicaFaultGate
+from deployments.replica.faults import ReplicaFaultGate
 from edge_sim.clock import ManualClock
 
 POOLS = {"glm": {"eu": "glm-eu", "ap": "glm-ap"}}

@@ -19,7 +19,7 @@ from router_fakes import (
     services_for,
 )
 
-from deployments.api.app import make_app
+from deployments.ingress.api.app import make_app
 
 LIMIT = 2048
 USER_KEY = "sk-user-0123456789abcdef"

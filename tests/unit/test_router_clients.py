@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from router_fakes import FakeChatHandle, FakeStream, fake_handles, reply
 from test_router_api import USER, client_for, envelope_error, openai_error, sse_data
 
-from deployments.runtime.outputs import (
+from deployments.contracts.outputs import (
     Completion,
     GenerationChunk,
     PromptTokenLogprob,

@@ -1,4 +1,5 @@
-"""The router's own HTTP listener (deployments/api/listener.py), on a small app, without Ray."""
+"""The router's own HTTP listener (deployments/ingress/api/listener.py), on a small app, without
+Ray."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from deployments.api.listener import RouterListener, shared_port_socket
 from deployments.config import ListenerConfig
+from deployments.ingress.api.listener import RouterListener, shared_port_socket
 from edgectl.local_cluster import free_port
 
 

@@ -22,8 +22,7 @@ from router_fakes import (
     services_for,
 )
 
-from deployments.cache import StoreUnavailable
-from deployments.cache.sqlite_store import SQLiteStore
+from deployments.contracts.encoder_outputs import ModerationResult
 from deployments.errors import (
     ContentPolicyViolationError,
     InvalidRequestError,
@@ -32,16 +31,17 @@ from deployments.errors import (
     RateLimitedError,
     WrongTaskError,
 )
+from deployments.ingress.cache import StoreUnavailable
+from deployments.ingress.cache.sqlite_store import SQLiteStore
+from deployments.ingress.protocol import ChatCompletionRequest, EmbeddingRequest, ModerationRequest
+from deployments.ingress.security import Principal, RateLimits
+from deployments.ingress.serving.context import RequestContext
 from deployments.observability import (
     InMemoryMetricsBackend,
     RequestTelemetry,
     RouterObservability,
     configure_access_logger,
 )
-from deployments.protocol import ChatCompletionRequest, EmbeddingRequest, ModerationRequest
-from deployments.runtime.encoder_outputs import ModerationResult
-from deployments.security import Principal, RateLimits
-from deployments.serving.context import RequestContext
 
 TOKENS_PER_MINUTE = 10_000
 LIMITED = Principal("alice", RateLimits(requests_per_minute=100, tokens_per_minute=10_000))

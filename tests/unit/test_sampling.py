@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from deployments.contracts.sampling_params import SamplingParams
 from deployments.errors import InvalidRequestError
-from deployments.runtime.sampling import (
+from deployments.replica.engine.sampling import (
     SamplingState,
     log_softmax,
     sample_batch,
 )
-from deployments.runtime.sampling_params import SamplingParams
 
 VOCAB = 64
 

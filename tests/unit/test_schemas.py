@@ -28,8 +28,8 @@ from schema_contracts import (
 )
 from test_router_clients import EchoingChatHandle
 
-from deployments.api.app import make_app
-from deployments.runtime.outputs import Completion, GenerationChunk, TokenLogprob, ToolCall
+from deployments.contracts.outputs import Completion, GenerationChunk, TokenLogprob, ToolCall
+from deployments.ingress.api.app import make_app
 
 LIMIT = 4096
 KEY = "sk-user-0123456789abcdef"

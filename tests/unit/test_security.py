@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from deployments.contracts.outputs import GenerationChunk
 from deployments.errors import (
     AuthenticationError,
     InvalidRequestError,
@@ -20,9 +21,8 @@ from deployments.errors import (
     PermissionDeniedError,
     RouteNotFoundError,
 )
-from deployments.protocol import ChatCompletionRequest
-from deployments.runtime.outputs import GenerationChunk
-from deployments.security import (
+from deployments.ingress.protocol import ChatCompletionRequest
+from deployments.ingress.security import (
     KUBERNETES_ENV,
     ContentPolicyViolationError,
     KeyConfigError,
@@ -44,7 +44,7 @@ from deployments.security import (
     on_kubernetes,
     open_start_refusal,
 )
-from deployments.security.moderation_gate import held_unspaced, releasable_length
+from deployments.ingress.security.moderation_gate import held_unspaced, releasable_length
 
 ALICE = "sk-alice-0123456789abcdef"
 BOB = "sk-bob-fedcba9876543210"

@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from deployments.edge.calls import HandleCall
-from deployments.errors import BadHeaderValueError
-from deployments.servers.session_router import (
+from deployments.contracts.session_router import (
     FALLBACK_REPLICAS,
     SessionAffinityRouter,
     session_rank,
 )
-from deployments.serving.context import MAX_SESSION_CHARS, SESSION_HEADER, session_of
+from deployments.errors import BadHeaderValueError
+from deployments.ingress.edge.calls import HandleCall
+from deployments.ingress.serving.context import MAX_SESSION_CHARS, SESSION_HEADER, session_of
 
 
 @dataclass(frozen=True)

@@ -14,21 +14,21 @@ from typing import Any, TypeVar
 import pytest
 from ledger_records import NOW, record
 
+from deployments.config.security import KeyBudget
+from deployments.config.state import StateConfig
 from deployments.errors import BudgetExceededError
+from deployments.ingress.security import Principal, RateLimits, SecurityConfig
+from deployments.ingress.state.batch_jobs import BatchItem, BatchJobs
+from deployments.ingress.state.budgets import BudgetGuard, SpendAdmission
+from deployments.ingress.state.database import Database, StoreUnavailable
+from deployments.ingress.state.gateway import GatewayState
+from deployments.ingress.state.migrations import MIGRATIONS, Migration, migrate
+from deployments.ingress.state.postgres import PostgresDatabase, numbered_placeholders
+from deployments.ingress.state.request_log import LogFilter, RequestLog
+from deployments.ingress.state.spend import KeySpend, PeriodSpend, period_of
+from deployments.ingress.state.sqlite import SqliteDatabase
+from deployments.ingress.state.virtual_keys import NewKey, VirtualKeys
 from deployments.observability import ModelPrice
-from deployments.security import Principal, RateLimits, SecurityConfig
-from deployments.security.config import KeyBudget
-from deployments.state.batch_jobs import BatchItem, BatchJobs
-from deployments.state.budgets import BudgetGuard, SpendAdmission
-from deployments.state.config import StateConfig
-from deployments.state.database import Database, StoreUnavailable
-from deployments.state.gateway import GatewayState
-from deployments.state.migrations import MIGRATIONS, Migration, migrate
-from deployments.state.postgres import PostgresDatabase, numbered_placeholders
-from deployments.state.request_log import LogFilter, RequestLog
-from deployments.state.spend import KeySpend, PeriodSpend, period_of
-from deployments.state.sqlite import SqliteDatabase
-from deployments.state.virtual_keys import NewKey, VirtualKeys
 
 T = TypeVar("T")
 DAY_S = 86_400.0

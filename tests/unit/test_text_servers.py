@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from deployments.autoscale import REQUESTS_METRIC
+from deployments.contracts.autoscaling import REQUESTS_METRIC
+from deployments.contracts.encoder_outputs import EmbeddingResult
+from deployments.contracts.replies import Reply
+from deployments.contracts.session_config import SessionConfig
 from deployments.errors import InvalidRequestError
-from deployments.runtime.encoder_outputs import EmbeddingResult
-from deployments.runtime.session_config import SessionConfig
-from deployments.servers.base import Reply
-from deployments.servers.batched import EmbeddingServer, ModerationServer
+from deployments.replica.batched import EmbeddingServer, ModerationServer
 from tests.unit.router_fakes import fake_verdicts
 
 

@@ -19,7 +19,7 @@ from deployments.export.chat_tokenizer import (
     build_tokenizer,
     save_tokenizer,
 )
-from deployments.runtime.tokenizer import ChatTokenizer, IncrementalDetokenizer
+from deployments.replica.engine.tokenizer import ChatTokenizer, IncrementalDetokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 FAMILIES = sorted(CHAT_FORMATS)

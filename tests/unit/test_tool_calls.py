@@ -10,12 +10,12 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from deployments.contracts.manifest import ModelManifest
+from deployments.contracts.sampling_params import GenerationOptions, SamplingParams
 from deployments.export.chat_tokenizer import CHAT_FORMATS
-from deployments.runtime.llm import LLMRuntime
-from deployments.runtime.manifest import ModelManifest
-from deployments.runtime.sampling_params import GenerationOptions, SamplingParams
-from deployments.runtime.tokenizer import ChatTokenizer
-from deployments.runtime.tool_calls import (
+from deployments.replica.engine.llm import LLMRuntime
+from deployments.replica.engine.tokenizer import ChatTokenizer
+from deployments.replica.engine.tool_calls import (
     Glm4ToolCalls,
     KimiK2ToolCalls,
     ToolCallStream,

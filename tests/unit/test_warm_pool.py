@@ -17,8 +17,7 @@ from pydantic import ValidationError
 
 from benchmarks.coldstart.warm_pool import NO_POOL_ROUTE, no_warm_pool_application
 from deployments.config import PROJECT_ROOT, check_serve_config, parse_app_config
-from deployments.ray_ext.worker_setup import SETUP_HOOK_ENV_VAR
-from deployments.warm_pool import (
+from deployments.control.warm_pool import (
     SETUP_HOOK,
     NodeAddress,
     NodePool,
@@ -27,6 +26,7 @@ from deployments.warm_pool import (
     preload,
     warm_runtime_env,
 )
+from deployments.ray_ext.worker_setup import SETUP_HOOK_ENV_VAR
 
 
 def test_a_node_with_no_workers_of_ours_asks_for_the_target():
@@ -242,7 +242,7 @@ def test_what_the_pool_preloads_pulls_in_no_export_only_packages():
     # torch and transformers are for export only: a replica (and each idle warm worker) that
     # imported them would pay seconds and hundreds of MB for nothing.
     code = (
-        "import gc, sys; from deployments.warm_pool import preload; preload(); "
+        "import gc, sys; from deployments.control.warm_pool import preload; preload(); "
         "print(gc.get_freeze_count()); print(sorted({m.split('.')[0] for m in sys.modules}))"
     )
     loaded = subprocess.run(

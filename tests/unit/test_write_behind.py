@@ -10,11 +10,11 @@ from collections.abc import Sequence
 
 import pytest
 
+from deployments.config.state import LedgerConfig
+from deployments.ingress.state.database import StoreUnavailable
+from deployments.ingress.state.ledger import RequestLedger
+from deployments.ingress.state.write_behind import DROP_LOG_EVERY_S, RecordWriter, WriterMetrics
 from deployments.observability import InMemoryMetricsBackend
-from deployments.state.config import LedgerConfig
-from deployments.state.database import StoreUnavailable
-from deployments.state.ledger import RequestLedger
-from deployments.state.write_behind import DROP_LOG_EVERY_S, RecordWriter, WriterMetrics
 
 
 class FakeStore:

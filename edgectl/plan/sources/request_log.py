@@ -1,6 +1,6 @@
 """The gateway's request log (table `request_log`, one row per model request a router finished)
 as a planner trace: each request at its arrival, from its entry colo's position. Read, never
-migrated, from a router's SQLite file or the shared PostgreSQL through deployments.state."""
+migrated, from a router's SQLite file or the shared PostgreSQL through deployments.ingress.state."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
+from deployments.config.state import POSTGRES_SCHEMES, StateConfig
+from deployments.ingress.state.database import Database, Row, StoreUnavailable
+from deployments.ingress.state.gateway import open_database
+from deployments.ingress.state.request_log import LogFilter, RequestLog
 from deployments.observability.outcome import CLIENT_CLOSED_REQUEST
-from deployments.state.config import POSTGRES_SCHEMES, StateConfig
-from deployments.state.database import Database, Row, StoreUnavailable
-from deployments.state.gateway import open_database
-from deployments.state.request_log import LogFilter, RequestLog
 from edge_sim.plan.replay import ReplayedRequest, replay_trace
 from edgectl.plan.sources.scope import Replay, SourceScope, shown, skipped_text
 

@@ -1,0 +1,154 @@
+"""The response cache a router replica asks: an optional in-process tier in front of a shared
+store (`store.py`). Every wait on the store is bounded; a store that fails or is too slow makes
+the lookup a miss (counted by reason), is left alone for `retry_after_s`, then asked again, so
+it comes back by itself. Entries never change within their time to live, so a local copy is
+always the store's answer; it lives only until the entry's own expiry."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from cachetools import TLRUCache
+
+from deployments.config import CacheConfig
+from deployments.ingress.cache.codec import CodecError, decode_answer, encode_answer
+from deployments.ingress.cache.store import SharedStore, StoreUnavailable
+
+# What the store holds: the entry's expiry (wall time, seconds) and then the encoded answer, so a
+# replica that reads an entry keeps its local copy no longer than the entry lives.
+ENVELOPE = struct.Struct("<d")
+# Calls waiting on the store at once, at most: beyond it a lookup is a miss without asking, so a
+# stalled store holds a bounded number of requests, each for at most timeout_ms.
+MAX_STORE_CALLS_IN_FLIGHT = 64
+
+FailureCounter = Callable[[str, str, str], None]
+"""Counts one failed store call: (backend, operation: get|put, reason: timeout|error|busy|down|
+corrupt)."""
+
+log = logging.getLogger("ray.serve")
+T = TypeVar("T")
+
+
+class ResponseCache:
+    def __init__(
+        self,
+        config: CacheConfig,
+        store: SharedStore | None = None,
+        *,
+        clock: Callable[[], float] = time.time,  # wall time: expiries cross processes
+        on_failure: FailureCounter | None = None,
+    ):
+        """`store`: the shared tier (None: this process's memory alone, max_entries big)."""
+        self.enabled = config.enabled
+        self.store = store
+        self._ttl_s = config.ttl_s
+        self._timeout_s = config.timeout_ms / 1000
+        self._retry_after_s = config.retry_after_s
+        self._clock = clock
+        self._on_failure = on_failure
+        local_size = config.local_entries if store is not None else config.max_entries
+        self._local: TLRUCache[str, tuple[float, Any]] | None = (
+            TLRUCache(local_size, ttu=_expiry_of, timer=clock) if local_size else None
+        )
+        self._in_flight = 0
+        self._retry_at = 0.0  # the store is not asked before this time (it failed)
+        self._down = False
+
+    async def get(self, key: str) -> Any | None:
+        """The cached answer, or None: not cached, expired, or the store failed."""
+        if not self.enabled:
+            return None
+        if self._local is not None and (entry := self._local.get(key)) is not None:
+            return entry[1]
+        if self.store is None:
+            return None
+        store = self.store
+        data = await self._ask("get", lambda: store.get(key))
+        if data is None:
+            return None
+        try:
+            (expires_at,) = ENVELOPE.unpack_from(data)
+            answer = decode_answer(data[ENVELOPE.size :])
+        except (struct.error, CodecError) as error:
+            log.warning("response cache: an entry that does not decode is a miss: %s", error)
+            self._count_failure("get", "corrupt")
+            return None
+        if expires_at <= self._clock():  # the store's clock may be ahead of ours
+            return None
+        self._keep_local(key, expires_at, answer)
+        return answer
+
+    async def put(self, key: str, answer: Any) -> None:
+        """Keep `answer` for ttl_s; written through to the store (a bounded wait), so the next
+        same request finds it on any replica. A failed write is counted, never raised."""
+        if not self.enabled:
+            return
+        expires_at = self._clock() + self._ttl_s
+        self._keep_local(key, expires_at, answer)
+        if self.store is not None:
+            store, data = self.store, ENVELOPE.pack(expires_at) + encode_answer(answer)
+            await self._ask("put", lambda: store.put(key, data, self._ttl_s))
+
+    async def close(self) -> None:
+        if self.store is not None:
+            await self.store.close()
+
+    def _keep_local(self, key: str, expires_at: float, answer: Any) -> None:
+        if self._local is not None:
+            self._local[key] = (expires_at, answer)
+
+    async def _ask(self, operation: str, call: Callable[[], Awaitable[T]]) -> T | None:
+        """The store's answer, or None when it is down, busy, failing or slower than the
+        timeout."""
+        if self._clock() < self._retry_at:
+            self._count_failure(operation, "down")
+            return None
+        if self._in_flight >= MAX_STORE_CALLS_IN_FLIGHT:
+            self._count_failure(operation, "busy")
+            return None
+        self._in_flight += 1
+        try:
+            result = await asyncio.wait_for(call(), self._timeout_s)
+        except TimeoutError:
+            self._failed(operation, "timeout", f"no answer within {self._timeout_s * 1000:g} ms")
+            return None
+        except StoreUnavailable as error:
+            self._failed(operation, "error", str(error))
+            return None
+        finally:
+            self._in_flight -= 1
+        if self._down:
+            self._down = False
+            log.info("response cache: the %s backend answers again", self._backend)
+        return result
+
+    def _failed(self, operation: str, reason: str, detail: str) -> None:
+        self._count_failure(operation, reason)
+        self._retry_at = self._clock() + self._retry_after_s
+        if not self._down:
+            self._down = True
+            log.warning(
+                "response cache: the %s backend failed (%s: %s); lookups are misses, it is "
+                "asked again every %g s",
+                self._backend,
+                operation,
+                detail,
+                self._retry_after_s,
+            )
+
+    def _count_failure(self, operation: str, reason: str) -> None:
+        if self._on_failure is not None:
+            self._on_failure(self._backend, operation, reason)
+
+    @property
+    def _backend(self) -> str:
+        return self.store.name if self.store is not None else "memory"
+
+
+def _expiry_of(_key: str, entry: tuple[float, Any], _now: float) -> float:
+    return entry[0]

@@ -1,0 +1,116 @@
+"""The embedded shared tier: one SQLite file (WAL) per node, shared by the router replicas on that
+node without a server. Every call runs on one thread of its own, so a slow disk delays that
+thread, never the router's event loop; expired and surplus (oldest first) entries are pruned
+as entries are written."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+from deployments.ingress.cache.store import StoreUnavailable
+
+# The table's name carries the entry format's version: a new format starts an empty table
+# instead of reading entries it cannot decode.
+TABLE = "response_cache_v1"
+SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS {TABLE} (key TEXT PRIMARY KEY, value BLOB NOT NULL,
+                                    expires_at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS {TABLE}_expiry ON {TABLE} (expires_at);
+"""
+T = TypeVar("T")
+
+
+class SQLiteStore:
+    name = "sqlite"
+
+    def __init__(
+        self,
+        path: Path,
+        max_entries: int,
+        timeout_ms: float,
+        clock: Callable[[], float] = time.time,  # wall time: other processes read the expiry
+    ):
+        self.path = path
+        self.max_entries = max_entries
+        # A writer waits on another replica's write lock about as long as a request waits on it.
+        self._busy_timeout_s = timeout_ms / 1000
+        self._clock = clock
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edge-cache-sqlite")
+        self._db: sqlite3.Connection | None = None  # only ever touched on self._thread
+
+    async def get(self, key: str) -> bytes | None:
+        return await self._on_thread(self._get, key)
+
+    async def put(self, key: str, value: bytes, ttl_s: float) -> None:
+        await self._on_thread(self._put, key, value, ttl_s)
+
+    async def close(self) -> None:
+        await self._on_thread(self._close)
+        self._thread.shutdown(wait=False)
+
+    async def _on_thread(self, call: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, call, *args)
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._db is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(self.path, timeout=self._busy_timeout_s, isolation_level=None)
+            try:
+                db.execute("PRAGMA journal_mode=WAL")  # readers never wait on a writer
+                # A crash may lose the last entries written, never corrupt the file: a cache.
+                db.execute("PRAGMA synchronous=NORMAL")
+                db.executescript(SCHEMA)
+            except BaseException:
+                db.close()
+                raise
+            self._db = db
+        return self._db
+
+    def _get(self, key: str) -> bytes | None:
+        try:
+            row = (
+                self._connection()
+                .execute(
+                    f"SELECT value FROM {TABLE} WHERE key = ? AND expires_at > ?",
+                    (key, self._clock()),
+                )
+                .fetchone()
+            )
+        except (sqlite3.Error, OSError) as error:
+            raise self._lost(error) from error
+        return None if row is None else bytes(row[0])
+
+    def _put(self, key: str, value: bytes, ttl_s: float) -> None:
+        now = self._clock()
+        try:
+            db = self._connection()
+            with db:  # one transaction: the entry and the pruning it makes necessary
+                db.execute("BEGIN IMMEDIATE")
+                db.execute(
+                    f"INSERT OR REPLACE INTO {TABLE} (key, value, expires_at) VALUES (?, ?, ?)",
+                    (key, value, now + ttl_s),
+                )
+                db.execute(f"DELETE FROM {TABLE} WHERE expires_at <= ?", (now,))
+                db.execute(
+                    f"DELETE FROM {TABLE} WHERE key IN (SELECT key FROM {TABLE} "
+                    "ORDER BY expires_at DESC LIMIT -1 OFFSET ?)",
+                    (self.max_entries,),
+                )
+        except (sqlite3.Error, OSError) as error:
+            raise self._lost(error) from error
+
+    def _close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def _lost(self, error: BaseException) -> StoreUnavailable:
+        """Drop the connection (the next call opens the file anew: it may have been replaced)."""
+        self._close()
+        return StoreUnavailable(f"sqlite {self.path}: {error}")

@@ -1,0 +1,334 @@
+"""The edge dispatcher: a model call enters at the client's nearest colo and is run by a region
+chosen from the pools' shared real state (edge_sim.regions.plan_regions). The RTT to that region
+is acted out; a region that fails (a real error from its replicas, a dead actor, a time-out) makes
+the request fail over to the next one; back-pressure (Serve's queue full) spills it to the next one
+without counting against the region. The wait limits (ingress/edge/waiting.py) bound it: with
+`rejectIfBusy` only a free warm region is tried, and a wait budget ends it with the expected
+wake-up as its Retry-After."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from functools import partial
+from typing import Protocol
+
+from deployments.errors import (
+    BadHeaderValueError,
+    BusyError,
+    OverloadedError,
+    QueueFullError,
+    ServingError,
+    WaitBudgetExceededError,
+)
+from deployments.ingress.edge.calls import CallResult, HandleCall
+from deployments.ingress.edge.clock import EdgeClock, SystemClock, Timer
+from deployments.ingress.edge.pools import RegionPools
+from deployments.ingress.edge.trace import EdgeTrace
+from deployments.ingress.edge.waiting import ColdStartNotice, WaitLimits
+from deployments.observability import RequestTelemetry
+from edge_sim.geo import BadHeaderError, ClientLocation
+from edge_sim.network import EdgeNetwork
+from edge_sim.regions import RegionCandidate, RegionMap, RegionPlan, plan_regions
+from edge_sim.routing import NoColoAvailableError, RouteCandidate
+
+LOST_CHECK_S = 0.25  # how often a running attempt looks whether its region is still there
+BUSY_MESSAGE = "Capacity temporarily exceeded, please try again."  # Workers AI's own words
+
+
+class RegionLostError(Exception):
+    """The region an attempt waits on lost its replicas or was ejected meanwhile."""
+
+
+class ClientOrigin(Protocol):
+    """What the edge reads of a request: where its client is and how long it may wait (a
+    RequestContext has all three)."""
+
+    @property
+    def location_headers(self) -> Mapping[str, str]: ...
+
+    @property
+    def client_ip(self) -> str | None: ...
+
+    @property
+    def wait_limits(self) -> WaitLimits: ...
+
+
+class EdgeDispatcher:
+    """Runs one model call through the edge: entry colo, region plan, RTT, call, fail over; tells
+    the request's telemetry where it went."""
+
+    def __init__(
+        self,
+        network: EdgeNetwork,
+        regions: RegionMap,
+        pools: RegionPools,
+        *,
+        max_attempts: int,
+        deadline_s: float,
+        max_extra_rtt_ms: float | None = None,
+        clock: EdgeClock | None = None,
+    ):
+        """`deadline_s`: per request, across failovers and cold starts."""
+        self.network = network
+        self.regions = regions
+        self.pools = pools
+        self.max_attempts = max_attempts
+        self.deadline_s = deadline_s
+        self.max_extra_rtt_ms = max_extra_rtt_ms
+        self.clock = clock or SystemClock()
+
+    def plan(
+        self, model: str, origin: ClientOrigin
+    ) -> tuple[RouteCandidate, list[str], ClientLocation, RegionPlan]:
+        """(entry colo, colos skipped on the way, client, regions in order). A colo drilled
+        down is not an entry point; one drilled to fail a share of requests passes those on
+        to the next colo (the colos are simulated: this is where their faults act)."""
+        try:
+            colos = self.network.route(model, origin.location_headers, origin.client_ip)
+        except BadHeaderError as exc:
+            raise BadHeaderValueError(exc.message, header=exc.header) from None
+        except NoColoAvailableError as exc:
+            raise OverloadedError(exc.message, retry_after_s=5) from None
+        skipped = []
+        for entry in colos.candidates:
+            if not self.network.should_fail(entry.colo_id):
+                break
+            skipped.append(entry.colo_id)
+        else:
+            raise OverloadedError(
+                f"every colo near the client failed the request ({','.join(skipped)})",
+                retry_after_s=1,
+            )
+        reachable = [
+            (region, entry.rtt_ms + backhaul_ms)
+            for region, backhaul_ms in self.regions.from_colo(entry.colo_id)
+            if region in self.pools.handles[model]
+        ]
+        plan = plan_regions(
+            reachable,
+            self.pools.pools(model),
+            cold_start_ms=self.pools.cold_start_ms(model),
+            max_extra_rtt_ms=self.max_extra_rtt_ms,
+            max_candidates=self.max_attempts,
+        )
+        return entry, skipped, colos.client, plan
+
+    async def nearest(
+        self, model: str, origin: ClientOrigin, telemetry: RequestTelemetry
+    ) -> EdgeTrace:
+        """The trace of an answer the entry colo gives from its cache (a HIT): the client->colo
+        RTT only."""
+        entry, _, client, _ = self.plan(model, origin)
+        await self.clock.sleep(self.network.delay_s(entry))
+        trace = EdgeTrace(
+            entry.colo_id,
+            self.regions.home(entry.colo_id),
+            entry.rtt_ms,
+            "nearest",
+            [],
+            cache="HIT",
+            client=client,
+        )
+        telemetry.routed(trace, client)
+        return trace
+
+    async def dispatch(
+        self,
+        model: str,
+        origin: ClientOrigin,
+        call: HandleCall,
+        telemetry: RequestTelemetry,
+        notice: ColdStartNotice | None = None,
+    ) -> tuple[CallResult, EdgeTrace]:
+        """Run `call` on the handle of the region the plan picks, failing over on 5xx, within
+        the request's wait limits; `notice` hears when an attempt waits for a cold replica."""
+        await self.pools.ready()
+        entry, skipped, client, plan = self.plan(model, origin)
+        limits = origin.wait_limits
+        if not limits.warm_only:  # background work (a batch item) neither wakes a region nor
+            # counts as demand to pre-warm one for
+            self.pools.note_demand(model, self.regions.home(entry.colo_id))
+            if plan.wake is not None:
+                self.pools.wake(model, plan.wake)
+        allowed = self._within_limits(model, plan.candidates, limits)
+        arrived_at = self.clock.unix()
+        deadline = self.clock.now() + self.deadline_s
+        budget_end = None if limits.max_wait_s is None else self.clock.now() + limits.max_wait_s
+        tried: list[str] = list(skipped)
+        failed_regions: list[str] = []
+        failed, spilled = bool(skipped), False
+        last_error: ServingError | None = None
+        # Fewer regions than attempts (one, without `regions`): the rest retry them in order;
+        # Serve routes a retry to another replica of the pool, or a restarted one.
+        candidates = [allowed[i % len(allowed)] for i in range(self.max_attempts)]
+        for index, candidate in enumerate(candidates):
+            remaining = deadline - self.clock.now()
+            if remaining <= 0:
+                break
+            # A hung region gets its share of the deadline, not all of it: the rest can still try.
+            attempt_s = remaining / (len(candidates) - index)
+            region = candidate.region
+            budget_left_s = None if budget_end is None else budget_end - self.clock.now()
+            if budget_left_s is not None and budget_left_s <= 0:
+                raise self._past_budget(model, region, limits)
+            budget_binds = budget_left_s is not None and budget_left_s < attempt_s
+            attempt_s = min(attempt_s, budget_left_s) if budget_left_s is not None else attempt_s
+            tried.append(region)
+            if notice is not None and not self.pools.pools(model)[region].warm:
+                notice.waiting_on(region)
+            try:
+                result = await self._watched(model, region, candidate.rtt_ms, call, attempt_s)
+            except QueueFullError as error:
+                self.pools.report(model, region, "saturated")  # back-pressure: not a failure
+                spilled, last_error = True, error
+                continue
+            except ServingError as error:
+                if error.status < 500:
+                    raise  # the client's mistake, not the region's: no failover
+                self.pools.report(model, region, "failed")
+                failed, last_error = True, error
+                failed_regions.append(region)
+                continue
+            except (TimeoutError, RegionLostError) as error:
+                if budget_binds and isinstance(error, TimeoutError):
+                    raise self._past_budget(model, region, limits) from None  # not the region's
+                self.pools.report(model, region, "failed")
+                failed = True
+                failed_regions.append(region)
+                last_error = OverloadedError(
+                    str(error) or f"region {region} did not answer in time", retry_after_s=1
+                )
+                continue
+            reply = result.reply
+            cold_ms = _cold_start_ms(reply.replica_ready_at, arrived_at)
+            self.pools.report(model, region, "ok", cold_ms)
+            phases = None  # of the replica it waited on, if it waited
+            if cold_ms is not None:
+                phases = reply.phases.as_dict() if reply.phases else None
+                self.pools.note_cold_start(
+                    model,
+                    {
+                        "at_unix": self.clock.unix(),
+                        "wait_ms": cold_ms,
+                        "replica_load_s": reply.replica_load_s,
+                        "phases": phases,
+                    },
+                )
+            reason = candidate.reason
+            if failed:
+                reason = "failover"
+            elif spilled:
+                reason = "spillover"
+            trace = EdgeTrace(
+                entry.colo_id,
+                region,
+                candidate.rtt_ms,
+                reason,
+                tried,
+                cold_ms,
+                client=client,
+                cold_start_phases=phases,
+                skipped_colos=tuple(skipped),
+                failed_regions=tuple(failed_regions),
+            )
+            telemetry.routed(trace, client)
+            return result, trace
+        if limits.reject_if_busy and isinstance(last_error, QueueFullError):
+            raise BusyError(BUSY_MESSAGE, retry_after_s=last_error.retry_after_s)
+        if last_error is not None:
+            raise last_error
+        raise OverloadedError(f"no region could take a {model} request in time", retry_after_s=1)
+
+    def _within_limits(
+        self, model: str, candidates: tuple[RegionCandidate, ...], limits: WaitLimits
+    ) -> tuple[RegionCandidate, ...]:
+        """The candidates the request's wait limits allow. `reject_if_busy`: only regions with a
+        warm replica and no back-pressure now; none is a 429 at once (Workers AI's answer), not
+        a wait. A wait budget shorter than the first region's expected wake-up is a 503 at once,
+        not a wait that can only end in one. Either way the region it would have waited on is
+        woken, so a retry after the Retry-After finds it warm; `warm_only` wakes nothing."""
+        pools = self.pools.pools(model)
+        if limits.reject_if_busy:
+            free = tuple(
+                c for c in candidates if pools[c.region].warm and not pools[c.region].saturated
+            )
+            if not free:
+                if not limits.warm_only:
+                    self._wake_if_cold(model, candidates[0].region)
+                ready_in_s = min(self.pools.expected_ready_s(model, c.region) for c in candidates)
+                raise BusyError(BUSY_MESSAGE, retry_after_s=ready_in_s)
+            candidates = free
+        first = candidates[0].region
+        if limits.max_wait_s is not None and (
+            self.pools.expected_ready_s(model, first) > limits.max_wait_s
+        ):
+            self._wake_if_cold(model, first)
+            raise self._past_budget(model, first, limits)
+        return candidates
+
+    def _wake_if_cold(self, model: str, region: str) -> None:
+        if not self.pools.pools(model)[region].warm:
+            self.pools.wake(model, region)
+
+    def _past_budget(self, model: str, region: str, limits: WaitLimits) -> WaitBudgetExceededError:
+        """The request's wait budget ends before `region` could take it: retry when its replica
+        is expected up (the cold-start estimate, less what its wake already waited)."""
+        ready_in_s = self.pools.expected_ready_s(model, region)
+        budget_ms = round((limits.max_wait_s or 0.0) * 1000)
+        return WaitBudgetExceededError(
+            f"no {model} replica could take the request within its wait budget "
+            f"(x-edge-max-wait-ms: {budget_ms}); region {region} expects one in "
+            f"{ready_in_s:.1f} s",
+            retry_after_s=ready_in_s,
+        )
+
+    async def _watched(
+        self, model: str, region: str, rtt_ms: float, call: HandleCall, timeout_s: float
+    ) -> CallResult:
+        """Act out the RTT and run the call until it ends, times out, or its region is lost
+        meanwhile: its replicas gone (a killed node: Serve holds the request until a replica that
+        cannot be placed starts) or ejected on other requests' failures. A lost attempt fails
+        over at once. A timeout scope and two timers, not a Task per attempt (the router's fast
+        path)."""
+        loop = asyncio.get_running_loop()
+        was_warm = self.pools.pools(model)[region].warm
+        lost = False
+        expiry: Timer | None = None
+        check: Timer | None = None
+
+        def end_now(scope: asyncio.Timeout) -> None:
+            scope.reschedule(loop.time())
+
+        def look(scope: asyncio.Timeout) -> None:
+            nonlocal lost, check
+            if self.pools.lost(model, region, was_warm):
+                lost = True
+                end_now(scope)
+            else:
+                self.pools.keep_fresh()  # the next look sees a loss within a sync or so
+                check = self.clock.call_later(LOST_CHECK_S, partial(look, scope))
+
+        try:
+            async with asyncio.timeout(None) as scope:
+                expiry = self.clock.call_later(timeout_s, partial(end_now, scope))
+                check = self.clock.call_later(LOST_CHECK_S, partial(look, scope))
+                delay_s = self.network.delay_for_rtt_s(rtt_ms)
+                if delay_s > 0:  # sleep(0) would still cost a round of the event loop
+                    await self.clock.sleep(delay_s)
+                return await call.run(self.pools.handle(model, region, stream=call.stream))
+        except TimeoutError:
+            if lost:
+                raise RegionLostError(f"region {region} lost its {model} replicas") from None
+            raise
+        finally:
+            if expiry is not None:
+                expiry.cancel()
+            if check is not None:
+                check.cancel()
+
+
+def _cold_start_ms(replica_ready_at: float, arrived_at: float) -> float | None:
+    """The wait for a replica that became ready after the request arrived, in ms."""
+    waited_s = replica_ready_at - arrived_at
+    return waited_s * 1000.0 if waited_s > 0 else None

@@ -1,0 +1,221 @@
+"""This router replica's side of the shared region state: the handles of every (model, region)
+pool, edge-control's latest snapshot of their replicas, and what this replica saw since (how
+attempts went, and each region's demand for pre-warming)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from deployments.ingress.edge.calls import Handle
+from deployments.ingress.edge.clock import EdgeClock, SystemClock
+from deployments.pacing import PollPacer
+from edge_sim.region_board import BoardSnapshot, Outcome, OutcomeKind
+from edge_sim.regions import PoolView, RegionPolicy
+
+log = logging.getLogger("ray.serve")
+SYNC_INTERVAL_S = 0.5  # while this replica serves requests or the pools change
+IDLE_SYNC_INTERVAL_S = 4.0  # the slowest, reached by doubling while all is still
+# A request that ends an idle wait has its sync this much later, not in the milliseconds that
+# decide its first byte (both are CPU in this replica's process).
+WOKEN_SYNC_DELAY_S = 0.05
+FIRST_SYNC_TIMEOUT_S = 3.0
+
+
+class RegionPools:
+    """The handle of every (model, region) pool (and its streaming form, made once), the latest
+    snapshot from edge-control, and this replica's outcomes since (they go to edge-control on the
+    next sync; its own back-pressure counts at once)."""
+
+    def __init__(
+        self,
+        handles: Mapping[str, Mapping[str, Handle]],
+        policy: RegionPolicy,
+        default_cold_start_ms: float,
+        control: Any = None,
+        clock: EdgeClock | None = None,
+        after_cold_start: Callable[[], None] | None = None,
+    ):
+        """after_cold_start: called once a cold start has been served or a woken pool has its
+        replica (which took a warm pool worker: the pool is asked to replace it now, not at its
+        next check)."""
+        self.handles = {model: dict(by_region) for model, by_region in handles.items()}
+        # Ray Serve LLM's lesson: one handle per model and option set (each costs the controller).
+        self._stream_handles: dict[tuple[str, str], Handle] = {}
+        self.policy = policy
+        self._default_cold_start_ms = default_cold_start_ms
+        self._control = control
+        self._clock = clock or SystemClock()
+        self.snapshot = BoardSnapshot({}, {})
+        self._synced = asyncio.Event() if control is not None else None
+        self._full_until: dict[tuple[str, str], float] = {}
+        self._outcomes: list[Outcome] = []
+        self._demand: dict[tuple[str, str], int] = {}
+        self._wakes: dict[tuple[str, str], asyncio.Task[Any]] = {}
+        self._woken_at: dict[tuple[str, str], float] = {}  # when each pool's wake was sent
+        self._syncer: asyncio.Task[None] | None = None
+        self.sync_pacer = PollPacer(SYNC_INTERVAL_S, IDLE_SYNC_INTERVAL_S)
+        self._sync_now = asyncio.Event()
+        self.last_cold_start: dict[str, dict[str, Any]] = {}
+        self._after_cold_start = after_cold_start
+
+    def handle(self, model: str, region: str, stream: bool = False) -> Handle:
+        """The pool's handle; with `stream`, its streaming form (made on first use, then kept)."""
+        if not stream:
+            return self.handles[model][region]
+        key = (model, region)
+        streaming = self._stream_handles.get(key)
+        if streaming is None:
+            streaming = self._stream_handles[key] = self.handles[model][region].options(stream=True)
+        return streaming
+
+    def serving_handle(self, model: str) -> Handle:
+        """A handle for calls outside the edge (the moderation gate's): a warm region's if any,
+        so a check never waits on a cold start another region could spare."""
+        regions = self.handles[model]
+        warm = [r for r in regions if self.snapshot.pool(model, r).warm]
+        return regions[warm[0] if warm else next(iter(regions))]
+
+    def pools(self, model: str) -> dict[str, PoolView]:
+        now = self._clock.now()
+        views = {}
+        for region in self.handles[model]:
+            view = self.snapshot.pool(model, region)
+            if self._full_until.get((model, region), 0.0) > now and not view.saturated:
+                view = PoolView(view.running, view.ejected, saturated=True)
+            views[region] = view
+        return views
+
+    def lost(self, model: str, region: str, was_warm: bool) -> bool:
+        """Has the region become unusable since an attempt started there?"""
+        view = self.snapshot.pool(model, region)
+        return view.ejected or (was_warm and not view.warm)
+
+    def cold_start_ms(self, model: str) -> float:
+        return self.snapshot.cold_start_ms.get(model, self._default_cold_start_ms)
+
+    def expected_ready_s(self, model: str, region: str) -> float:
+        """How long until the pool is expected to have a replica: none when it is warm; else
+        the model's cold-start estimate, less what a wake in flight has already waited."""
+        if self.snapshot.pool(model, region).warm:
+            return 0.0
+        estimate_s = self.cold_start_ms(model) / 1000.0
+        key = (model, region)
+        if key not in self._wakes or self._wakes[key].done():
+            return estimate_s
+        return max(0.0, estimate_s - (self._clock.now() - self._woken_at[key]))
+
+    def report(
+        self, model: str, region: str, kind: OutcomeKind, cold_ms: float | None = None
+    ) -> None:
+        """How an attempt went; back-pressure also marks the pool full here at once."""
+        if kind == "saturated":
+            self._full_until[(model, region)] = self._clock.now() + self.policy.saturation_hold_s
+        if self._control is not None:
+            self._outcomes.append(Outcome(model, region, kind, cold_ms))
+            self._wake_syncer()
+
+    def note_demand(self, model: str, region: str) -> None:
+        """A request for `model` entered at a colo of `region` (wherever it is served): the
+        demand edge-control forecasts that region's traffic from (deployments.control.prewarm)."""
+        if self._control is not None:
+            key = (model, region)
+            self._demand[key] = self._demand.get(key, 0) + 1
+            self._wake_syncer()
+
+    def note_cold_start(self, model: str, record: dict[str, Any]) -> None:
+        """A request of `model` waited for a replica to start: `record` is /readyz's account."""
+        self.last_cold_start[model] = record
+        if self._after_cold_start is not None:
+            self._after_cold_start()
+
+    def wake(self, model: str, region: str) -> None:
+        """Send the cold pool one request that queues until Serve has started a replica for it
+        (Serve scales a deployment up from zero for queued requests); one at a time per pool."""
+        key = (model, region)
+        if key in self._wakes and not self._wakes[key].done():
+            return
+        handle = self.handle(model, region)
+        task = asyncio.get_running_loop().create_task(
+            asyncio.wait_for(_await(handle.wake.remote()), self.policy.wake_timeout_s)
+        )
+        task.add_done_callback(self._woken)
+        self._wakes[key] = task
+        self._woken_at[key] = self._clock.now()
+
+    def _woken(self, task: asyncio.Task[Any]) -> None:
+        """A wake answered: its replica has started (on a warm pool worker, which to replace)."""
+        _quietly(task)
+        if not task.cancelled() and task.exception() is None and self._after_cold_start:
+            self._after_cold_start()
+
+    # ---- sharing with edge-control ------------------------------------------------------------
+
+    async def ready(self) -> None:
+        """Start syncing with edge-control if not yet; the first request waits for one snapshot
+        (FIRST_SYNC_TIMEOUT_S at most), so it routes from real state."""
+        if self._control is None or self._synced is None:
+            return
+        if self._syncer is None or self._syncer.done():
+            self._syncer = asyncio.get_running_loop().create_task(self._sync_forever())
+        if not self._synced.is_set():
+            try:
+                await asyncio.wait_for(self._synced.wait(), FIRST_SYNC_TIMEOUT_S)
+            except TimeoutError:
+                log.warning("no region state from edge-control yet: routing by distance")
+
+    async def sync(self) -> bool:
+        """Hand edge-control this replica's outcomes and demand; take every pool's state in
+        return. True when there was something to hand over or the pools' state changed."""
+        outcomes, self._outcomes = self._outcomes, []
+        demand, self._demand = self._demand, {}
+        try:
+            snapshot = await self._control.sync.remote(outcomes, demand)
+        except BaseException:
+            self._outcomes[:0] = outcomes  # reported on the next sync instead
+            for key, count in demand.items():
+                self._demand[key] = self._demand.get(key, 0) + count
+            raise
+        changed = snapshot != self.snapshot
+        self.snapshot = snapshot
+        if self._synced is not None:
+            self._synced.set()
+        return bool(outcomes or demand) or changed
+
+    async def _sync_forever(self) -> None:
+        """Sync every 0.5 s while requests come or wait on a region, or the pools change;
+        doubling the wait up to 4 s while all is still (each sync costs this replica and
+        edge-control a Serve call). The next request ends an idle wait (WOKEN_SYNC_DELAY_S after
+        it)."""
+        while True:
+            self._sync_now.clear()  # a request from here on ends the wait for the next sync
+            busy = False
+            try:
+                busy = await self.sync()
+            except Exception:  # noqa: BLE001 - a missed sync is retried; routing goes on
+                log.warning("region sync with edge-control failed", exc_info=True)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.sync_pacer.after_read(busy)):
+                    await self._sync_now.wait()
+                await asyncio.sleep(WOKEN_SYNC_DELAY_S)  # woken by a request
+
+    def keep_fresh(self) -> None:
+        """An attempt is waiting on a region (whose loss it must see): sync at the fast pace."""
+        self._wake_syncer()
+
+    def _wake_syncer(self) -> None:
+        if self.sync_pacer.idle:
+            self._sync_now.set()
+
+
+async def _await(response: Awaitable[Any]) -> Any:
+    return await response
+
+
+def _quietly(task: asyncio.Task[Any]) -> None:
+    """A wake request that failed or timed out says nothing: the next detour wakes again."""
+    if not task.cancelled():
+        task.exception()

@@ -1,0 +1,245 @@
+"""Chat for both APIs: admission, the moderation gate, the cache (deterministic requests), the
+edge and the model's handle, and the settlement of the key's tokens however the request ends."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from deployments.contracts.outputs import Completion, GenerationChunk
+from deployments.ingress.edge.calls import CallResult, HandleCall
+from deployments.ingress.edge.trace import EdgeTrace
+from deployments.ingress.edge.waiting import ColdStartNotice
+from deployments.ingress.protocol import (
+    ChatCompletion,
+    ChatCompletionMessage,
+    ChatCompletionMessageToolCall,
+    ChatCompletionRequest,
+    Choice,
+    ChoiceLogprobs,
+    PromptTokenLogprob,
+    Usage,
+    chat_completion_id,
+    chat_messages_as_dicts,
+    created_timestamp,
+)
+from deployments.ingress.security import ModerationGate, metered_stream
+from deployments.ingress.serving.admission import chat_features
+from deployments.ingress.serving.answer import Answer
+from deployments.ingress.serving.base import ModelService
+from deployments.ingress.serving.context import RequestContext
+from deployments.ingress.serving.models import ServedModel
+from deployments.observability import RequestTelemetry
+
+
+def is_deterministic(chat: ChatCompletionRequest) -> bool:
+    """Only an answer the same request would get again may be cached."""
+    return not chat.stream and (chat.temperature == 0 or chat.seed is not None)
+
+
+def chat_choice(done: Completion) -> Choice:
+    calls = [ChatCompletionMessageToolCall.from_call(c) for c in done.tool_calls] or None
+    return Choice(
+        index=done.index,
+        # OpenAI's content is null when the answer is only tool calls
+        message=ChatCompletionMessage(
+            content=None if calls and not done.text.strip() else done.text, tool_calls=calls
+        ),
+        logprobs=None if done.logprobs is None else ChoiceLogprobs.from_tokens(done.logprobs),
+        finish_reason=done.finish_reason,
+    )
+
+
+def chat_completion(model: str, choices: list[Completion]) -> ChatCompletion:
+    prompt_logprobs = choices[0].prompt_logprobs
+    return ChatCompletion(
+        id=chat_completion_id(),
+        created=created_timestamp(),
+        model=model,
+        choices=[chat_choice(done) for done in choices],
+        usage=Usage.from_counts(
+            choices[0].prompt_tokens,
+            sum(c.completion_tokens for c in choices),
+            choices[0].cached_tokens,
+        ),
+        prompt_logprobs=None
+        if prompt_logprobs is None
+        else PromptTokenLogprob.from_tokens(prompt_logprobs),
+    )
+
+
+@dataclass(frozen=True)
+class ChatService(ModelService):
+    gate: ModerationGate
+
+    def _begin(self, chat: ChatCompletionRequest, telemetry: RequestTelemetry) -> ServedModel:
+        telemetry.request(
+            task="chat",
+            model=chat.model,
+            stream=chat.stream,
+            max_tokens=chat.effective_max_tokens,
+            temperature=chat.temperature,
+            top_p=chat.top_p,
+            seed=chat.seed,
+            prompt=chat_messages_as_dicts(chat),
+        )
+        return self.catalogue.get(chat.model, "chat")
+
+    async def complete(
+        self,
+        chat: ChatCompletionRequest,
+        ctx: RequestContext,
+        telemetry: RequestTelemetry,
+        *,
+        use_cache: bool = True,
+    ) -> Answer[ChatCompletion]:
+        """A whole answer; a deterministic one is cached when `use_cache`."""
+        admitted = await self.admission.admit_chat(
+            chat, self._begin(chat, telemetry), ctx, telemetry
+        )
+        model, messages, params, quota, fallback = admitted
+        features = chat_features(chat)
+        call = HandleCall(
+            "complete_choices", (messages, params, ctx.traceparent, features), session=ctx.session
+        )
+        used_tokens = 0
+        try:
+            cacheable = use_cache and is_deterministic(chat) and not fallback
+            cached = await self.cached.lookup("chat", chat, ctx, cacheable=cacheable)
+            if cached.hit is not None:
+                completion, trace = cached.hit, await self.edge.nearest(model.name, ctx, telemetry)
+            else:
+                result, trace = await self._checked_dispatch(model, messages, ctx, telemetry, call)
+                # a key's fallback answers as the model that served, not the one its budget refused
+                named = model.name if fallback else chat.model
+                completion = await self._completion(model, named, result.reply.value)
+                await cached.store(completion, trace)
+            usage = completion.usage
+            used_tokens = usage.total_tokens
+            telemetry.usage(
+                input_tokens=usage.prompt_tokens,
+                output_tokens=usage.completion_tokens,
+                finish_reason=completion.choices[0].finish_reason,
+            )
+        finally:
+            quota.settle(used_tokens)
+        return Answer.of(completion, trace, quota)
+
+    async def _completion(
+        self, model: ServedModel, asked_as: str, choices: list[Completion]
+    ) -> ChatCompletion:
+        """The answer of the model's choices, each passed through the output gate if it applies,
+        named as the client asked for the model (its name or an alias), as a stream's chunks are."""
+        choices = list(choices)
+        if self.gate.applies_to(model.name):
+            for i, done in enumerate(choices):
+                text, finish = await self.gate.filter_output(done.text, done.finish_reason)
+                choices[i] = dataclasses.replace(done, text=text, finish_reason=finish)
+        return chat_completion(asked_as, choices)
+
+    async def stream(
+        self,
+        chat: ChatCompletionRequest,
+        ctx: RequestContext,
+        telemetry: RequestTelemetry,
+        notice: ColdStartNotice | None = None,
+    ) -> Answer[AsyncIterator[GenerationChunk]]:
+        """The generation's chunks once its first one came: until then the edge may fail over
+        and an error has a real status; after it, the route turns errors into an error event.
+        `notice` hears if the edge waits for a cold replica meanwhile. The key's tokens are
+        settled when the stream ends, fails or is abandoned."""
+        admitted = await self.admission.admit_chat(
+            chat, self._begin(chat, telemetry), ctx, telemetry
+        )
+        model, messages, params, quota, _ = admitted
+        features = chat_features(chat)
+        call = HandleCall(
+            "stream",
+            (messages, params, ctx.traceparent, features),
+            stream=True,
+            session=ctx.session,
+        )
+        try:
+            opened, trace = await self._checked_dispatch(
+                model, messages, ctx, telemetry, call, notice
+            )
+        except BaseException:
+            quota.settle(0)
+            raise
+        chunks = _rest(opened, features.n)
+        if self.gate.applies_to(model.name):
+            chunks = self.gate.guard_stream(chunks, features.n)
+        return Answer.of(metered_stream(_observed(chunks, telemetry), quota), trace, quota)
+
+    async def _checked_dispatch(
+        self,
+        model: ServedModel,
+        messages: list[dict[str, Any]],
+        ctx: RequestContext,
+        telemetry: RequestTelemetry,
+        call: HandleCall,
+        notice: ColdStartNotice | None = None,
+    ) -> tuple[CallResult, EdgeTrace]:
+        """`call` through the edge, started while the gate checks the input (the check overlaps
+        the hop to the model and its prefill); its result comes back only once the input passed.
+        A refused input cancels the call, or closes the stream it already opened, and the 400 is
+        raised whatever the call did."""
+        if not self.gate.applies_to(model.name):
+            return await self.edge.dispatch(model.name, ctx, call, telemetry, notice)
+        if notice is not None:
+            notice.hold()  # a stream starts only once its input passed: a refusal stays a 400
+        started = asyncio.ensure_future(
+            self.edge.dispatch(model.name, ctx, call, telemetry, notice)
+        )
+        try:
+            # One turn of the loop: the dispatch sends the call before the check starts. The
+            # router's own classifier never yields, so without it the call left only after it.
+            await asyncio.sleep(0)
+            await self.gate.check_input(messages)
+            if notice is not None:
+                notice.release()
+        except BaseException:
+            if not started.done():
+                started.cancel()
+            elif not started.cancelled() and started.exception() is None:
+                started.result()[0].close()
+            raise
+        return await started
+
+
+async def _rest(opened: CallResult, choices: int) -> AsyncIterator[GenerationChunk]:
+    """The stream's chunks, from the first one the edge waited for, until each of its `choices`
+    finished."""
+    chunk = opened.reply.value
+    unfinished = choices
+    try:
+        while True:
+            yield chunk
+            if chunk.finish_reason is not None:
+                unfinished -= 1
+                if not unfinished:
+                    return
+            chunk = (await opened.rest.__anext__()).value
+    finally:
+        opened.close()  # the client left or the stream ended: free the model's slot
+
+
+async def _observed(
+    chunks: AsyncIterator[GenerationChunk], telemetry: RequestTelemetry
+) -> AsyncIterator[GenerationChunk]:
+    """Pass a stream through, telling the request's telemetry its usage or its failure."""
+    try:
+        async for chunk in chunks:
+            if chunk.finish_reason is not None:  # with n > 1: the totals so far, last one wins
+                telemetry.usage(
+                    input_tokens=chunk.prompt_tokens,
+                    output_tokens=chunk.completion_tokens,
+                    finish_reason=chunk.finish_reason,
+                )
+            yield chunk
+    except Exception as exc:
+        telemetry.failed(exc)
+        raise

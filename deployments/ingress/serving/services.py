@@ -1,0 +1,216 @@
+"""All of the router's services, built once from the validated config and the model handles."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from deployments.config import AppConfig
+from deployments.ingress.cache import ResponseCache, SharedStore
+from deployments.ingress.edge.calls import HandleCall
+from deployments.ingress.edge.coalesce import coalescing
+from deployments.ingress.edge.dispatch import EdgeDispatcher
+from deployments.ingress.edge.pools import RegionPools
+from deployments.ingress.security import KeyStore, ModerationGate, RateLimiter
+from deployments.ingress.security.gate_classifier import (
+    OpenClassifier,
+    in_router_classifier,
+    open_embedded_classifier,
+)
+from deployments.ingress.serving.admission import Admission
+from deployments.ingress.serving.batch import BatchService
+from deployments.ingress.serving.batch_runner import BatchRunner
+from deployments.ingress.serving.caching import CachedAnswers
+from deployments.ingress.serving.chat import ChatService
+from deployments.ingress.serving.dashboard import DashboardService, RegionsSource, TrafficShare
+from deployments.ingress.serving.drills import FaultDrills
+from deployments.ingress.serving.gateway_admin import GatewayAdmin
+from deployments.ingress.serving.models import (
+    DeploymentState,
+    DeploymentStates,
+    ModelCatalogue,
+    ServedModel,
+)
+from deployments.ingress.serving.texts import EmbeddingService, ModerationService
+from deployments.ingress.serving.workers_ai import WorkersRun
+from deployments.ingress.state.gateway import GatewayState
+from deployments.observability import RouterObservability
+from deployments.observability.recent_traffic import RecentTraffic
+from edge_sim.network import EdgeNetwork
+
+
+@dataclass(frozen=True)
+class RouterServices:
+    keys: KeyStore
+    catalogue: ModelCatalogue
+    chat: ChatService
+    embeddings: EmbeddingService
+    moderations: ModerationService
+    drills: FaultDrills
+    dashboard: DashboardService
+    pools: RegionPools
+    deployment_states: DeploymentStates
+    gateway: GatewayAdmin  # the admin API of keys, logs and usage
+    workers: WorkersRun  # /ai/run's inputs and answers, a client's or a batch item's
+    batch: BatchService  # the Batch API's submissions and polls
+    observability: RouterObservability | None = None
+    warm_pool: Any | None = None  # deployments.control.warm_pool's handle, None when it is off
+    state: GatewayState | None = None  # keys, budgets and the request log; None when off
+    batch_runner: BatchRunner | None = None  # runs batch jobs; None with state or batch off
+
+    async def readiness(self) -> dict[str, Any]:
+        states = await self.deployment_states()
+        ready = self.catalogue.readiness(states, self.pools.last_cold_start)
+        # A failing call raises to the route's error handler, which maps it like a model call's.
+        pool = await self.warm_pool.describe.remote() if self.warm_pool is not None else None
+        return {**ready, "warm_pool": pool}
+
+
+async def _no_deployments() -> Mapping[str, DeploymentState]:
+    return {}
+
+
+def build_services(
+    config: AppConfig,
+    handles: Mapping[str, Mapping[str, Any]],
+    *,
+    keys: KeyStore,
+    control: Any | None = None,
+    warm_pool: Any | None = None,
+    observability: RouterObservability | None = None,
+    deployment_states: DeploymentStates = _no_deployments,
+    rate_limit_share: float = 1.0,
+    clock: Callable[[], float] = time.monotonic,
+    regions: RegionsSource | None = None,
+    open_gate_classifier: OpenClassifier = open_embedded_classifier,
+    cache_store: SharedStore | None = None,
+    state: GatewayState | None = None,
+) -> RouterServices:
+    """`handles`: model -> region -> the handle of that model's deployment in that region.
+    `control`: the edge-control deployment, where routers share region state and drills.
+    `rate_limit_share`: this replica's part of each key's budget (1/N with N router replicas).
+    `clock`: the rate limiter's (tests). `regions`: real regions for the dashboard (default:
+    /admin/regions from edge-control when there is one; None: the cluster as one region).
+    `open_gate_classifier`: opens the moderation gate's model in this process when it is small
+    enough to (tests pass a fake). `cache_store`: the response cache's shared tier
+    (`open_cache_store`; None: this process's memory alone). `state`: the gateway's database
+    (virtual keys' budgets, the admin API of keys, logs and usage); None: off."""
+    router, edge_config = config.router, config.edge
+    deployments: dict[str, dict[str, str]] = {}
+    for deployment, (model, region) in config.model_deployments().items():
+        deployments.setdefault(model, {})[region] = deployment
+    catalogue = ModelCatalogue(
+        {
+            name: ServedModel(
+                name,
+                m.task,
+                m.family,
+                aliases=m.aliases,
+                categories=m.categories,
+                description=m.description,
+            )
+            for name, m in config.models.items()
+        },
+        created=int(time.time()),
+        deployments=deployments,
+    )
+    network = EdgeNetwork(edge_config)
+    text_models = {name for name, m in config.models.items() if m.task != "chat"}
+    pools = RegionPools(
+        coalescing(handles, text_models, router.coalesce),
+        edge_config.region_policy,
+        router.default_cold_start_ms,
+        control=control,
+        after_cold_start=(lambda: warm_pool.top_up.remote()) if warm_pool is not None else None,
+    )
+    edge = EdgeDispatcher(
+        network,
+        edge_config.region_map(),
+        pools,
+        max_attempts=router.failover_attempts,
+        deadline_s=router.request_timeout_s,
+        max_extra_rtt_ms=edge_config.routing.max_extra_rtt_ms,
+    )
+    metrics = observability.metrics if observability is not None else None
+    cached = CachedAnswers(
+        ResponseCache(
+            router.cache,
+            cache_store,
+            on_failure=metrics.cache_backend_failure if metrics is not None else None,
+        )
+    )
+    security = config.security
+    admission = Admission(
+        RateLimiter(clock=clock, share=rate_limit_share),
+        security.request_limits,
+        catalogue,
+        budgets=state.budgets if state is not None else None,
+    )
+    gate_config = security.moderation_gate
+
+    async def deployment_flags(texts: list[str]) -> list[bool]:
+        """The moderation deployment, called directly (not via a colo), in a region where it is
+        warm if there is one."""
+        handle = pools.serving_handle(gate_config.moderation_model)
+        result = await HandleCall("classify", (texts,)).run(handle)
+        return [verdict.flagged for verdict in result.reply.value]
+
+    in_router = (  # the config names a served moderation model whenever the gate is on
+        in_router_classifier(
+            gate_config, config.model_path(gate_config.moderation_model), open_gate_classifier
+        )
+        if gate_config.models
+        else None
+    )
+
+    drills = FaultDrills(network, control, edge_config.region_names)
+    if regions is None and control is not None and edge_config.regions is not None:
+        regions = drills.region_states
+    recent = observability.recent if observability is not None else RecentTraffic()
+    dashboard = DashboardService(
+        drills,
+        list(catalogue.models),
+        deployment_states,
+        TrafficShare(recent, control),
+        pools.last_cold_start,
+        regions=regions,
+    )
+    path = (catalogue, admission, cached, edge)  # what every service's request path goes through
+    workers = WorkersRun(
+        catalogue,
+        ChatService(*path, gate=ModerationGate(gate_config, in_router or deployment_flags)),
+        EmbeddingService(*path),
+        ModerationService(*path),
+    )
+    runner = None
+    if state is not None and state.config.batch.enabled:
+        runner = BatchRunner(
+            state.batches,
+            workers,
+            pools,
+            keys,
+            state.config.batch,
+            ready=state.ensure_ready,
+            observability=observability,
+            wall_clock=state.wall_clock,
+        )
+    return RouterServices(
+        keys=keys,
+        catalogue=catalogue,
+        chat=workers.chat,
+        embeddings=workers.embeddings,
+        moderations=workers.moderations,
+        drills=drills,
+        dashboard=dashboard,
+        pools=pools,
+        deployment_states=deployment_states,
+        observability=observability,
+        warm_pool=warm_pool,
+        state=state,
+        gateway=GatewayAdmin(catalogue, state),
+        workers=workers,
+        batch=BatchService(workers, state, wall_clock=state.wall_clock if state else time.time),
+        batch_runner=runner,
+    )

@@ -1,0 +1,144 @@
+"""The chat replica (GLM and Kimi alike: they differ only by model directory and template)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+from deployments.config import MIB, BatchingConfig
+from deployments.contracts.chat_features import ChatFeatures
+from deployments.contracts.outputs import Completion, GenerationChunk
+from deployments.contracts.replies import Reply
+from deployments.contracts.sampling_params import GenerationOptions, SamplingParams
+from deployments.contracts.session_config import SessionConfig
+from deployments.observability.model_telemetry import ModelCall
+from deployments.replica.base import ModelServer, RuntimeFactory
+from deployments.replica.engine.chat_features import (
+    grammar_of,
+    stream_with_tool_calls,
+    with_tool_calls,
+)
+from deployments.replica.engine.llm import LLMRuntime
+from deployments.replica.engine.tool_calls import ToolCallFormat, tool_call_format
+
+
+class ChatServer(ModelServer[LLMRuntime]):
+    TASK = "chat"
+
+    def __init__(
+        self,
+        model_dir: str,
+        session: SessionConfig,
+        runtime_factory: RuntimeFactory = LLMRuntime,
+        observability: dict[str, Any] | None = None,
+        model_name: str | None = None,
+        region: str | None = None,
+        control: Any = None,
+    ):
+        super().__init__(
+            model_dir, session, runtime_factory, observability, model_name, region, control
+        )
+
+    def _apply_batching(self, batching: BatchingConfig) -> None:
+        # The engine reads the limit before each step: new sequences wait for a free slot.
+        self.runtime.max_batch_size = batching.max_batch_size
+        self.runtime.prefix_cache.resize(int(batching.prefix_cache_mb * MIB))
+
+    @property
+    def tool_format(self) -> ToolCallFormat:
+        return tool_call_format(
+            self.runtime.manifest.family, list(self.runtime.tokenizer.special_tokens)
+        )
+
+    @staticmethod
+    def _prompt(
+        messages: Sequence[Mapping[str, Any]], features: ChatFeatures
+    ) -> Sequence[Mapping[str, Any]] | str:
+        return str(messages[-1]["content"]) if features.raw else messages
+
+    def _options(self, features: ChatFeatures) -> GenerationOptions:
+        fmt = self.tool_format
+        return GenerationOptions(
+            n=features.n,
+            tools=features.tools,
+            grammar=grammar_of(features, fmt),
+            keep_special_tokens=features.parses_tool_calls and fmt.keeps_special_tokens,
+        )
+
+    async def complete(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        params: SamplingParams,
+        traceparent: str | None = None,
+        features: ChatFeatures | None = None,
+    ) -> Reply[Completion]:
+        """The first choice; `complete_choices` for all n."""
+        reply = await self.complete_choices(messages, params, traceparent, features)
+        return self.reply(reply.value[0])
+
+    async def complete_choices(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        params: SamplingParams,
+        traceparent: str | None = None,
+        features: ChatFeatures | None = None,
+    ) -> Reply[list[Completion]]:
+        await self.faults.check()
+        features = features or ChatFeatures()
+        with self._call(traceparent, params, stream=False) as call:
+            choices = await self.runtime.complete_choices(
+                self._prompt(messages, features),
+                params,
+                self._options(features),
+                timings=call.timings,
+            )
+            choices = [with_tool_calls(c, self.tool_format, features) for c in choices]
+            call.usage(
+                input_tokens=choices[0].prompt_tokens,
+                output_tokens=sum(c.completion_tokens for c in choices),
+                finish_reason=choices[0].finish_reason,
+                cached_input_tokens=choices[0].cached_tokens,
+            )
+        return self.reply(choices)
+
+    async def stream(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        params: SamplingParams,
+        traceparent: str | None = None,
+        features: ChatFeatures | None = None,
+    ) -> AsyncIterator[Reply[GenerationChunk]]:
+        await self.faults.check()
+        features = features or ChatFeatures()
+        with self._call(traceparent, params, stream=True) as call:
+            chunks = self.runtime.stream(
+                self._prompt(messages, features),
+                params,
+                self._options(features),
+                timings=call.timings,
+            )
+            # With n > 1, each chunk reports the tokens of all choices so far: what the caller
+            # meters and reports as usage.
+            generated: dict[int, int] = {}
+            async for chunk in stream_with_tool_calls(chunks, self.tool_format, features):
+                generated[chunk.index] = chunk.completion_tokens
+                chunk = dataclasses.replace(chunk, completion_tokens=sum(generated.values()))
+                if chunk.finish_reason is not None:
+                    call.usage(
+                        input_tokens=chunk.prompt_tokens,
+                        output_tokens=chunk.completion_tokens,
+                        finish_reason=chunk.finish_reason,
+                        cached_input_tokens=chunk.cached_tokens,
+                    )
+                yield self.reply(chunk)
+
+    def _call(self, traceparent: str | None, params: SamplingParams, stream: bool) -> ModelCall:
+        return self.observability.call(
+            traceparent,
+            max_tokens=params.max_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            seed=params.seed,
+            stream=stream,
+        )

@@ -1,1 +1,0 @@
-"""The Ray Serve model deployments: one replica class per task, sharing `ModelServer`."""
