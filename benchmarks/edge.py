@@ -20,7 +20,8 @@ from benchmarks.lib.cluster import serve_cluster
 from benchmarks.lib.config import BenchConfig
 from benchmarks.lib.goals import GoalRecord, goal
 from deployments.app import build_app
-from deployments.config import PROJECT_ROOT, set_router_listener
+from deployments.config import PROJECT_ROOT
+from deployments.serve_file import set_router_listener
 from edge_sim.clock import ManualClock
 from edge_sim.config import EdgeConfig
 from edge_sim.geo import CountryCentroids

@@ -29,7 +29,7 @@ from pydantic import Field
 
 from benchmarks.lib.config import BenchConfig
 from benchmarks.lib.goals import GoalRecord, goal, ratio
-from deployments.config import serve_only, set_router_listener
+from deployments.serve_file import serve_only, set_router_listener
 from edge_sim.plan.policies import compare, predictive, scale_to_zero
 from edge_sim.plan.summary import totals
 from edge_sim.plan.world import World

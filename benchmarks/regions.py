@@ -29,7 +29,7 @@ from pydantic import Field
 
 from benchmarks.lib.config import BenchConfig
 from benchmarks.lib.goals import GoalRecord, goal
-from deployments.config import serve_only, set_router_listener
+from deployments.serve_file import serve_only, set_router_listener
 from edge_sim.config import EdgeConfig
 from edge_sim.regions import PoolView, plan_regions
 from edgectl.loadtest.regions import CITY_PROBES

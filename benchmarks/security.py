@@ -18,7 +18,7 @@ from pydantic import Field
 
 from benchmarks.lib.cluster import apply_applications, serve_cluster
 from benchmarks.lib.config import BenchConfig
-from deployments.config import PROJECT_ROOT, set_router_listener
+from deployments.config import PROJECT_ROOT
 from deployments.ingress.protocol import ChatCompletionRequest
 from deployments.ingress.security import (
     KeyStore,
@@ -27,6 +27,7 @@ from deployments.ingress.security import (
     check_chat,
     estimate_chat_tokens,
 )
+from deployments.serve_file import set_router_listener
 from edgectl.loadtest.summary import latency_stats_s
 from edgectl.local_cluster import free_port
 

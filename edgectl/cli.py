@@ -28,7 +28,7 @@ DEFAULT_ROUTER = "http://127.0.0.1:8000"
 WATCH_EVERY_S = 2.0
 # Wrapped tools with their own parsers: `edge <name> ...` hands them everything after the name.
 PASS_THROUGH = {
-    "check": "check a Serve config file before `serve deploy` (python -m deployments.config)",
+    "check": "check a Serve config file before `serve deploy` (deployments.serve_file)",
     "loadtest": "open-loop load test with a report (python -m edgectl.loadtest)",
     "plan": "capacity planner: replay a trace offline (python -m edgectl.plan)",
     "export": "build model directories from checkpoints (python -m deployments.export)",
@@ -157,7 +157,7 @@ def _pass_through(command: str, rest: list[str]) -> int:
 
         return plan(rest, prog="edge plan")
     if command == "check":
-        from deployments.config import main as check
+        from deployments.serve_file import main as check
 
         return check(rest, prog="edge check")
     if command == "export":

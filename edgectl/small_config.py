@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from deployments.config import serve_only, set_router_listener
+from deployments.serve_file import serve_only, set_router_listener
 
 LOAD_KEY_NAME = "load"  # the key name (EDGE_API_KEYS "load:<key>") that has no rate limits
 

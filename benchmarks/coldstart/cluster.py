@@ -12,7 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 
 from benchmarks.coldstart.empty import EMPTY_DEPLOYMENT, EMPTY_INGRESS
-from deployments.config import parse_app_config, serve_only, set_router_listener
+from deployments.config import parse_app_config
+from deployments.serve_file import serve_only, set_router_listener
 
 log = logging.getLogger(__name__)
 

@@ -61,7 +61,8 @@ from benchmarks.lib.processes import (
     cpu_used_by_title,
     process_title,
 )
-from deployments.config import PROJECT_ROOT, ModelConfig, parse_app_config, without_regions
+from deployments.config import PROJECT_ROOT, ModelConfig, parse_app_config
+from deployments.serve_file import without_regions
 from edgectl.local_cluster import LocalCluster, wait_until
 
 log = logging.getLogger(__name__)

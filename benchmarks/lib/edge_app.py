@@ -12,7 +12,8 @@ from typing import Any
 import yaml
 
 from benchmarks.lib.config import ServedBenchConfig
-from deployments.config import parse_app_config, set_router_listener, without_regions
+from deployments.config import parse_app_config
+from deployments.serve_file import set_router_listener, without_regions
 
 EDGE_APP = "edge"
 HOME_REGION = "eu"

@@ -1,7 +1,7 @@
 """Every setting of the application, declared once (pydantic, `extra="forbid"`, units in names):
 `app` (the `args:` of serve_config.yaml, validated once at build time), the settings of the
-gateway's `security` and `state`, and `serve_file` (a whole config file checked before deploy,
-or narrowed by the tools that deploy part of it)."""
+gateway's `security` and `state`, the warm pool's. A whole Serve config file, checked before
+deploy or narrowed by the tools that deploy part of it: deployments.serve_file."""
 
 from deployments.config.app import (
     APP_DEPLOYMENTS,
@@ -19,13 +19,6 @@ from deployments.config.app import (
     parse_app_config,
     serve_switches,
 )
-from deployments.config.serve_file import (
-    check_serve_config,
-    main,
-    serve_only,
-    set_router_listener,
-    without_regions,
-)
 
 __all__ = [
     "APP_DEPLOYMENTS",
@@ -39,12 +32,7 @@ __all__ = [
     "ListenerConfig",
     "ModelConfig",
     "RouterConfig",
-    "check_serve_config",
     "describe_validation_error",
-    "main",
     "parse_app_config",
-    "serve_only",
     "serve_switches",
-    "set_router_listener",
-    "without_regions",
 ]

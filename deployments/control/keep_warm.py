@@ -17,7 +17,7 @@ Start a window a cold start (a few seconds, `x-edge-cold-start-ms`) before the t
 Ray Serve pickles this module by value into its controller, which cannot import the project:
 keep it to the standard library, pydantic and Ray. And never raise there: Ray 2.60's controller
 does not catch a policy's exceptions, and one breaks `serve status` for every deployment. A bad
-schedule is reported by `python -m deployments.config` before deploying; deployed anyway, it is
+schedule is reported by `python -m deployments.serve_file` before deploying; deployed anyway, it is
 logged in the controller's log and the model scales by requests alone.
 """
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deployments.config import parse_app_config, serve_switches, set_router_listener
+from deployments.config import parse_app_config, serve_switches
 from deployments.k8s import (
     high_availability,
     pod_security,
@@ -23,6 +23,7 @@ from deployments.k8s import (
     secrets,
 )
 from deployments.k8s.manifest_yaml import dump_yaml
+from deployments.serve_file import set_router_listener
 
 MODELS_VOLUME = "models"
 # An idle GPU node is kept for the longest Serve downscale delay plus this: a burst shortly after

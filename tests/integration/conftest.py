@@ -17,8 +17,8 @@ import httpx
 import pytest
 import yaml
 
-from deployments.config import set_router_listener, without_regions
 from deployments.config.state import DATABASE_URL_ENV
+from deployments.serve_file import set_router_listener, without_regions
 from edgectl.local_cluster import LocalCluster, free_port, wait_until
 from edgectl.local_services import PostgresServer, ServiceUnavailable
 

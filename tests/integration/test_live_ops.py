@@ -159,7 +159,7 @@ def test_config_check_names_the_bad_field_before_deploying(serve_cluster, tmp_pa
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(bad_config(serve_cluster.config)))
     check = subprocess.run(
-        [sys.executable, "-m", "deployments.config", str(path)], capture_output=True, text=True
+        [sys.executable, "-m", "deployments.serve_file", str(path)], capture_output=True, text=True
     )
     assert check.returncode == 1
     assert "args.router.max_body_bytes" in check.stdout and "1024" in check.stdout

@@ -15,12 +15,10 @@ from deployments.config import (
     AppConfig,
     BatchingConfig,
     ConfigError,
-    check_serve_config,
     parse_app_config,
-    serve_only,
     serve_switches,
-    without_regions,
 )
+from deployments.serve_file import check_serve_config, serve_only, without_regions
 from edge_sim.config import EdgeConfig
 from edge_sim.network import EdgeNetwork
 from edgectl.loadtest.regions import CITY_PROBES

@@ -123,9 +123,11 @@ def test_check_exits_1_on_a_broken_config(tmp_path: Path, capsys: pytest.Capture
 
 
 def test_config_module_reads_help_as_help() -> None:
-    done = subprocess.run([sys.executable, "-m", "deployments.config", "--help"], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "deployments.serve_file", "--help"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert done.returncode == 0 and done.stdout.startswith("usage: python -m deployments.config")
+    assert done.returncode == 0 and done.stdout.startswith(
+        "usage: python -m deployments.serve_file"
+    )
 
 
 # ---- status ----------------------------------------------------------------------------------

@@ -12,8 +12,9 @@ import yaml
 from pydantic import ValidationError
 from ray.serve.config import AutoscalingConfig, AutoscalingContext, AutoscalingPolicy
 
-from deployments.config import PROJECT_ROOT, check_serve_config
+from deployments.config import PROJECT_ROOT
 from deployments.control.keep_warm import KEEP_WARM_POLICY, KeepWarm, KeepWarmConfig, WarmWindow
+from deployments.serve_file import check_serve_config
 
 OFFICE_HOURS = {
     "days": ["mon", "tue", "wed", "thu", "fri"],

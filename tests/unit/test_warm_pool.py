@@ -16,7 +16,7 @@ import yaml
 from pydantic import ValidationError
 
 from benchmarks.coldstart.warm_pool import NO_POOL_ROUTE, no_warm_pool_application
-from deployments.config import PROJECT_ROOT, check_serve_config, parse_app_config
+from deployments.config import PROJECT_ROOT, parse_app_config
 from deployments.control.warm_pool import (
     SETUP_HOOK,
     NodeAddress,
@@ -27,6 +27,7 @@ from deployments.control.warm_pool import (
     warm_runtime_env,
 )
 from deployments.ray_ext.worker_setup import SETUP_HOOK_ENV_VAR
+from deployments.serve_file import check_serve_config
 
 
 def test_a_node_with_no_workers_of_ours_asks_for_the_target():

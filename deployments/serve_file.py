@@ -1,5 +1,5 @@
 """A whole serve config file: checked before `serve deploy` (`edge check`, `python -m
-deployments.config`), and narrowed by the tools that deploy part of it (benchmarks, tests)."""
+deployments.serve_file`), and narrowed by the tools that deploy part of it (benchmarks, tests)."""
 
 from __future__ import annotations
 
@@ -121,8 +121,8 @@ def _keep_warm_problem(deployment: str, scaling: Any) -> str | None:
     return None
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "python -m deployments.config") -> int:
-    """`python -m deployments.config [serve_config.yaml]` (or `edge check`): exit 1 on problems."""
+def main(argv: Sequence[str] | None = None, prog: str = "python -m deployments.serve_file") -> int:
+    """`python -m deployments.serve_file [FILE]` (or `edge check`): exit 1 on problems."""
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Check a Serve config file before `serve deploy`: Serve's schema, this "
@@ -133,3 +133,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m deployments.c
     found = check_serve_config(target)
     print("\n".join(found) if found else f"{target}: OK")
     return 1 if found else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
