@@ -213,7 +213,7 @@ def test_a_ray_without_them_is_named_and_the_pool_stays_off(monkeypatch: pytest.
 
     import asyncio
 
-    from deployments import warm_pool
+    from deployments.control import warm_pool
 
     class RuntimeContext:
         def get_runtime_env_string(self) -> str:
