@@ -170,7 +170,12 @@ class RouterConfig(_Strict):
     request_timeout_s: float = Field(
         default=120.0, gt=0, le=3600, description="per request, across failovers and cold starts"
     )
-    failover_attempts: int = Field(default=3, ge=1, le=10, description="colos tried per request")
+    failover_attempts: int = Field(
+        default=3,
+        ge=1,
+        le=10,
+        description="region attempts per request; with fewer regions, the rest retry them in order",
+    )
     default_cold_start_ms: float = Field(
         default=3000.0, ge=0, description="assumed until a cold start has been measured"
     )

@@ -1,6 +1,7 @@
-"""The README is the front door and docs/ holds the depth: the README stays small, every relative
-link in them reaches a file (and a heading, when it names one), the commands they give exist, and
-they tell the project as it is, not the history of its work."""
+"""The README is the front door and docs/ (with benchmarks/README.md) holds the depth: the README
+stays small, every relative link in them reaches a file (and a heading, when it names one), the
+commands they give exist, and they tell the project as it is, not the history of its work: the
+performance pages are a reference table, not a run diary."""
 
 from __future__ import annotations
 
@@ -15,12 +16,21 @@ from edgectl.cli import build_parser
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 DOCS = sorted((REPO / "docs").glob("*.md"))
-PAGES = [README, *DOCS]
-README_MAX_BYTES = 25 * 1024
+BENCHMARKS = REPO / "benchmarks" / "README.md"
+PAGES = [README, *DOCS, BENCHMARKS]
+# The figures' pages: one current table and how to reproduce it; a run's story lives in git.
+RESULTS_PAGES = [REPO / "docs" / "performance.md", BENCHMARKS]
+README_MAX_BYTES = 12 * 1024
 # [text](target) and ![alt](target); a target ends at whitespace or the closing parenthesis.
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$", re.M)
 FENCE = re.compile(r"^```.*?^```", re.M | re.S)
+# A dated run log's words: a time of day, "tried / not kept", a heading that names a date.
+DIARY = re.compile(
+    r"\b(?:in the |late |early )?(?:morning|afternoon|evening|midday|night)\b"
+    r"|\btried\b|\bnot kept\b|^#{1,6} .*\b\d{4}-\d{2}-\d{2}\b",
+    re.I | re.M,
+)
 
 
 def _page_id(page: Path) -> str:
@@ -102,3 +112,19 @@ def test_the_docs_tell_the_project_not_the_history_of_its_work(page: Path) -> No
         re.I,
     )
     assert history == []
+
+
+@pytest.mark.parametrize("page", RESULTS_PAGES, ids=_page_id)
+def test_the_results_pages_are_a_reference_not_a_run_diary(page: Path) -> None:
+    assert DIARY.findall(page.read_text(encoding="utf-8")) == []
+
+
+def test_the_diary_check_catches_a_dated_run_log() -> None:
+    for diary in (
+        "### Late evening 2026-12-04: the idle floor",
+        "Tried and not kept: Serve's metrics export every 1 s",
+        "1.561x in the afternoon",
+        "## Quiet machine, 2026-12-03",
+    ):
+        assert DIARY.findall(diary), diary
+    assert DIARY.findall("| Kimi TTFT vs vLLM | <= 1.0x | 0.886x | B | 2026-12-04 |") == []
