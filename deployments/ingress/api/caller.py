@@ -3,14 +3,13 @@ request's plain `RequestContext` plus its telemetry, which is all a service gets
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from fastapi import Request
 
+from deployments.ingress.api.app_services import services_of
 from deployments.ingress.cache import wants_bypass
 from deployments.ingress.edge.waiting import WaitLimits
-from deployments.ingress.security import KeyStore
 from deployments.ingress.serving.context import RequestContext, session_of
 from deployments.observability import RequestTelemetry, request_telemetry
 
@@ -21,25 +20,21 @@ class Caller:
     telemetry: RequestTelemetry
 
 
-def caller_of(keys: KeyStore) -> Callable[[Request], Awaitable[Caller]]:
+async def authenticated(request: Request) -> Caller:
     """The FastAPI dependency of a model route. `async` though it never awaits: FastAPI runs a
     plain `def` dependency in its thread pool, a thread hop per request that cost the router more
     CPU than the key check itself."""
-
-    async def authenticated(request: Request) -> Caller:
-        principal = keys.authenticate(request.headers.get("authorization"))
-        telemetry = request_telemetry(request)
-        telemetry.authenticated(principal.key_id, principal.collect_payloads)
-        context = RequestContext(
-            principal=principal,
-            request_id=request.headers.get("x-request-id") or telemetry.request_id,
-            traceparent=telemetry.traceparent,
-            client_ip=request.client.host if request.client else None,
-            location_headers=RequestContext.location_of(request.headers),
-            cache_bypass=wants_bypass(request.headers),
-            wait_limits=WaitLimits.from_headers(request.headers),
-            session=session_of(request.headers),
-        )
-        return Caller(context, telemetry)
-
-    return authenticated
+    principal = services_of(request).keys.authenticate(request.headers.get("authorization"))
+    telemetry = request_telemetry(request)
+    telemetry.authenticated(principal.key_id, principal.collect_payloads)
+    context = RequestContext(
+        principal=principal,
+        request_id=request.headers.get("x-request-id") or telemetry.request_id,
+        traceparent=telemetry.traceparent,
+        client_ip=request.client.host if request.client else None,
+        location_headers=RequestContext.location_of(request.headers),
+        cache_bypass=wants_bypass(request.headers),
+        wait_limits=WaitLimits.from_headers(request.headers),
+        session=session_of(request.headers),
+    )
+    return Caller(context, telemetry)

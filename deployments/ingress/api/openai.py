@@ -2,15 +2,16 @@
 /v1/completions (legacy), /v1/embeddings, /v1/moderations."""
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations at runtime,
-# and `Authenticated` is local to the router factory.
+# so they resolve `Authenticated` and the request types in this module.
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated, Any, cast
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Depends, Request, Response
 
 from deployments.contracts.outputs import GenerationChunk
-from deployments.ingress.api.caller import Caller, caller_of
+from deployments.ingress.api.app_services import services_of
+from deployments.ingress.api.caller import Caller, authenticated
 from deployments.ingress.api.errors import openai_error_body
 from deployments.ingress.api.responses import ignored_fields_header, json_response
 from deployments.ingress.api.streaming import OpenedStream, held_event_stream
@@ -46,77 +47,81 @@ from deployments.ingress.serving.context import RequestContext
 from deployments.ingress.serving.services import RouterServices
 from deployments.observability import RequestTelemetry
 
+routes = APIRouter()
+Authenticated = Annotated[Caller, Depends(authenticated)]
 
-def openai_routes(services: RouterServices) -> APIRouter:
-    routes = APIRouter()
-    Authenticated = Annotated[Caller, Depends(caller_of(services.keys))]
 
-    # response_model documents the body in /openapi.json; the answers are returned as responses,
-    # so FastAPI does not validate them a second time.
-    @routes.get("/v1/models", response_model=ModelList)
-    async def list_models(caller: Authenticated) -> Response:
-        return json_response(services.catalogue.cards())
+# response_model documents the body in /openapi.json; the answers are returned as responses,
+# so FastAPI does not validate them a second time.
+@routes.get("/v1/models", response_model=ModelList)
+async def list_models(caller: Authenticated, request: Request) -> Response:
+    return json_response(services_of(request).catalogue.cards())
 
-    # `:path`, so catalogue names with slashes ("@cf/zai-org/glm-4.7-flash") are ids too
-    @routes.get("/v1/models/{model_id:path}", response_model=ModelCard)
-    async def retrieve_model(model_id: str, caller: Authenticated) -> Response:
-        return json_response(services.catalogue.card(model_id))
 
-    @routes.post("/v1/chat/completions", response_model=ChatCompletion)
-    async def chat_completions(body: ChatCompletionRequest, caller: Authenticated) -> Response:
-        ignored = ignored_fields_header(body)
-        ctx, telemetry = caller.context.rejecting_if_busy(rejects_if_busy(body)), caller.telemetry
-        if body.stream:
-            notice = ColdStartNotice()
+# `:path`, so catalogue names with slashes ("@cf/zai-org/glm-4.7-flash") are ids too
+@routes.get("/v1/models/{model_id:path}", response_model=ModelCard)
+async def retrieve_model(model_id: str, caller: Authenticated, request: Request) -> Response:
+    return json_response(services_of(request).catalogue.card(model_id))
 
-            async def opening() -> OpenedStream:
-                stream = await services.chat.stream(body, ctx, telemetry, notice)
-                return openai_chunks(body, stream.value), stream.headers
 
-            return await held_event_stream(opening(), notice, openai_error_body, ignored)
-        answer = await services.chat.complete(body, ctx, telemetry)
-        return json_response(answer.value, {**answer.headers, **ignored})
+@routes.post("/v1/chat/completions", response_model=ChatCompletion)
+async def chat_completions(
+    body: ChatCompletionRequest, caller: Authenticated, request: Request
+) -> Response:
+    ignored = ignored_fields_header(body)
+    ctx, telemetry = caller.context.rejecting_if_busy(rejects_if_busy(body)), caller.telemetry
+    if body.stream:
+        notice = ColdStartNotice()
 
-    @routes.post("/v1/completions", response_model=Completion)
-    async def completions(body: CompletionRequest, caller: Authenticated) -> Response:
-        """Legacy completions: each prompt as is (no chat template), on the chat models; the
-        prompts of a list run side by side, each a chat request of its own."""
-        ignored = ignored_fields_header(body)
-        ctx, telemetry = caller.context, caller.telemetry
-        chats = [body.as_chat(prompt) for prompt in body.prompts]
-        if body.stream:
-            notice = ColdStartNotice()
+        async def opening() -> OpenedStream:
+            stream = await services_of(request).chat.stream(body, ctx, telemetry, notice)
+            return openai_chunks(body, stream.value), stream.headers
 
-            async def opening() -> OpenedStream:
-                streams = await _opened_streams(services, chats, ctx, telemetry, notice)
-                events = completion_chunks(body, [stream.value for stream in streams], telemetry)
-                return events, streams[-1].headers
+        return await held_event_stream(opening(), notice, openai_error_body, ignored)
+    answer = await services_of(request).chat.complete(body, ctx, telemetry)
+    return json_response(answer.value, {**answer.headers, **ignored})
 
-            return await held_event_stream(opening(), notice, openai_error_body, ignored)
-        answers = await asyncio.gather(
-            *(services.chat.complete(chat, ctx, telemetry) for chat in chats)
+
+@routes.post("/v1/completions", response_model=Completion)
+async def completions(body: CompletionRequest, caller: Authenticated, request: Request) -> Response:
+    """Legacy completions: each prompt as is (no chat template), on the chat models; the
+    prompts of a list run side by side, each a chat request of its own."""
+    ignored = ignored_fields_header(body)
+    ctx, telemetry = caller.context, caller.telemetry
+    chats = [body.as_chat(prompt) for prompt in body.prompts]
+    if body.stream:
+        notice = ColdStartNotice()
+
+        async def opening() -> OpenedStream:
+            streams = await _opened_streams(services_of(request), chats, ctx, telemetry, notice)
+            events = completion_chunks(body, [stream.value for stream in streams], telemetry)
+            return events, streams[-1].headers
+
+        return await held_event_stream(opening(), notice, openai_error_body, ignored)
+    answers = await asyncio.gather(
+        *(services_of(request).chat.complete(chat, ctx, telemetry) for chat in chats)
+    )
+    completion = legacy_completion(body, [answer.value for answer in answers])
+    if len(answers) > 1 and completion.usage is not None:  # each call told its own
+        telemetry.usage(
+            input_tokens=completion.usage.prompt_tokens,
+            output_tokens=completion.usage.completion_tokens,
+            finish_reason=completion.choices[-1].finish_reason,
         )
-        completion = legacy_completion(body, [answer.value for answer in answers])
-        if len(answers) > 1 and completion.usage is not None:  # each call told its own
-            telemetry.usage(
-                input_tokens=completion.usage.prompt_tokens,
-                output_tokens=completion.usage.completion_tokens,
-                finish_reason=completion.choices[-1].finish_reason,
-            )
-        # the last admission's rate-limit state is the key's current one
-        return json_response(completion, {**answers[-1].headers, **ignored})
+    # the last admission's rate-limit state is the key's current one
+    return json_response(completion, {**answers[-1].headers, **ignored})
 
-    @routes.post("/v1/embeddings", response_model=CreateEmbeddingResponse)
-    async def embeddings(body: EmbeddingRequest, caller: Authenticated) -> Response:
-        answer = await services.embeddings.create(body, caller.context, caller.telemetry)
-        return json_response(answer.value.body(), {**answer.headers, **ignored_fields_header(body)})
 
-    @routes.post("/v1/moderations", response_model=ModerationCreateResponse)
-    async def moderations(body: ModerationRequest, caller: Authenticated) -> Response:
-        answer = await services.moderations.create(body, caller.context, caller.telemetry)
-        return json_response(answer.value, {**answer.headers, **ignored_fields_header(body)})
+@routes.post("/v1/embeddings", response_model=CreateEmbeddingResponse)
+async def embeddings(body: EmbeddingRequest, caller: Authenticated, request: Request) -> Response:
+    answer = await services_of(request).embeddings.create(body, caller.context, caller.telemetry)
+    return json_response(answer.value.body(), {**answer.headers, **ignored_fields_header(body)})
 
-    return routes
+
+@routes.post("/v1/moderations", response_model=ModerationCreateResponse)
+async def moderations(body: ModerationRequest, caller: Authenticated, request: Request) -> Response:
+    answer = await services_of(request).moderations.create(body, caller.context, caller.telemetry)
+    return json_response(answer.value, {**answer.headers, **ignored_fields_header(body)})
 
 
 async def openai_chunks(
