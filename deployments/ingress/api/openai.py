@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Request, Response
 
 from deployments.contracts.outputs import GenerationChunk
 from deployments.ingress.api.app_services import services_of
-from deployments.ingress.api.caller import Caller, authenticated
+from deployments.ingress.api.caller import authenticated
 from deployments.ingress.api.errors import openai_error_body
 from deployments.ingress.api.responses import ignored_fields_header, json_response
 from deployments.ingress.api.streaming import OpenedStream, held_event_stream
@@ -48,62 +48,61 @@ from deployments.ingress.serving.services import RouterServices
 from deployments.observability import RequestTelemetry
 
 routes = APIRouter()
-Authenticated = Annotated[Caller, Depends(authenticated)]
+Authenticated = Annotated[RequestContext, Depends(authenticated)]
 
 
 # response_model documents the body in /openapi.json; the answers are returned as responses,
 # so FastAPI does not validate them a second time.
 @routes.get("/v1/models", response_model=ModelList)
-async def list_models(caller: Authenticated, request: Request) -> Response:
+async def list_models(ctx: Authenticated, request: Request) -> Response:
     return json_response(services_of(request).catalogue.cards())
 
 
 # `:path`, so catalogue names with slashes ("@cf/zai-org/glm-4.7-flash") are ids too
 @routes.get("/v1/models/{model_id:path}", response_model=ModelCard)
-async def retrieve_model(model_id: str, caller: Authenticated, request: Request) -> Response:
+async def retrieve_model(model_id: str, ctx: Authenticated, request: Request) -> Response:
     return json_response(services_of(request).catalogue.card(model_id))
 
 
 @routes.post("/v1/chat/completions", response_model=ChatCompletion)
 async def chat_completions(
-    body: ChatCompletionRequest, caller: Authenticated, request: Request
+    body: ChatCompletionRequest, ctx: Authenticated, request: Request
 ) -> Response:
     ignored = ignored_fields_header(body)
-    ctx, telemetry = caller.context.rejecting_if_busy(rejects_if_busy(body)), caller.telemetry
+    ctx = ctx.rejecting_if_busy(rejects_if_busy(body))
     if body.stream:
         notice = ColdStartNotice()
 
         async def opening() -> OpenedStream:
-            stream = await services_of(request).chat.stream(body, ctx, telemetry, notice)
+            stream = await services_of(request).chat.stream(body, ctx, notice)
             return openai_chunks(body, stream.value), stream.headers
 
         return await held_event_stream(opening(), notice, openai_error_body, ignored)
-    answer = await services_of(request).chat.complete(body, ctx, telemetry)
+    answer = await services_of(request).chat.complete(body, ctx)
     return json_response(answer.value, {**answer.headers, **ignored})
 
 
 @routes.post("/v1/completions", response_model=Completion)
-async def completions(body: CompletionRequest, caller: Authenticated, request: Request) -> Response:
+async def completions(body: CompletionRequest, ctx: Authenticated, request: Request) -> Response:
     """Legacy completions: each prompt as is (no chat template), on the chat models; the
     prompts of a list run side by side, each a chat request of its own."""
     ignored = ignored_fields_header(body)
-    ctx, telemetry = caller.context, caller.telemetry
     chats = [body.as_chat(prompt) for prompt in body.prompts]
     if body.stream:
         notice = ColdStartNotice()
 
         async def opening() -> OpenedStream:
-            streams = await _opened_streams(services_of(request), chats, ctx, telemetry, notice)
-            events = completion_chunks(body, [stream.value for stream in streams], telemetry)
+            streams = await _opened_streams(services_of(request), chats, ctx, notice)
+            events = completion_chunks(body, [stream.value for stream in streams], ctx.telemetry)
             return events, streams[-1].headers
 
         return await held_event_stream(opening(), notice, openai_error_body, ignored)
     answers = await asyncio.gather(
-        *(services_of(request).chat.complete(chat, ctx, telemetry) for chat in chats)
+        *(services_of(request).chat.complete(chat, ctx) for chat in chats)
     )
     completion = legacy_completion(body, [answer.value for answer in answers])
     if len(answers) > 1 and completion.usage is not None:  # each call told its own
-        telemetry.usage(
+        ctx.telemetry.usage(
             input_tokens=completion.usage.prompt_tokens,
             output_tokens=completion.usage.completion_tokens,
             finish_reason=completion.choices[-1].finish_reason,
@@ -113,14 +112,14 @@ async def completions(body: CompletionRequest, caller: Authenticated, request: R
 
 
 @routes.post("/v1/embeddings", response_model=CreateEmbeddingResponse)
-async def embeddings(body: EmbeddingRequest, caller: Authenticated, request: Request) -> Response:
-    answer = await services_of(request).embeddings.create(body, caller.context, caller.telemetry)
+async def embeddings(body: EmbeddingRequest, ctx: Authenticated, request: Request) -> Response:
+    answer = await services_of(request).embeddings.create(body, ctx)
     return json_response(answer.value.body(), {**answer.headers, **ignored_fields_header(body)})
 
 
 @routes.post("/v1/moderations", response_model=ModerationCreateResponse)
-async def moderations(body: ModerationRequest, caller: Authenticated, request: Request) -> Response:
-    answer = await services_of(request).moderations.create(body, caller.context, caller.telemetry)
+async def moderations(body: ModerationRequest, ctx: Authenticated, request: Request) -> Response:
+    answer = await services_of(request).moderations.create(body, ctx)
     return json_response(answer.value, {**answer.headers, **ignored_fields_header(body)})
 
 
@@ -168,7 +167,6 @@ async def _opened_streams(
     services: RouterServices,
     chats: list[ChatCompletionRequest],
     ctx: RequestContext,
-    telemetry: RequestTelemetry,
     notice: ColdStartNotice,
 ) -> list[Answer[AsyncIterator[GenerationChunk]]]:
     """Every prompt's stream, opened before the first byte (so a failure still has its status);
@@ -176,7 +174,7 @@ async def _opened_streams(
     opened: list[Answer[AsyncIterator[GenerationChunk]]] = []
     try:
         for chat in chats:
-            opened.append(await services.chat.stream(chat, ctx, telemetry, notice))
+            opened.append(await services.chat.stream(chat, ctx, notice))
     except BaseException:
         for answer in opened:
             await cast(AsyncGenerator[GenerationChunk, None], answer.value).aclose()

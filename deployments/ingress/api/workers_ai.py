@@ -15,7 +15,7 @@ from fastapi import APIRouter, Body, Depends, Query, Request, Response
 from deployments.contracts.outputs import GenerationChunk
 from deployments.errors import ServingError
 from deployments.ingress.api.app_services import services_of
-from deployments.ingress.api.caller import Caller, authenticated
+from deployments.ingress.api.caller import authenticated
 from deployments.ingress.api.openai import openai_chunks
 from deployments.ingress.api.responses import json_response, json_text
 from deployments.ingress.api.streaming import OpenedStream, held_event_stream
@@ -48,32 +48,31 @@ def error_body(error: ServingError) -> dict[str, Any]:
 
 # Mounted at PREFIX and at each of ACCOUNT_PREFIXES (make_app).
 routes = APIRouter()
-Authenticated = Annotated[Caller, Depends(authenticated)]
+Authenticated = Annotated[RequestContext, Depends(authenticated)]
 
 
 @routes.post("/run/{model_name:path}")
 async def run_model(
     model_name: str,
     body: Annotated[dict[str, Any], Body()],
-    caller: Authenticated,
+    ctx: Authenticated,
     request: Request,
     queue_request: Annotated[bool, Query(alias="queueRequest")] = False,
 ) -> Response:
     """Run any model with its task's natural input; answers in a Workers-AI envelope. With
     `queueRequest` (or a bare `{"request_id"}`), the Batch API: submit or poll a job."""
     services = services_of(request)
-    ctx, telemetry = caller.context, caller.telemetry
     if is_batch_request(body, queue_request):
         return json_response(ok_envelope(await services.batch.answer(model_name, body, ctx)))
     model = services.catalogue.get(model_name)
-    telemetry.request(task=model.task, model=model.name)
+    ctx.telemetry.request(task=model.task, model=model.name)
     given = services.workers.parse(model_name, body)
     ctx = ctx.rejecting_if_busy(given.rejects_if_busy)
     if given.stream:
         chat = given.chat()
         shape = partial(openai_chunks, chat) if given.alias else workers_chunks
-        return await _chat_stream(services.chat, chat, ctx, caller, shape)
-    answer = await services.workers.run(given, ctx, telemetry)
+        return await _chat_stream(services.chat, chat, ctx, shape)
+    answer = await services.workers.run(given, ctx)
     return json_response(ok_envelope(answer.result), answer.headers)
 
 
@@ -81,13 +80,12 @@ async def _chat_stream(
     service: ChatService,
     chat: ChatCompletionRequest,
     ctx: RequestContext,
-    caller: Caller,
     shape: Callable[[AsyncIterator[GenerationChunk]], AsyncIterator[str]],
 ) -> Response:
     notice = ColdStartNotice()
 
     async def opening() -> OpenedStream:
-        stream = await service.stream(chat, ctx, caller.telemetry, notice)
+        stream = await service.stream(chat, ctx, notice)
         return shape(stream.value), stream.headers
 
     return await held_event_stream(opening(), notice, error_body, {})
@@ -95,7 +93,7 @@ async def _chat_stream(
 
 @routes.get("/models/search")
 async def search_models(
-    caller: Authenticated,
+    ctx: Authenticated,
     request: Request,
     search: str | None = None,
     task: str | None = None,

@@ -92,14 +92,11 @@ class ChatService(ModelService):
         self,
         chat: ChatCompletionRequest,
         ctx: RequestContext,
-        telemetry: RequestTelemetry,
         *,
         use_cache: bool = True,
     ) -> Answer[ChatCompletion]:
         """A whole answer; a deterministic one is cached when `use_cache`."""
-        admitted = await self.admission.admit_chat(
-            chat, self._begin(chat, telemetry), ctx, telemetry
-        )
+        admitted = await self.admission.admit_chat(chat, self._begin(chat, ctx.telemetry), ctx)
         model, messages, params, quota, fallback = admitted
         features = chat_features(chat)
         call = HandleCall(
@@ -110,16 +107,19 @@ class ChatService(ModelService):
             cacheable = use_cache and is_deterministic(chat) and not fallback
             cached = await self.cached.lookup("chat", chat, ctx, cacheable=cacheable)
             if cached.hit is not None:
-                completion, trace = cached.hit, await self.edge.nearest(model.name, ctx, telemetry)
+                completion, trace = (
+                    cached.hit,
+                    await self.edge.nearest(model.name, ctx, ctx.telemetry),
+                )
             else:
-                result, trace = await self._checked_dispatch(model, messages, ctx, telemetry, call)
+                result, trace = await self._checked_dispatch(model, messages, ctx, call)
                 # a key's fallback answers as the model that served, not the one its budget refused
                 named = model.name if fallback else chat.model
                 completion = await self._completion(model, named, result.reply.value)
                 await cached.store(completion, trace)
             usage = completion.usage
             used_tokens = usage.total_tokens
-            telemetry.usage(
+            ctx.telemetry.usage(
                 input_tokens=usage.prompt_tokens,
                 output_tokens=usage.completion_tokens,
                 finish_reason=completion.choices[0].finish_reason,
@@ -144,16 +144,13 @@ class ChatService(ModelService):
         self,
         chat: ChatCompletionRequest,
         ctx: RequestContext,
-        telemetry: RequestTelemetry,
         notice: ColdStartNotice | None = None,
     ) -> Answer[AsyncIterator[GenerationChunk]]:
         """The generation's chunks once its first one came: until then the edge may fail over
         and an error has a real status; after it, the route turns errors into an error event.
         `notice` hears if the edge waits for a cold replica meanwhile. The key's tokens are
         settled when the stream ends, fails or is abandoned."""
-        admitted = await self.admission.admit_chat(
-            chat, self._begin(chat, telemetry), ctx, telemetry
-        )
+        admitted = await self.admission.admit_chat(chat, self._begin(chat, ctx.telemetry), ctx)
         model, messages, params, quota, _ = admitted
         features = chat_features(chat)
         call = HandleCall(
@@ -163,23 +160,20 @@ class ChatService(ModelService):
             session=ctx.session,
         )
         try:
-            opened, trace = await self._checked_dispatch(
-                model, messages, ctx, telemetry, call, notice
-            )
+            opened, trace = await self._checked_dispatch(model, messages, ctx, call, notice)
         except BaseException:
             quota.settle(0)
             raise
         chunks = _rest(opened, features.n)
         if self.gate.applies_to(model.name):
             chunks = self.gate.guard_stream(chunks, features.n)
-        return Answer.of(metered_stream(_observed(chunks, telemetry), quota), trace, quota)
+        return Answer.of(metered_stream(_observed(chunks, ctx.telemetry), quota), trace, quota)
 
     async def _checked_dispatch(
         self,
         model: ServedModel,
         messages: list[dict[str, Any]],
         ctx: RequestContext,
-        telemetry: RequestTelemetry,
         call: HandleCall,
         notice: ColdStartNotice | None = None,
     ) -> tuple[CallResult, EdgeTrace]:
@@ -188,11 +182,11 @@ class ChatService(ModelService):
         A refused input cancels the call, or closes the stream it already opened, and the 400 is
         raised whatever the call did."""
         if not self.gate.applies_to(model.name):
-            return await self.edge.dispatch(model.name, ctx, call, telemetry, notice)
+            return await self.edge.dispatch(model.name, ctx, call, ctx.telemetry, notice)
         if notice is not None:
             notice.hold()  # a stream starts only once its input passed: a refusal stays a 400
         started = asyncio.ensure_future(
-            self.edge.dispatch(model.name, ctx, call, telemetry, notice)
+            self.edge.dispatch(model.name, ctx, call, ctx.telemetry, notice)
         )
         try:
             # One turn of the loop: the dispatch sends the call before the check starts. The

@@ -28,33 +28,32 @@ class TextService(ModelService):
 
     task: ClassVar[Task]
 
-    async def _admit(
-        self, model_name: str, texts: list[str], ctx: RequestContext, telemetry: RequestTelemetry
-    ) -> AdmittedTexts:
+    async def _admit(self, model_name: str, texts: list[str], ctx: RequestContext) -> AdmittedTexts:
         """The model (404, or 400 for another task; the key's fallback past its budget) and the
         key's reservation for the texts."""
-        telemetry.request(task=self.task, model=model_name, prompt=texts)
+        ctx.telemetry.request(task=self.task, model=model_name, prompt=texts)
         model = self.catalogue.get(model_name, self.task)
-        return await self.admission.admit_texts(texts, model, ctx, telemetry)
+        return await self.admission.admit_texts(texts, model, ctx)
 
 
 class EmbeddingService(TextService):
     task = "embedding"
 
-    async def create(
-        self, body: EmbeddingRequest, ctx: RequestContext, telemetry: RequestTelemetry
-    ) -> Answer[EmbeddingList]:
+    async def create(self, body: EmbeddingRequest, ctx: RequestContext) -> Answer[EmbeddingList]:
         """OpenAI's embeddings, cached; the replica checks `dimensions` before it runs the
         model."""
-        model, quota, fallback = await self._admit(body.model, body.texts, ctx, telemetry)
+        model, quota, fallback = await self._admit(body.model, body.texts, ctx)
         call = HandleCall("embed", (body.texts, ctx.traceparent, body.dimensions))
         used_tokens = 0
         try:
             cached = await self.cached.lookup(self.task, body, ctx, cacheable=not fallback)
             if cached.hit is not None:
-                embeddings, trace = cached.hit, await self.edge.nearest(model.name, ctx, telemetry)
+                embeddings, trace = (
+                    cached.hit,
+                    await self.edge.nearest(model.name, ctx, ctx.telemetry),
+                )
             else:
-                result, trace = await self.edge.dispatch(model.name, ctx, call, telemetry)
+                result, trace = await self.edge.dispatch(model.name, ctx, call, ctx.telemetry)
                 vectors: EmbeddingResult = result.reply.value
                 embeddings = EmbeddingList(
                     vectors.vectors, model.name, vectors.total_tokens, body.encoding_format
@@ -63,23 +62,23 @@ class EmbeddingService(TextService):
             used_tokens = embeddings.prompt_tokens
         finally:
             quota.settle(used_tokens)
-        telemetry.usage(input_tokens=embeddings.prompt_tokens)
+        ctx.telemetry.usage(input_tokens=embeddings.prompt_tokens)
         return Answer.of(embeddings, trace, quota)
 
     async def embed(
-        self, model_name: str, texts: list[str], ctx: RequestContext, telemetry: RequestTelemetry
+        self, model_name: str, texts: list[str], ctx: RequestContext
     ) -> Answer[EmbeddingResult]:
         """The vectors themselves, uncached (the Workers-AI API)."""
-        model, quota, _ = await self._admit(model_name, texts, ctx, telemetry)
+        model, quota, _ = await self._admit(model_name, texts, ctx)
         call = HandleCall("embed", (texts, ctx.traceparent))
         used_tokens = 0
         try:
-            result, trace = await self.edge.dispatch(model.name, ctx, call, telemetry)
+            result, trace = await self.edge.dispatch(model.name, ctx, call, ctx.telemetry)
             vectors: EmbeddingResult = result.reply.value
             used_tokens = vectors.total_tokens
         finally:
             quota.settle(used_tokens)
-        telemetry.usage(input_tokens=vectors.total_tokens)
+        ctx.telemetry.usage(input_tokens=vectors.total_tokens)
         return Answer.of(vectors, trace, quota)
 
 
@@ -89,18 +88,21 @@ class ModerationService(TextService):
     task = "moderation"
 
     async def create(
-        self, body: ModerationRequest, ctx: RequestContext, telemetry: RequestTelemetry
+        self, body: ModerationRequest, ctx: RequestContext
     ) -> Answer[ModerationCreateResponse]:
         """OpenAI's moderations, cached."""
-        model, quota, fallback = await self._admit(body.model, body.texts, ctx, telemetry)
+        model, quota, fallback = await self._admit(body.model, body.texts, ctx)
         call = HandleCall("classify", (body.texts, ctx.traceparent))
         used_tokens = 0
         try:
             cached = await self.cached.lookup(self.task, body, ctx, cacheable=not fallback)
             if cached.hit is not None:
-                response, trace = cached.hit, await self.edge.nearest(model.name, ctx, telemetry)
+                response, trace = (
+                    cached.hit,
+                    await self.edge.nearest(model.name, ctx, ctx.telemetry),
+                )
             else:
-                result, trace = await self.edge.dispatch(model.name, ctx, call, telemetry)
+                result, trace = await self.edge.dispatch(model.name, ctx, call, ctx.telemetry)
                 response = ModerationCreateResponse(
                     id=moderation_id(), model=model.name, results=verdicts(result.reply.value)
                 )
@@ -108,23 +110,23 @@ class ModerationService(TextService):
             used_tokens = quota.reserved_tokens
         finally:
             quota.settle(used_tokens)
-        _report_flags(response.results, telemetry)
+        _report_flags(response.results, ctx.telemetry)
         return Answer.of(response, trace, quota)
 
     async def classify(
-        self, model_name: str, texts: list[str], ctx: RequestContext, telemetry: RequestTelemetry
+        self, model_name: str, texts: list[str], ctx: RequestContext
     ) -> Answer[list[Moderation]]:
         """One verdict per text, uncached (the Workers-AI API)."""
-        model, quota, _ = await self._admit(model_name, texts, ctx, telemetry)
+        model, quota, _ = await self._admit(model_name, texts, ctx)
         call = HandleCall("classify", (texts, ctx.traceparent))
         used_tokens = 0
         try:
-            result, trace = await self.edge.dispatch(model.name, ctx, call, telemetry)
+            result, trace = await self.edge.dispatch(model.name, ctx, call, ctx.telemetry)
             results = verdicts(result.reply.value)
             used_tokens = quota.reserved_tokens
         finally:
             quota.settle(used_tokens)
-        _report_flags(results, telemetry)
+        _report_flags(results, ctx.telemetry)
         return Answer.of(results, trace, quota)
 
 
