@@ -17,6 +17,7 @@ from router_fakes import (
     FakeEmbeddingHandle,
     FakeInRouterModeration,
     FakeModerationHandle,
+    ScriptedChatHandle,
     app_config,
     fake_handles,
     services_for,
@@ -462,6 +463,30 @@ def test_a_failed_embedding_refunds_and_a_workers_embedding_is_uncached():
     fine = services_for(no_gate(), fake_handles())
     answer = run(fine.embeddings.embed("embedding", ["a"], context()))
     assert answer.value.vectors.shape == (1, DIMENSION) and "x-edge-cache" not in answer.headers
+
+
+def test_a_workers_answer_is_never_stored_for_the_openai_api():
+    """The Workers AI paths go through the same service path, uncached: the same texts asked on
+    the OpenAI API afterwards are a miss that calls the model again."""
+    handles = fake_handles()
+    services = services_for(no_gate(), handles)
+    workers = run(services.embeddings.embed("embedding", ["one two", "three"], context()))
+    openai = run(services.embeddings.create(embedding_request(), context()))
+    assert "x-edge-cache" not in workers.headers and openai.headers["x-edge-cache"] == "MISS"
+    assert len(handles["embedding"].embed.calls) == 2
+    assert workers.value.prompt_tokens == openai.value.prompt_tokens == 4 + 3
+    verdicts = run(services.moderations.classify("moderation", ["hi", BAD_WORD], context()))
+    assert [r.flagged for r in verdicts.value.results] == [False, True]
+    assert "x-edge-cache" not in verdicts.headers
+
+
+def test_an_answer_that_cannot_be_made_from_the_reply_is_refunded():
+    """A reply the answer cannot be made of (no choices) fails after the model call: the key's
+    reservation is still settled, to nothing."""
+    services = services_for(no_gate(), fake_handles(glm=ScriptedChatHandle([], [])))
+    with pytest.raises(IndexError):
+        run(services.chat.complete(chat(max_tokens=500), context()))
+    assert tokens_left(services) >= TOKENS_PER_MINUTE - 1
 
 
 def test_moderation_settles_its_reservation_at_the_estimate():

@@ -1,5 +1,7 @@
-"""Chat for both APIs: admission, the moderation gate, the cache (deterministic requests), the
-edge and the model's handle, and the settlement of the key's tokens however the request ends."""
+"""Chat for both APIs: a whole answer through the one model-service path (`ModelService.serve`:
+admission, the cache for deterministic requests, the edge, the settlement of the key's tokens),
+with the moderation gate before the model (`_dispatch`) and on its output (`_answer`); a stream
+through the same admission and gated dispatch, its tokens settled when it ends."""
 
 from __future__ import annotations
 
@@ -7,7 +9,6 @@ import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 from deployments.contracts.outputs import Completion, GenerationChunk
 from deployments.ingress.edge.calls import CallResult, HandleCall
@@ -26,8 +27,8 @@ from deployments.ingress.protocol import (
     chat_messages_as_dicts,
     created_timestamp,
 )
-from deployments.ingress.security import ModerationGate, metered_stream
-from deployments.ingress.serving.admission import chat_features
+from deployments.ingress.security import ModerationGate, Reservation, metered_stream
+from deployments.ingress.serving.admission import AdmittedChat, chat_features
 from deployments.ingress.serving.answer import Answer
 from deployments.ingress.serving.base import ModelService
 from deployments.ingress.serving.context import RequestContext
@@ -72,8 +73,10 @@ def chat_completion(model: str, choices: list[Completion]) -> ChatCompletion:
 
 
 @dataclass(frozen=True)
-class ChatService(ModelService):
+class ChatService(ModelService[ChatCompletionRequest, AdmittedChat, ChatCompletion]):
     gate: ModerationGate
+
+    task = "chat"
 
     def _begin(self, chat: ChatCompletionRequest, telemetry: RequestTelemetry) -> ServedModel:
         telemetry.request(
@@ -89,11 +92,7 @@ class ChatService(ModelService):
         return self.catalogue.get(chat.model, "chat")
 
     async def complete(
-        self,
-        chat: ChatCompletionRequest,
-        ctx: RequestContext,
-        *,
-        use_cache: bool = True,
+        self, chat: ChatCompletionRequest, ctx: RequestContext, *, use_cache: bool = True
     ) -> Answer[ChatCompletion]:
         """A whole answer; a deterministic one is cached when `use_cache`."""
         admitted = await self.admission.admit_chat(chat, self._begin(chat, ctx.telemetry), ctx)
@@ -102,43 +101,34 @@ class ChatService(ModelService):
         call = HandleCall(
             "complete_choices", (messages, params, ctx.traceparent, features), session=ctx.session
         )
-        used_tokens = 0
-        try:
-            cacheable = use_cache and is_deterministic(chat) and not fallback
-            cached = await self.cached.lookup("chat", chat, ctx, cacheable=cacheable)
-            if cached.hit is not None:
-                completion, trace = (
-                    cached.hit,
-                    await self.edge.nearest(model.name, ctx, ctx.telemetry),
-                )
-            else:
-                result, trace = await self._checked_dispatch(model, messages, ctx, call)
-                # a key's fallback answers as the model that served, not the one its budget refused
-                named = model.name if fallback else chat.model
-                completion = await self._completion(model, named, result.reply.value)
-                await cached.store(completion, trace)
-            usage = completion.usage
-            used_tokens = usage.total_tokens
-            ctx.telemetry.usage(
-                input_tokens=usage.prompt_tokens,
-                output_tokens=usage.completion_tokens,
-                finish_reason=completion.choices[0].finish_reason,
-            )
-        finally:
-            quota.settle(used_tokens)
-        return Answer.of(completion, trace, quota)
+        cacheable = use_cache and is_deterministic(chat)
+        return await self.serve(chat, ctx, admitted, call, cacheable=cacheable)
 
-    async def _completion(
-        self, model: ServedModel, asked_as: str, choices: list[Completion]
+    async def _answer(
+        self, chat: ChatCompletionRequest, admitted: AdmittedChat, reply: list[Completion]
     ) -> ChatCompletion:
         """The answer of the model's choices, each passed through the output gate if it applies,
-        named as the client asked for the model (its name or an alias), as a stream's chunks are."""
-        choices = list(choices)
+        named as the client asked for the model (its name or an alias), as a stream's chunks are;
+        a key's fallback answers as the model that served, not the one its budget refused."""
+        model = admitted.model
+        asked_as = model.name if admitted.fallback else chat.model
+        choices = list(reply)
         if self.gate.applies_to(model.name):
             for i, done in enumerate(choices):
                 text, finish = await self.gate.filter_output(done.text, done.finish_reason)
                 choices[i] = dataclasses.replace(done, text=text, finish_reason=finish)
         return chat_completion(asked_as, choices)
+
+    def _used_tokens(self, answer: ChatCompletion, quota: Reservation) -> int:
+        return answer.usage.total_tokens
+
+    def _report_usage(self, answer: ChatCompletion, telemetry: RequestTelemetry) -> None:
+        usage = answer.usage
+        telemetry.usage(
+            input_tokens=usage.prompt_tokens,
+            output_tokens=usage.completion_tokens,
+            finish_reason=answer.choices[0].finish_reason,
+        )
 
     async def stream(
         self,
@@ -148,8 +138,9 @@ class ChatService(ModelService):
     ) -> Answer[AsyncIterator[GenerationChunk]]:
         """The generation's chunks once its first one came: until then the edge may fail over
         and an error has a real status; after it, the route turns errors into an error event.
-        `notice` hears if the edge waits for a cold replica meanwhile. The key's tokens are
-        settled when the stream ends, fails or is abandoned."""
+        `notice` hears if the edge waits for a cold replica meanwhile. No cache; the key's tokens
+        are settled when the stream ends, fails or is abandoned (`metered_stream`), or at once
+        if it never opened."""
         admitted = await self.admission.admit_chat(chat, self._begin(chat, ctx.telemetry), ctx)
         model, messages, params, quota, _ = admitted
         features = chat_features(chat)
@@ -160,7 +151,7 @@ class ChatService(ModelService):
             session=ctx.session,
         )
         try:
-            opened, trace = await self._checked_dispatch(model, messages, ctx, call, notice)
+            opened, trace = await self._dispatch(admitted, ctx, call, notice)
         except BaseException:
             quota.settle(0)
             raise
@@ -169,10 +160,9 @@ class ChatService(ModelService):
             chunks = self.gate.guard_stream(chunks, features.n)
         return Answer.of(metered_stream(_observed(chunks, ctx.telemetry), quota), trace, quota)
 
-    async def _checked_dispatch(
+    async def _dispatch(
         self,
-        model: ServedModel,
-        messages: list[dict[str, Any]],
+        admitted: AdmittedChat,
         ctx: RequestContext,
         call: HandleCall,
         notice: ColdStartNotice | None = None,
@@ -181,18 +171,17 @@ class ChatService(ModelService):
         the hop to the model and its prefill); its result comes back only once the input passed.
         A refused input cancels the call, or closes the stream it already opened, and the 400 is
         raised whatever the call did."""
-        if not self.gate.applies_to(model.name):
-            return await self.edge.dispatch(model.name, ctx, call, ctx.telemetry, notice)
+        model = admitted.model.name
+        if not self.gate.applies_to(model):
+            return await self.edge.dispatch(model, ctx, call, ctx.telemetry, notice)
         if notice is not None:
             notice.hold()  # a stream starts only once its input passed: a refusal stays a 400
-        started = asyncio.ensure_future(
-            self.edge.dispatch(model.name, ctx, call, ctx.telemetry, notice)
-        )
+        started = asyncio.ensure_future(self.edge.dispatch(model, ctx, call, ctx.telemetry, notice))
         try:
             # One turn of the loop: the dispatch sends the call before the check starts. The
             # router's own classifier never yields, so without it the call left only after it.
             await asyncio.sleep(0)
-            await self.gate.check_input(messages)
+            await self.gate.check_input(admitted.messages)
             if notice is not None:
                 notice.release()
         except BaseException:

@@ -105,11 +105,12 @@ class WorkersRun:
             return WorkersAnswer(
                 workers_embedding_result(vectors.value.vectors),
                 vectors.headers,
-                vectors.value.total_tokens,
+                vectors.value.prompt_tokens,
             )
         verdicts = await self.moderations.classify(model.name, given.input.texts, ctx)
         return WorkersAnswer(
-            [WorkersModerationVerdict.of(verdict) for verdict in verdicts.value], verdicts.headers
+            [WorkersModerationVerdict.of(verdict) for verdict in verdicts.value.results],
+            verdicts.headers,
         )
 
 
