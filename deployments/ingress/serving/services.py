@@ -123,7 +123,7 @@ def build_services(
         edge_config.region_policy,
         router.default_cold_start_ms,
         control=control,
-        after_cold_start=(lambda: warm_pool.top_up.remote()) if warm_pool is not None else None,
+        warm_pool=warm_pool,
     )
     edge = EdgeDispatcher(
         network,
