@@ -4,7 +4,8 @@
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations at runtime,
 # so they resolve `Authenticated` and the request types in this module.
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from functools import partial
 from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Depends, Request, Response
@@ -15,7 +16,6 @@ from deployments.ingress.api.caller import authenticated
 from deployments.ingress.api.errors import openai_error_body
 from deployments.ingress.api.responses import ignored_fields_header, json_response
 from deployments.ingress.api.streaming import OpenedStream, held_event_stream
-from deployments.ingress.edge.waiting import ColdStartNotice
 from deployments.ingress.protocol import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -43,8 +43,8 @@ from deployments.ingress.protocol.completions import (
     completion_id,
 )
 from deployments.ingress.serving.answer import Answer
+from deployments.ingress.serving.chat import ChatService
 from deployments.ingress.serving.context import RequestContext
-from deployments.ingress.serving.services import RouterServices
 from deployments.observability import RequestTelemetry
 
 routes = APIRouter()
@@ -70,15 +70,11 @@ async def chat_completions(
 ) -> Response:
     ignored = ignored_fields_header(body)
     ctx = ctx.rejecting_if_busy(rejects_if_busy(body))
+    chats = services_of(request).chat
     if body.stream:
-        notice = ColdStartNotice()
-
-        async def opening() -> OpenedStream:
-            stream = await services_of(request).chat.stream(body, ctx, notice)
-            return openai_chunks(body, stream.value), stream.headers
-
-        return await held_event_stream(opening(), notice, openai_error_body, ignored)
-    answer = await services_of(request).chat.complete(body, ctx)
+        opening = opened_chat_stream(chats, body, ctx, partial(openai_chunks, body))
+        return await held_event_stream(opening, ctx.warming, openai_error_body, ignored)
+    answer = await chats.complete(body, ctx)
     return json_response(answer.value, {**answer.headers, **ignored})
 
 
@@ -87,19 +83,12 @@ async def completions(body: CompletionRequest, ctx: Authenticated, request: Requ
     """Legacy completions: each prompt as is (no chat template), on the chat models; the
     prompts of a list run side by side, each a chat request of its own."""
     ignored = ignored_fields_header(body)
+    service = services_of(request).chat
     chats = [body.as_chat(prompt) for prompt in body.prompts]
     if body.stream:
-        notice = ColdStartNotice()
-
-        async def opening() -> OpenedStream:
-            streams = await _opened_streams(services_of(request), chats, ctx, notice)
-            events = completion_chunks(body, [stream.value for stream in streams], ctx.telemetry)
-            return events, streams[-1].headers
-
-        return await held_event_stream(opening(), notice, openai_error_body, ignored)
-    answers = await asyncio.gather(
-        *(services_of(request).chat.complete(chat, ctx) for chat in chats)
-    )
+        opening = _opened_completion_streams(service, body, chats, ctx)
+        return await held_event_stream(opening, ctx.warming, openai_error_body, ignored)
+    answers = await asyncio.gather(*(service.complete(chat, ctx) for chat in chats))
     completion = legacy_completion(body, [answer.value for answer in answers])
     if len(answers) > 1 and completion.usage is not None:  # each call told its own
         ctx.telemetry.usage(
@@ -163,23 +152,37 @@ async def openai_chunks(
         )
 
 
-async def _opened_streams(
-    services: RouterServices,
+async def opened_chat_stream(
+    service: ChatService,
+    chat: ChatCompletionRequest,
+    ctx: RequestContext,
+    shape: Callable[[AsyncIterator[GenerationChunk]], AsyncIterator[str]],
+) -> OpenedStream:
+    """The chat's stream once its first chunk came, as `shape`'s events, with the headers of its
+    answer: what a held stream (api.streaming) waits for."""
+    stream = await service.stream(chat, ctx)
+    return shape(stream.value), stream.headers
+
+
+async def _opened_completion_streams(
+    service: ChatService,
+    body: CompletionRequest,
     chats: list[ChatCompletionRequest],
     ctx: RequestContext,
-    notice: ColdStartNotice,
-) -> list[Answer[AsyncIterator[GenerationChunk]]]:
+) -> OpenedStream:
     """Every prompt's stream, opened before the first byte (so a failure still has its status);
-    they generate side by side. If one cannot open, those already open are closed."""
+    they generate side by side, their events one prompt after the other. If one cannot open,
+    those already open are closed."""
     opened: list[Answer[AsyncIterator[GenerationChunk]]] = []
     try:
         for chat in chats:
-            opened.append(await services.chat.stream(chat, ctx, notice))
+            opened.append(await service.stream(chat, ctx))
     except BaseException:
         for answer in opened:
             await cast(AsyncGenerator[GenerationChunk, None], answer.value).aclose()
         raise
-    return opened
+    events = completion_chunks(body, [stream.value for stream in opened], ctx.telemetry)
+    return events, opened[-1].headers
 
 
 def legacy_completion(body: CompletionRequest, chats: list[ChatCompletion]) -> Completion:

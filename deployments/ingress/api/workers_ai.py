@@ -6,7 +6,7 @@ envelope, errors included; `.../ai/models/search` lists the models as Workers AI
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations at runtime,
 # so they resolve `Authenticated` and the request types in this module.
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from functools import partial
 from typing import Annotated, Any
 
@@ -16,12 +16,10 @@ from deployments.contracts.outputs import GenerationChunk
 from deployments.errors import ServingError
 from deployments.ingress.api.app_services import services_of
 from deployments.ingress.api.caller import authenticated
-from deployments.ingress.api.openai import openai_chunks
+from deployments.ingress.api.openai import openai_chunks, opened_chat_stream
 from deployments.ingress.api.responses import json_response, json_text
-from deployments.ingress.api.streaming import OpenedStream, held_event_stream
-from deployments.ingress.edge.waiting import ColdStartNotice
+from deployments.ingress.api.streaming import held_event_stream
 from deployments.ingress.protocol import (
-    ChatCompletionRequest,
     WorkersChatResult,
     error_envelope,
     ok_envelope,
@@ -32,7 +30,6 @@ from deployments.ingress.protocol.workers_ai import (
     page_envelope,
 )
 from deployments.ingress.protocol.workers_batch import is_batch_request
-from deployments.ingress.serving.chat import ChatService
 from deployments.ingress.serving.context import RequestContext
 
 PREFIX = "/ai"
@@ -71,24 +68,10 @@ async def run_model(
     if given.stream:
         chat = given.chat()
         shape = partial(openai_chunks, chat) if given.alias else workers_chunks
-        return await _chat_stream(services.chat, chat, ctx, shape)
+        opening = opened_chat_stream(services.chat, chat, ctx, shape)
+        return await held_event_stream(opening, ctx.warming, error_body, {})
     answer = await services.workers.run(given, ctx)
     return json_response(ok_envelope(answer.result), answer.headers)
-
-
-async def _chat_stream(
-    service: ChatService,
-    chat: ChatCompletionRequest,
-    ctx: RequestContext,
-    shape: Callable[[AsyncIterator[GenerationChunk]], AsyncIterator[str]],
-) -> Response:
-    notice = ColdStartNotice()
-
-    async def opening() -> OpenedStream:
-        stream = await service.stream(chat, ctx, notice)
-        return shape(stream.value), stream.headers
-
-    return await held_event_stream(opening(), notice, error_body, {})
 
 
 @routes.get("/models/search")

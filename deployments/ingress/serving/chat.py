@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from deployments.contracts.outputs import Completion, GenerationChunk
 from deployments.ingress.edge.calls import CallResult, HandleCall
 from deployments.ingress.edge.trace import EdgeTrace
-from deployments.ingress.edge.waiting import ColdStartNotice
 from deployments.ingress.protocol import (
     ChatCompletion,
     ChatCompletionMessage,
@@ -134,13 +133,12 @@ class ChatService(ModelService[ChatCompletionRequest, AdmittedChat, ChatCompleti
         self,
         chat: ChatCompletionRequest,
         ctx: RequestContext,
-        notice: ColdStartNotice | None = None,
     ) -> Answer[AsyncIterator[GenerationChunk]]:
         """The generation's chunks once its first one came: until then the edge may fail over
         and an error has a real status; after it, the route turns errors into an error event.
-        `notice` hears if the edge waits for a cold replica meanwhile. No cache; the key's tokens
-        are settled when the stream ends, fails or is abandoned (`metered_stream`), or at once
-        if it never opened."""
+        `ctx.warming` is set if the edge waits for a cold replica meanwhile. No cache; the key's
+        tokens are settled when the stream ends, fails or is abandoned (`metered_stream`), or at
+        once if it never opened."""
         admitted = await self.admission.admit_chat(chat, self._begin(chat, ctx.telemetry), ctx)
         model, messages, params, quota, _ = admitted
         features = chat_features(chat)
@@ -151,7 +149,7 @@ class ChatService(ModelService[ChatCompletionRequest, AdmittedChat, ChatCompleti
             session=ctx.session,
         )
         try:
-            opened, trace = await self._dispatch(admitted, ctx, call, notice)
+            opened, trace = await self._dispatch(admitted, ctx, call)
         except BaseException:
             quota.settle(0)
             raise
@@ -165,25 +163,23 @@ class ChatService(ModelService[ChatCompletionRequest, AdmittedChat, ChatCompleti
         admitted: AdmittedChat,
         ctx: RequestContext,
         call: HandleCall,
-        notice: ColdStartNotice | None = None,
     ) -> tuple[CallResult, EdgeTrace]:
         """`call` through the edge, started while the gate checks the input (the check overlaps
         the hop to the model and its prefill); its result comes back only once the input passed.
         A refused input cancels the call, or closes the stream it already opened, and the 400 is
-        raised whatever the call did."""
-        model = admitted.model.name
+        raised whatever the call did. Until the input passed, the request's `warming` event is
+        held: a stream starts only once its input passed, so a refusal stays a 400."""
+        model, notice = admitted.model.name, ctx.warming
         if not self.gate.applies_to(model):
             return await self.edge.dispatch(model, ctx, call, ctx.telemetry, notice)
-        if notice is not None:
-            notice.hold()  # a stream starts only once its input passed: a refusal stays a 400
+        notice.hold()
         started = asyncio.ensure_future(self.edge.dispatch(model, ctx, call, ctx.telemetry, notice))
         try:
             # One turn of the loop: the dispatch sends the call before the check starts. The
             # router's own classifier never yields, so without it the call left only after it.
             await asyncio.sleep(0)
             await self.gate.check_input(admitted.messages)
-            if notice is not None:
-                notice.release()
+            notice.release()
         except BaseException:
             if not started.done():
                 started.cancel()

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from deployments.errors import BadHeaderValueError
-from deployments.ingress.edge.waiting import WaitLimits
+from deployments.ingress.edge.waiting import ColdStartNotice, WaitLimits
 from deployments.ingress.security import Principal
 from deployments.observability import RequestTelemetry
 from edge_sim.geo import COUNTRY_HEADER, GEO_HEADER
@@ -34,6 +34,9 @@ class RequestContext:
     session: str = ""  # SESSION_HEADER's value: "" for none
     # what the request tells the metrics, the access log and the key's ledger
     telemetry: RequestTelemetry = field(default_factory=RequestTelemetry.disabled)
+    # an event the edge sets when an attempt waits for a cold region's first replica: a held
+    # stream (api.streaming) starts at once and says so, instead of looking hung
+    warming: ColdStartNotice = field(default_factory=ColdStartNotice)
 
     @property
     def key_id(self) -> str:
