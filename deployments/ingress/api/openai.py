@@ -70,11 +70,11 @@ async def chat_completions(
 ) -> Response:
     ignored = ignored_fields_header(body)
     ctx = ctx.rejecting_if_busy(rejects_if_busy(body))
-    chats = services_of(request).chat
+    service = services_of(request).chat
     if body.stream:
-        opening = opened_chat_stream(chats, body, ctx, partial(openai_chunks, body))
+        opening = opened_chat_stream(service, body, ctx, partial(openai_chunks, body))
         return await held_event_stream(opening, ctx.warming, openai_error_body, ignored)
-    answer = await chats.complete(body, ctx)
+    answer = await service.complete(body, ctx)
     return json_response(answer.value, {**answer.headers, **ignored})
 
 
