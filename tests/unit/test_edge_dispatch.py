@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -142,7 +143,8 @@ class Rig:
             default_cold_start_ms=3000.0,
             control=control,
             clock=self.clock,
-            after_cold_start=self._top_up_pool,
+            # the warm pool's handle: `top_up.remote()` counts the ask
+            warm_pool=SimpleNamespace(top_up=SimpleNamespace(remote=self._top_up_pool)),
         )
         self.pools.snapshot = BoardSnapshot(
             {MODEL: {r: PoolView(running=n) for r, n in running.items()}}, {}

@@ -361,3 +361,19 @@ def test_a_refused_input_keeps_its_400_even_when_the_stream_would_wait_for_a_col
         )
     assert openai_error(refused, 400)["code"] == "content_policy_violation"
     assert fine.text.startswith(": warming region=")  # held once the input passed
+
+
+def test_two_apps_on_the_module_level_routers_each_answer_with_their_own_services():
+    """The routes are module-level functions shared by every app; each reads the services of the
+    app it serves (`app.state`), so one app's keys and models never answer for another's."""
+    keyed, open_ = client_for(), client_for(env={})
+    with keyed, open_:
+        assert keyed.get("/v1/models").status_code == 401
+        assert open_.get("/v1/models").status_code == 200
+        assert keyed.get("/v1/models", headers=USER).status_code == 200
+        assert keyed.get("/admin/colos", headers=ADMIN).status_code == 200
+        assert open_.get("/admin/colos", headers=ADMIN).status_code == 404  # no admin key there
+        for prefix in ("", "/accounts/acct/ai", "/client/v4/accounts/acct/ai"):
+            assert keyed.post(f"{prefix}/v1/chat/completions", json=HELLO).status_code == 401
+            answer = open_.post(f"{prefix}/v1/chat/completions", json=HELLO)
+            assert answer.status_code == 200 and answer.json()["object"] == "chat.completion"

@@ -17,6 +17,7 @@ from router_fakes import (
     FakeEmbeddingHandle,
     FakeInRouterModeration,
     FakeModerationHandle,
+    ScriptedChatHandle,
     app_config,
     fake_handles,
     services_for,
@@ -38,7 +39,6 @@ from deployments.ingress.security import Principal, RateLimits
 from deployments.ingress.serving.context import RequestContext
 from deployments.observability import (
     InMemoryMetricsBackend,
-    RequestTelemetry,
     RouterObservability,
     configure_access_logger,
 )
@@ -54,10 +54,6 @@ def run(coroutine: Any) -> Any:
 
 def context(principal: Principal = LIMITED, **fields: Any) -> RequestContext:
     return RequestContext(principal=principal, location_headers=LONDON, **fields)
-
-
-def telemetry() -> RequestTelemetry:
-    return RequestTelemetry.disabled()
 
 
 def chat(model: str = "glm", **fields: Any) -> ChatCompletionRequest:
@@ -83,7 +79,7 @@ def no_gate(**router: Any):
 
 def test_a_completion_is_charged_its_real_usage_not_its_estimate():
     services = services_for(no_gate(), fake_handles())
-    answer = run(services.chat.complete(chat(max_tokens=500), context(), telemetry()))
+    answer = run(services.chat.complete(chat(max_tokens=500), context()))
     assert answer.value.choices[0].message.content == "hello from the fake model"
     assert answer.value.usage.total_tokens == 12
     # The reservation (input + 500) was settled to the 12 tokens used.
@@ -95,7 +91,7 @@ def test_a_failed_completion_refunds_its_reservation():
     handles = fake_handles(glm=FakeChatHandle(fail=InvalidRequestError("bad", param="messages")))
     services = services_for(no_gate(), handles)
     with pytest.raises(InvalidRequestError):
-        run(services.chat.complete(chat(max_tokens=500), context(), telemetry()))
+        run(services.chat.complete(chat(max_tokens=500), context()))
     assert tokens_left(services) >= TOKENS_PER_MINUTE - 1
 
 
@@ -103,9 +99,9 @@ def test_admission_refuses_over_the_rate_limit_before_any_model_call():
     handles = fake_handles()
     services = services_for(no_gate(), handles)
     tiny = Principal("bob", RateLimits(requests_per_minute=1))
-    run(services.chat.complete(chat(), context(tiny), telemetry()))
+    run(services.chat.complete(chat(), context(tiny)))
     with pytest.raises(RateLimitedError) as limited:
-        run(services.chat.complete(chat(), context(tiny), telemetry()))
+        run(services.chat.complete(chat(), context(tiny)))
     assert "retry-after" in limited.value.response_headers()
     assert len(handles["glm"].complete.calls) == 1
 
@@ -113,25 +109,23 @@ def test_admission_refuses_over_the_rate_limit_before_any_model_call():
 def test_unknown_model_and_wrong_task_are_refused_before_admission():
     services = services_for(no_gate(), fake_handles())
     with pytest.raises(ModelNotFoundError):
-        run(services.chat.complete(chat("gpt-5"), context(), telemetry()))
+        run(services.chat.complete(chat("gpt-5"), context()))
     with pytest.raises(WrongTaskError):
-        run(services.chat.complete(chat("embedding"), context(), telemetry()))
+        run(services.chat.complete(chat("embedding"), context()))
     assert tokens_left(services) == TOKENS_PER_MINUTE  # nothing reserved
 
 
 def test_a_deterministic_chat_is_cached_per_key_and_a_hit_is_still_charged():
     handles = fake_handles()
     services = services_for(no_gate(), handles)
-    first = run(services.chat.complete(chat(temperature=0), context(), telemetry()))
-    again = run(services.chat.complete(chat(temperature=0), context(), telemetry()))
+    first = run(services.chat.complete(chat(temperature=0), context()))
+    again = run(services.chat.complete(chat(temperature=0), context()))
     assert (first.headers["x-edge-cache"], again.headers["x-edge-cache"]) == ("MISS", "HIT")
     assert again.value == first.value and len(handles["glm"].complete.calls) == 1
     assert TOKENS_PER_MINUTE - tokens_left(services) in (24, 23)  # the hit used 12 too
     other = Principal("carol", LIMITED.limits)
     assert (
-        run(services.chat.complete(chat(temperature=0), context(other), telemetry())).headers[
-            "x-edge-cache"
-        ]
+        run(services.chat.complete(chat(temperature=0), context(other))).headers["x-edge-cache"]
         == "MISS"
     )
 
@@ -139,9 +133,9 @@ def test_a_deterministic_chat_is_cached_per_key_and_a_hit_is_still_charged():
 def test_sampled_bypassed_and_workers_chats_are_not_cached():
     handles = fake_handles()
     services = services_for(no_gate(), handles)
-    sampled = run(services.chat.complete(chat(temperature=0.7), context(), telemetry()))
-    bypass = run(services.chat.complete(chat(seed=1), context(cache_bypass=True), telemetry()))
-    workers = run(services.chat.complete(chat(seed=2), context(), telemetry(), use_cache=False))
+    sampled = run(services.chat.complete(chat(temperature=0.7), context()))
+    bypass = run(services.chat.complete(chat(seed=1), context(cache_bypass=True)))
+    workers = run(services.chat.complete(chat(seed=2), context(), use_cache=False))
     for answer in (sampled, bypass, workers):
         assert "x-edge-cache" not in answer.headers
     assert len(handles["glm"].complete.calls) == 3
@@ -167,7 +161,7 @@ def test_the_gate_refuses_flagged_input_of_a_gated_model_and_cancels_its_generat
         model="glm", messages=[{"role": "user", "content": f"you {BAD_WORD} fool"}]
     )
     with pytest.raises(ContentPolicyViolationError):
-        run(services.chat.complete(bad, context(), telemetry()))
+        run(services.chat.complete(bad, context()))
     # The call left as the check began (they overlap); the refusal cancelled it.
     assert len(glm.complete.calls) == 1 and cancelled == [True]
     assert tokens_left(services) >= TOKENS_PER_MINUTE - 1  # refunded
@@ -175,11 +169,11 @@ def test_the_gate_refuses_flagged_input_of_a_gated_model_and_cancels_its_generat
 
 def test_the_gate_replaces_a_flagged_answer_and_is_off_for_ungated_models():
     gated = services_for(app_config(), fake_handles(glm=FakeChatHandle(text=f"well {BAD_WORD}")))
-    answer = run(gated.chat.complete(chat(), context(), telemetry()))
+    answer = run(gated.chat.complete(chat(), context()))
     assert answer.value.choices[0].finish_reason == "content_filter"
     assert BAD_WORD not in answer.value.choices[0].message.content
     open_ = services_for(no_gate(), fake_handles(glm=FakeChatHandle(text=f"well {BAD_WORD}")))
-    answer = run(open_.chat.complete(chat(), context(), telemetry()))
+    answer = run(open_.chat.complete(chat(), context()))
     assert answer.value.choices[0].message.content == f"well {BAD_WORD}"
 
 
@@ -195,7 +189,7 @@ def test_the_router_runs_an_embedded_gate_classifier_itself_opened_from_models_d
     config = app_config()
     services = services_for(config, handles, in_router=in_router)
     assert in_router.opened == [config.model_path("moderation")]
-    answer = run(services.chat.complete(chat(), context(), telemetry()))
+    answer = run(services.chat.complete(chat(), context()))
     assert answer.value.choices[0].finish_reason == "stop"
     assert in_router.calls and handles["moderation"].classify.calls == []  # no hop
 
@@ -204,7 +198,7 @@ def test_the_gate_can_call_the_moderation_deployment_instead():
     handles, in_router = fake_handles(), FakeInRouterModeration()
     services = services_for(gate_in("deployment"), handles, in_router=in_router)
     assert in_router.opened == []
-    run(services.chat.complete(chat(), context(), telemetry()))
+    run(services.chat.complete(chat(), context()))
     assert handles["moderation"].classify.calls
 
 
@@ -238,7 +232,7 @@ def test_a_remote_input_check_overlaps_the_stream_and_a_refusal_cancels_it(flagg
     )
 
     async def go() -> list[Any]:
-        answer = await services.chat.stream(request, context(), telemetry())
+        answer = await services.chat.stream(request, context())
         return await collect(answer.value)
 
     if flagged:
@@ -275,7 +269,7 @@ def test_the_routers_own_input_check_runs_after_the_stream_was_opened():
     )
 
     async def go() -> list[Any]:
-        answer = await services.chat.stream(request, context(), telemetry())
+        answer = await services.chat.stream(request, context())
         return await collect(answer.value)
 
     assert "".join(c.text for c in run(go())) == "hello from the fake model"
@@ -299,7 +293,7 @@ def test_a_failing_region_is_failed_over_and_the_trace_says_so():
 
     handle.complete.run = first_fails
     services = services_for(no_gate(), fake_handles(glm=handle))
-    answer = run(services.chat.complete(chat(), context(), telemetry()))
+    answer = run(services.chat.complete(chat(), context()))
     assert answer.headers["x-edge-route-reason"] == "failover"
     tried = answer.headers["x-edge-failover"].split(",")
     assert len(tried) == 2 and tried[-1] == answer.headers["x-edge-region"]
@@ -309,7 +303,7 @@ def test_when_every_colo_fails_the_error_is_a_503():
     handles = fake_handles(glm=FakeChatHandle(fail=OverloadedError("busy", retry_after_s=2)))
     services = services_for(no_gate(), handles)
     with pytest.raises(OverloadedError):
-        run(services.chat.complete(chat(), context(), telemetry()))
+        run(services.chat.complete(chat(), context()))
     assert len(handles["glm"].complete.calls) == services.chat.edge.max_attempts
 
 
@@ -325,9 +319,7 @@ def test_a_stream_is_settled_when_it_ends():
     services = services_for(no_gate(), handles)
 
     async def go() -> list[Any]:
-        answer = await services.chat.stream(
-            chat(stream=True, max_tokens=500), context(), telemetry()
-        )
+        answer = await services.chat.stream(chat(stream=True, max_tokens=500), context())
         assert answer.headers["x-edge-colo"]
         return await collect(answer.value)
 
@@ -342,7 +334,7 @@ def test_a_stream_error_after_the_first_chunk_surfaces_while_iterating():
     services = services_for(no_gate(), handles)
 
     async def go() -> list[str]:
-        answer = await services.chat.stream(chat(stream=True), context(), telemetry())
+        answer = await services.chat.stream(chat(stream=True), context())
         seen = []
         with pytest.raises(RuntimeError):
             async for chunk in answer.value:
@@ -357,7 +349,7 @@ def test_a_stream_failing_before_its_first_chunk_raises_with_a_status():
     handles = fake_handles(glm=FakeChatHandle(fail=InvalidRequestError("too long")))
     services = services_for(no_gate(), handles)
     with pytest.raises(InvalidRequestError):
-        run(services.chat.stream(chat(stream=True), context(), telemetry()))
+        run(services.chat.stream(chat(stream=True), context()))
     assert tokens_left(services) >= TOKENS_PER_MINUTE - 1
 
 
@@ -371,8 +363,8 @@ def embedding_request(**fields: Any) -> EmbeddingRequest:
 def test_embeddings_are_cached_and_charged_their_tokens():
     handles = fake_handles()
     services = services_for(no_gate(), handles)
-    first = run(services.embeddings.create(embedding_request(), context(), telemetry()))
-    again = run(services.embeddings.create(embedding_request(), context(), telemetry()))
+    first = run(services.embeddings.create(embedding_request(), context()))
+    again = run(services.embeddings.create(embedding_request(), context()))
     assert first.value.vectors.shape == (2, DIMENSION) and first.value.prompt_tokens == 4 + 3
     assert (first.headers["x-edge-cache"], again.headers["x-edge-cache"]) == ("MISS", "HIT")
     assert len(handles["embedding"].embed.calls) == 1
@@ -389,24 +381,19 @@ def test_two_router_replicas_on_one_sqlite_file_share_answers(tmp_path: Path):
         services_for(config, handles, cache_store=SQLiteStore(path, 100, 10_000)) for _ in range(2)
     ]
     answers = [
-        run(replicas[i % 2].embeddings.create(embedding_request(), context(), telemetry()))
-        for i in range(4)
+        run(replicas[i % 2].embeddings.create(embedding_request(), context())) for i in range(4)
     ]
     assert [a.headers["x-edge-cache"] for a in answers] == ["MISS", "HIT", "HIT", "HIT"]
     assert len(handles["embedding"].embed.calls) == 1
     bodies = {orjson.dumps(a.value.body(), option=orjson.OPT_SERIALIZE_NUMPY) for a in answers}
     assert len(bodies) == 1
     moderations = [
-        run(
-            r.moderations.create(
-                ModerationRequest(model="moderation", input="hi"), context(), telemetry()
-            )
-        )
+        run(r.moderations.create(ModerationRequest(model="moderation", input="hi"), context()))
         for r in replicas
     ]
     assert [m.headers["x-edge-cache"] for m in moderations] == ["MISS", "HIT"]
     assert moderations[1].value == moderations[0].value
-    chats = [run(r.chat.complete(chat(seed=3), context(), telemetry())) for r in replicas]
+    chats = [run(r.chat.complete(chat(seed=3), context())) for r in replicas]
     assert [c.headers["x-edge-cache"] for c in chats] == ["MISS", "HIT"]
     assert chats[1].value == chats[0].value
 
@@ -435,10 +422,7 @@ def test_a_down_cache_backend_serves_every_request_and_counts_the_failures():
     )
     handles = fake_handles()
     services = services_for(config, handles, cache_store=DownStore(), observability=observability)
-    answers = [
-        run(services.embeddings.create(embedding_request(), context(), telemetry()))
-        for _ in range(2)
-    ]
+    answers = [run(services.embeddings.create(embedding_request(), context())) for _ in range(2)]
     # The first request's lookup and store failed; the second's store was not asked (it is down).
     assert len(handles["embedding"].embed.calls) == 2
     assert [a.headers["x-edge-cache"] for a in answers] == ["MISS", "MISS"]
@@ -449,14 +433,14 @@ def test_a_down_cache_backend_serves_every_request_and_counts_the_failures():
 
 def test_a_disabled_cache_says_nothing_about_the_cache():
     services = services_for(no_gate(cache={"enabled": False}), fake_handles())
-    answer = run(services.embeddings.create(embedding_request(), context(), telemetry()))
+    answer = run(services.embeddings.create(embedding_request(), context()))
     assert "x-edge-cache" not in answer.headers
 
 
 def test_a_wrong_dimensions_is_refused_by_the_replica_check_and_refunded():
     services = services_for(no_gate(), fake_handles())
     with pytest.raises(InvalidRequestError) as refused:
-        run(services.embeddings.create(embedding_request(dimensions=3), context(), telemetry()))
+        run(services.embeddings.create(embedding_request(dimensions=3), context()))
     assert refused.value.param == "dimensions"
     assert tokens_left(services) >= TOKENS_PER_MINUTE - 1
 
@@ -464,7 +448,7 @@ def test_a_wrong_dimensions_is_refused_by_the_replica_check_and_refunded():
 def test_the_dimensions_travel_to_the_replica_with_the_texts():
     handles = fake_handles()
     services = services_for(no_gate(), handles)
-    run(services.embeddings.create(embedding_request(dimensions=DIMENSION), context(), telemetry()))
+    run(services.embeddings.create(embedding_request(dimensions=DIMENSION), context()))
     texts, _, dimensions = handles["embedding"].embed.calls[0]
     assert (texts, dimensions) == (["one two", "three"], DIMENSION)
 
@@ -474,23 +458,47 @@ def test_a_failed_embedding_refunds_and_a_workers_embedding_is_uncached():
         no_gate(), fake_handles(embedding=FakeEmbeddingHandle(fail=OverloadedError("x")))
     )
     with pytest.raises(OverloadedError):
-        run(services.embeddings.embed("embedding", ["a"], context(), telemetry()))
+        run(services.embeddings.embed("embedding", ["a"], context()))
     assert tokens_left(services) >= TOKENS_PER_MINUTE - 1
     fine = services_for(no_gate(), fake_handles())
-    answer = run(fine.embeddings.embed("embedding", ["a"], context(), telemetry()))
+    answer = run(fine.embeddings.embed("embedding", ["a"], context()))
     assert answer.value.vectors.shape == (1, DIMENSION) and "x-edge-cache" not in answer.headers
+
+
+def test_a_workers_answer_is_never_stored_for_the_openai_api():
+    """The Workers AI paths go through the same service path, uncached: the same texts asked on
+    the OpenAI API afterwards are a miss that calls the model again."""
+    handles = fake_handles()
+    services = services_for(no_gate(), handles)
+    workers = run(services.embeddings.embed("embedding", ["one two", "three"], context()))
+    openai = run(services.embeddings.create(embedding_request(), context()))
+    assert "x-edge-cache" not in workers.headers and openai.headers["x-edge-cache"] == "MISS"
+    assert len(handles["embedding"].embed.calls) == 2
+    assert workers.value.prompt_tokens == openai.value.prompt_tokens == 4 + 3
+    verdicts = run(services.moderations.classify("moderation", ["hi", BAD_WORD], context()))
+    assert [r.flagged for r in verdicts.value.results] == [False, True]
+    assert "x-edge-cache" not in verdicts.headers
+
+
+def test_an_answer_that_cannot_be_made_from_the_reply_is_refunded():
+    """A reply the answer cannot be made of (no choices) fails after the model call: the key's
+    reservation is still settled, to nothing."""
+    services = services_for(no_gate(), fake_handles(glm=ScriptedChatHandle([], [])))
+    with pytest.raises(IndexError):
+        run(services.chat.complete(chat(max_tokens=500), context()))
+    assert tokens_left(services) >= TOKENS_PER_MINUTE - 1
 
 
 def test_moderation_settles_its_reservation_at_the_estimate():
     services = services_for(no_gate(), fake_handles())
     request = ModerationRequest(input=["fine words", f"{BAD_WORD} words"])
-    answer = run(services.moderations.create(request, context(), telemetry()))
+    answer = run(services.moderations.create(request, context()))
     assert [r.flagged for r in answer.value.results] == [False, True]
     charged = TOKENS_PER_MINUTE - tokens_left(services)
     assert (
         0 < charged <= 8
     )  # its estimate (the model counts no tokens), never the reservation's leftovers
-    run(services.moderations.classify("moderation", ["x"], context(), telemetry()))
+    run(services.moderations.classify("moderation", ["x"], context()))
     assert TOKENS_PER_MINUTE - tokens_left(services) > charged
 
 
@@ -503,5 +511,5 @@ def test_a_failed_moderation_is_refunded():
     handles["moderation"].classify.run = fails
     services = services_for(no_gate(), handles)
     with pytest.raises(OverloadedError):
-        run(services.moderations.create(ModerationRequest(input="hello"), context(), telemetry()))
+        run(services.moderations.create(ModerationRequest(input="hello"), context()))
     assert tokens_left(services) >= TOKENS_PER_MINUTE - 1

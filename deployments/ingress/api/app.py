@@ -1,19 +1,16 @@
-"""`make_app`: the router's FastAPI app, built once from the config and the services it serves."""
+"""`make_app`: the router's FastAPI app, built once from the config and the services it serves:
+the services set on the app's state, and one module-level router per API included."""
 
 from __future__ import annotations
 
 from fastapi import FastAPI
 
 from deployments.config import AppConfig
-from deployments.ingress.api import workers_ai
-from deployments.ingress.api.admin import admin_routes
+from deployments.ingress.api import admin, dashboard, gateway_admin, health, openai, workers_ai
+from deployments.ingress.api.app_services import install_services
 from deployments.ingress.api.body_limit import BodyLimitMiddleware
-from deployments.ingress.api.dashboard import dashboard_routes
 from deployments.ingress.api.docs import install_docs
 from deployments.ingress.api.errors import ErrorShapes, install_error_handler
-from deployments.ingress.api.gateway_admin import gateway_admin_routes
-from deployments.ingress.api.health import health_routes
-from deployments.ingress.api.openai import openai_routes
 from deployments.ingress.serving.services import RouterServices
 from deployments.observability import TelemetryMiddleware
 
@@ -28,17 +25,19 @@ def make_app(config: AppConfig, services: RouterServices) -> FastAPI:
     )
     shapes = ErrorShapes({}, by_pattern={workers_ai.ERROR_PATTERN: workers_ai.error_body})
     install_error_handler(app, shapes)
-    app.include_router(health_routes(services))
-    app.include_router(openai_routes(services))
-    app.include_router(workers_ai.workers_ai_routes(services))
+    install_services(app, services)
+    app.include_router(health.routes)
+    app.include_router(openai.routes)
+    app.include_router(workers_ai.routes, prefix=workers_ai.PREFIX)
     for prefix in workers_ai.ACCOUNT_PREFIXES:
         # Workers AI's own paths, and its OpenAI-compatible ones (.../ai/v1/chat/completions):
-        # the cloudflare SDK and an OpenAI SDK with base_url .../ai/v1 both work unchanged.
-        app.include_router(workers_ai.workers_ai_routes(services, prefix))
-        app.include_router(openai_routes(services), prefix=prefix)
-    app.include_router(admin_routes(services))
-    app.include_router(gateway_admin_routes(services))
-    app.include_router(dashboard_routes())
+        # the cloudflare SDK and an OpenAI SDK with base_url .../ai/v1 both work unchanged. The
+        # same routers, each included once more under the account's prefix.
+        app.include_router(workers_ai.routes, prefix=prefix)
+        app.include_router(openai.routes, prefix=prefix)
+    app.include_router(admin.routes)
+    app.include_router(gateway_admin.routes)
+    app.include_router(dashboard.routes)
     install_docs(app)
     app.add_middleware(BodyLimitMiddleware, limit=config.router.max_body_bytes, shapes=shapes)
     # Outermost, so a 413 is measured too. Ray Serve's proxy already echoes the client's

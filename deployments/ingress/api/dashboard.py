@@ -30,24 +30,24 @@ SECURITY_HEADERS = {
 }
 
 
-def dashboard_routes() -> APIRouter:
-    routes = APIRouter(prefix="/dashboard", include_in_schema=False)
+routes = APIRouter(prefix="/dashboard", include_in_schema=False)
 
-    @routes.get("")
-    async def page() -> Response:
-        html = (STATIC / "index.html").read_bytes()
-        return Response(html, media_type="text/html; charset=utf-8", headers=SECURITY_HEADERS)
 
-    @routes.get("/world.json")
-    async def world() -> Response:
-        return json_response(world_outline(), headers={"cache-control": "max-age=86400"})
+@routes.get("")
+async def page() -> Response:
+    html = (STATIC / "index.html").read_bytes()
+    return Response(html, media_type="text/html; charset=utf-8", headers=SECURITY_HEADERS)
 
-    @routes.get("/{asset}")
-    async def asset(asset: str) -> Response:
-        media_type = ASSETS.get(asset)
-        if media_type is None:
-            raise RouteNotFoundError(f"no route /dashboard/{asset}")
-        body = (STATIC / asset).read_bytes()
-        return Response(body, media_type=media_type, headers=SECURITY_HEADERS)
 
-    return routes
+@routes.get("/world.json")
+async def world() -> Response:
+    return json_response(world_outline(), headers={"cache-control": "max-age=86400"})
+
+
+@routes.get("/{asset}")
+async def asset(asset: str) -> Response:
+    media_type = ASSETS.get(asset)
+    if media_type is None:
+        raise RouteNotFoundError(f"no route /dashboard/{asset}")
+    body = (STATIC / asset).read_bytes()
+    return Response(body, media_type=media_type, headers=SECURITY_HEADERS)

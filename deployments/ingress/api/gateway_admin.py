@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 
 from deployments.ingress.api.admin import admin_only
+from deployments.ingress.api.app_services import services_of
 from deployments.ingress.api.responses import json_response
-from deployments.ingress.serving.services import RouterServices
+from deployments.ingress.serving.gateway_admin import GatewayAdmin
 from deployments.ingress.state.request_log import MAX_PAGE_ROWS, LogFilter
 from deployments.ingress.state.virtual_keys import NewKey
 
@@ -30,39 +31,44 @@ async def log_filter(  # async: no thread-pool hop (caller.py)
 Filtered = Annotated[LogFilter, Depends(log_filter)]
 
 
-def gateway_admin_routes(services: RouterServices) -> APIRouter:
-    routes = APIRouter(
-        prefix="/admin", include_in_schema=False, dependencies=[Depends(admin_only(services))]
-    )
-    admin = services.gateway
+routes = APIRouter(prefix="/admin", include_in_schema=False, dependencies=[Depends(admin_only)])
 
-    @routes.post("/keys")
-    async def create_key(spec: NewKey) -> Response:
-        """201 with the key's secret, shown this once."""
-        return json_response(await admin.create_key(spec), status=201)
 
-    @routes.get("/keys")
-    async def list_keys() -> Response:
-        return json_response(await admin.list_keys())
+def gateway_of(request: Request) -> GatewayAdmin:
+    return services_of(request).gateway
 
-    @routes.delete("/keys/{key_id}")
-    async def revoke_key(key_id: str) -> Response:
-        return json_response(await admin.revoke_key(key_id))
 
-    @routes.post("/keys/{key_id}/rotate")
-    async def rotate_key(key_id: str) -> Response:
-        return json_response(await admin.rotate_key(key_id))
+@routes.post("/keys")
+async def create_key(spec: NewKey, request: Request) -> Response:
+    """201 with the key's secret, shown this once."""
+    return json_response(await gateway_of(request).create_key(spec), status=201)
 
-    @routes.get("/logs")
-    async def logs(
-        where: Filtered,
-        limit: Annotated[int, Query(ge=1, le=MAX_PAGE_ROWS)] = DEFAULT_PAGE_ROWS,
-        before_id: Annotated[int | None, Query(ge=1, description="the last next_cursor")] = None,
-    ) -> Response:
-        return json_response(await admin.logs(where, limit, before_id))
 
-    @routes.get("/usage")
-    async def usage(where: Filtered) -> Response:
-        return json_response(await admin.usage(where))
+@routes.get("/keys")
+async def list_keys(request: Request) -> Response:
+    return json_response(await gateway_of(request).list_keys())
 
-    return routes
+
+@routes.delete("/keys/{key_id}")
+async def revoke_key(key_id: str, request: Request) -> Response:
+    return json_response(await gateway_of(request).revoke_key(key_id))
+
+
+@routes.post("/keys/{key_id}/rotate")
+async def rotate_key(key_id: str, request: Request) -> Response:
+    return json_response(await gateway_of(request).rotate_key(key_id))
+
+
+@routes.get("/logs")
+async def logs(
+    where: Filtered,
+    request: Request,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE_ROWS)] = DEFAULT_PAGE_ROWS,
+    before_id: Annotated[int | None, Query(ge=1, description="the last next_cursor")] = None,
+) -> Response:
+    return json_response(await gateway_of(request).logs(where, limit, before_id))
+
+
+@routes.get("/usage")
+async def usage(where: Filtered, request: Request) -> Response:
+    return json_response(await gateway_of(request).usage(where))

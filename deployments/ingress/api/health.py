@@ -4,20 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
-from deployments.ingress.serving.services import RouterServices
+from deployments.ingress.api.app_services import services_of
+
+routes = APIRouter()
 
 
-def health_routes(services: RouterServices) -> APIRouter:
-    routes = APIRouter()
+@routes.get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
 
-    @routes.get("/healthz")
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
 
-    @routes.get("/readyz")
-    async def readyz() -> dict[str, Any]:
-        return await services.readiness()
-
-    return routes
+@routes.get("/readyz")
+async def readyz(request: Request) -> dict[str, Any]:
+    return await services_of(request).readiness()

@@ -2,19 +2,20 @@
 /v1/completions (legacy), /v1/embeddings, /v1/moderations."""
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations at runtime,
-# and `Authenticated` is local to the router factory.
+# so they resolve `Authenticated` and the request types in this module.
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from functools import partial
 from typing import Annotated, Any, cast
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Depends, Request, Response
 
 from deployments.contracts.outputs import GenerationChunk
-from deployments.ingress.api.caller import Caller, caller_of
+from deployments.ingress.api.app_services import services_of
+from deployments.ingress.api.caller import authenticated
 from deployments.ingress.api.errors import openai_error_body
 from deployments.ingress.api.responses import ignored_fields_header, json_response
 from deployments.ingress.api.streaming import OpenedStream, held_event_stream
-from deployments.ingress.edge.waiting import ColdStartNotice
 from deployments.ingress.protocol import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -42,81 +43,73 @@ from deployments.ingress.protocol.completions import (
     completion_id,
 )
 from deployments.ingress.serving.answer import Answer
+from deployments.ingress.serving.chat import ChatService
 from deployments.ingress.serving.context import RequestContext
-from deployments.ingress.serving.services import RouterServices
 from deployments.observability import RequestTelemetry
 
+routes = APIRouter()
+Authenticated = Annotated[RequestContext, Depends(authenticated)]
 
-def openai_routes(services: RouterServices) -> APIRouter:
-    routes = APIRouter()
-    Authenticated = Annotated[Caller, Depends(caller_of(services.keys))]
 
-    # response_model documents the body in /openapi.json; the answers are returned as responses,
-    # so FastAPI does not validate them a second time.
-    @routes.get("/v1/models", response_model=ModelList)
-    async def list_models(caller: Authenticated) -> Response:
-        return json_response(services.catalogue.cards())
+# response_model documents the body in /openapi.json; the answers are returned as responses,
+# so FastAPI does not validate them a second time.
+@routes.get("/v1/models", response_model=ModelList)
+async def list_models(ctx: Authenticated, request: Request) -> Response:
+    return json_response(services_of(request).catalogue.cards())
 
-    # `:path`, so catalogue names with slashes ("@cf/zai-org/glm-4.7-flash") are ids too
-    @routes.get("/v1/models/{model_id:path}", response_model=ModelCard)
-    async def retrieve_model(model_id: str, caller: Authenticated) -> Response:
-        return json_response(services.catalogue.card(model_id))
 
-    @routes.post("/v1/chat/completions", response_model=ChatCompletion)
-    async def chat_completions(body: ChatCompletionRequest, caller: Authenticated) -> Response:
-        ignored = ignored_fields_header(body)
-        ctx, telemetry = caller.context.rejecting_if_busy(rejects_if_busy(body)), caller.telemetry
-        if body.stream:
-            notice = ColdStartNotice()
+# `:path`, so catalogue names with slashes ("@cf/zai-org/glm-4.7-flash") are ids too
+@routes.get("/v1/models/{model_id:path}", response_model=ModelCard)
+async def retrieve_model(model_id: str, ctx: Authenticated, request: Request) -> Response:
+    return json_response(services_of(request).catalogue.card(model_id))
 
-            async def opening() -> OpenedStream:
-                stream = await services.chat.stream(body, ctx, telemetry, notice)
-                return openai_chunks(body, stream.value), stream.headers
 
-            return await held_event_stream(opening(), notice, openai_error_body, ignored)
-        answer = await services.chat.complete(body, ctx, telemetry)
-        return json_response(answer.value, {**answer.headers, **ignored})
+@routes.post("/v1/chat/completions", response_model=ChatCompletion)
+async def chat_completions(
+    body: ChatCompletionRequest, ctx: Authenticated, request: Request
+) -> Response:
+    ignored = ignored_fields_header(body)
+    ctx = ctx.rejecting_if_busy(rejects_if_busy(body))
+    service = services_of(request).chat
+    if body.stream:
+        opening = opened_chat_stream(service, body, ctx, partial(openai_chunks, body))
+        return await held_event_stream(opening, ctx.warming, openai_error_body, ignored)
+    answer = await service.complete(body, ctx)
+    return json_response(answer.value, {**answer.headers, **ignored})
 
-    @routes.post("/v1/completions", response_model=Completion)
-    async def completions(body: CompletionRequest, caller: Authenticated) -> Response:
-        """Legacy completions: each prompt as is (no chat template), on the chat models; the
-        prompts of a list run side by side, each a chat request of its own."""
-        ignored = ignored_fields_header(body)
-        ctx, telemetry = caller.context, caller.telemetry
-        chats = [body.as_chat(prompt) for prompt in body.prompts]
-        if body.stream:
-            notice = ColdStartNotice()
 
-            async def opening() -> OpenedStream:
-                streams = await _opened_streams(services, chats, ctx, telemetry, notice)
-                events = completion_chunks(body, [stream.value for stream in streams], telemetry)
-                return events, streams[-1].headers
-
-            return await held_event_stream(opening(), notice, openai_error_body, ignored)
-        answers = await asyncio.gather(
-            *(services.chat.complete(chat, ctx, telemetry) for chat in chats)
+@routes.post("/v1/completions", response_model=Completion)
+async def completions(body: CompletionRequest, ctx: Authenticated, request: Request) -> Response:
+    """Legacy completions: each prompt as is (no chat template), on the chat models; the
+    prompts of a list run side by side, each a chat request of its own."""
+    ignored = ignored_fields_header(body)
+    service = services_of(request).chat
+    chats = [body.as_chat(prompt) for prompt in body.prompts]
+    if body.stream:
+        opening = _opened_completion_streams(service, body, chats, ctx)
+        return await held_event_stream(opening, ctx.warming, openai_error_body, ignored)
+    answers = await asyncio.gather(*(service.complete(chat, ctx) for chat in chats))
+    completion = legacy_completion(body, [answer.value for answer in answers])
+    if len(answers) > 1 and completion.usage is not None:  # each call told its own
+        ctx.telemetry.usage(
+            input_tokens=completion.usage.prompt_tokens,
+            output_tokens=completion.usage.completion_tokens,
+            finish_reason=completion.choices[-1].finish_reason,
         )
-        completion = legacy_completion(body, [answer.value for answer in answers])
-        if len(answers) > 1 and completion.usage is not None:  # each call told its own
-            telemetry.usage(
-                input_tokens=completion.usage.prompt_tokens,
-                output_tokens=completion.usage.completion_tokens,
-                finish_reason=completion.choices[-1].finish_reason,
-            )
-        # the last admission's rate-limit state is the key's current one
-        return json_response(completion, {**answers[-1].headers, **ignored})
+    # the last admission's rate-limit state is the key's current one
+    return json_response(completion, {**answers[-1].headers, **ignored})
 
-    @routes.post("/v1/embeddings", response_model=CreateEmbeddingResponse)
-    async def embeddings(body: EmbeddingRequest, caller: Authenticated) -> Response:
-        answer = await services.embeddings.create(body, caller.context, caller.telemetry)
-        return json_response(answer.value.body(), {**answer.headers, **ignored_fields_header(body)})
 
-    @routes.post("/v1/moderations", response_model=ModerationCreateResponse)
-    async def moderations(body: ModerationRequest, caller: Authenticated) -> Response:
-        answer = await services.moderations.create(body, caller.context, caller.telemetry)
-        return json_response(answer.value, {**answer.headers, **ignored_fields_header(body)})
+@routes.post("/v1/embeddings", response_model=CreateEmbeddingResponse)
+async def embeddings(body: EmbeddingRequest, ctx: Authenticated, request: Request) -> Response:
+    answer = await services_of(request).embeddings.create(body, ctx)
+    return json_response(answer.value.body(), {**answer.headers, **ignored_fields_header(body)})
 
-    return routes
+
+@routes.post("/v1/moderations", response_model=ModerationCreateResponse)
+async def moderations(body: ModerationRequest, ctx: Authenticated, request: Request) -> Response:
+    answer = await services_of(request).moderations.create(body, ctx)
+    return json_response(answer.value, {**answer.headers, **ignored_fields_header(body)})
 
 
 async def openai_chunks(
@@ -159,24 +152,37 @@ async def openai_chunks(
         )
 
 
-async def _opened_streams(
-    services: RouterServices,
+async def opened_chat_stream(
+    service: ChatService,
+    chat: ChatCompletionRequest,
+    ctx: RequestContext,
+    shape: Callable[[AsyncIterator[GenerationChunk]], AsyncIterator[str]],
+) -> OpenedStream:
+    """The chat's stream once its first chunk came, as `shape`'s events, with the headers of its
+    answer: what a held stream (api.streaming) waits for."""
+    stream = await service.stream(chat, ctx)
+    return shape(stream.value), stream.headers
+
+
+async def _opened_completion_streams(
+    service: ChatService,
+    body: CompletionRequest,
     chats: list[ChatCompletionRequest],
     ctx: RequestContext,
-    telemetry: RequestTelemetry,
-    notice: ColdStartNotice,
-) -> list[Answer[AsyncIterator[GenerationChunk]]]:
+) -> OpenedStream:
     """Every prompt's stream, opened before the first byte (so a failure still has its status);
-    they generate side by side. If one cannot open, those already open are closed."""
+    they generate side by side, their events one prompt after the other. If one cannot open,
+    those already open are closed."""
     opened: list[Answer[AsyncIterator[GenerationChunk]]] = []
     try:
         for chat in chats:
-            opened.append(await services.chat.stream(chat, ctx, telemetry, notice))
+            opened.append(await service.stream(chat, ctx))
     except BaseException:
         for answer in opened:
             await cast(AsyncGenerator[GenerationChunk, None], answer.value).aclose()
         raise
-    return opened
+    events = completion_chunks(body, [stream.value for stream in opened], ctx.telemetry)
+    return events, opened[-1].headers
 
 
 def legacy_completion(body: CompletionRequest, chats: list[ChatCompletion]) -> Completion:

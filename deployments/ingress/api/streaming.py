@@ -41,26 +41,26 @@ def event_stream(
 
 async def held_event_stream(
     opening: Awaitable[OpenedStream],
-    notice: ColdStartNotice,
+    warming: ColdStartNotice,
     error_body: ErrorBody,
     headers: Mapping[str, str],
 ) -> EventSourceResponse:
     """The stream `opening` gives. If its first chunk comes (or it fails) before the edge waits
-    for a cold replica: the usual response, with its real status and headers. Once the edge
-    waits on a cold region, the response starts at once and sends `: warming region=<region>`
-    comment lines until the first chunk, so a client can tell a cold start from a hang; the
-    `x-edge-*` headers it could not carry (where it was served was not known yet) follow in one
-    comment, `: edge x-edge-region=ap x-edge-cold-start=1 ...`, and an error that comes after is
-    the stream's last event."""
+    for a cold replica (the request's `warming` event): the usual response, with its real
+    status and headers. Once the edge waits on a cold region, the response starts at once and
+    sends `: warming region=<region>` comment lines until the first chunk, so a client can tell
+    a cold start from a hang; the `x-edge-*` headers it could not carry (where it was served was
+    not known yet) follow in one comment, `: edge x-edge-region=ap x-edge-cold-start=1 ...`, and
+    an error that comes after is the stream's last event."""
     opened = asyncio.ensure_future(opening)
-    warming = asyncio.ensure_future(notice.wait())
+    warmed = asyncio.ensure_future(warming.wait())
     try:
-        await asyncio.wait({opened, warming}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({opened, warmed}, return_when=asyncio.FIRST_COMPLETED)
     except BaseException:
         opened.cancel()
         raise
     finally:
-        warming.cancel()
+        warmed.cancel()
     if opened.done():
         events, answer_headers = opened.result()  # a failure here keeps its status
         return event_stream(events, error_body, {**answer_headers, **headers})
@@ -68,7 +68,7 @@ async def held_event_stream(
     async def held() -> AsyncIterator[Any]:
         try:
             while not opened.done():
-                yield ServerSentEvent(comment=f"warming region={notice.region}")
+                yield ServerSentEvent(comment=f"warming region={warming.region}")
                 await asyncio.wait({opened}, timeout=WARMING_COMMENT_S)
         finally:
             opened.cancel()  # the client left while it waited: the dispatch stops (no-op once done)

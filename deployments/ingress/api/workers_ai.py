@@ -5,22 +5,21 @@ its task's natural input and answer in Cloudflare's `{result, success, errors, m
 envelope, errors included; `.../ai/models/search` lists the models as Workers AI does."""
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations at runtime,
-# and `Authenticated` is local to the router factory.
-from collections.abc import AsyncIterator, Callable
+# so they resolve `Authenticated` and the request types in this module.
+from collections.abc import AsyncIterator
 from functools import partial
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Query, Response
+from fastapi import APIRouter, Body, Depends, Query, Request, Response
 
 from deployments.contracts.outputs import GenerationChunk
 from deployments.errors import ServingError
-from deployments.ingress.api.caller import Caller, caller_of
-from deployments.ingress.api.openai import openai_chunks
+from deployments.ingress.api.app_services import services_of
+from deployments.ingress.api.caller import authenticated
+from deployments.ingress.api.openai import openai_chunks, opened_chat_stream
 from deployments.ingress.api.responses import json_response, json_text
-from deployments.ingress.api.streaming import OpenedStream, held_event_stream
-from deployments.ingress.edge.waiting import ColdStartNotice
+from deployments.ingress.api.streaming import held_event_stream
 from deployments.ingress.protocol import (
-    ChatCompletionRequest,
     WorkersChatResult,
     error_envelope,
     ok_envelope,
@@ -32,7 +31,6 @@ from deployments.ingress.protocol.workers_ai import (
 )
 from deployments.ingress.protocol.workers_batch import is_batch_request
 from deployments.ingress.serving.context import RequestContext
-from deployments.ingress.serving.services import RouterServices
 
 PREFIX = "/ai"
 # Cloudflare's account-scoped prefixes (with and without the API's /client/v4 base)
@@ -45,60 +43,49 @@ def error_body(error: ServingError) -> dict[str, Any]:
     return error_envelope(error)
 
 
-def workers_ai_routes(services: RouterServices, prefix: str = PREFIX) -> APIRouter:
-    routes = APIRouter(prefix=prefix)
-    Authenticated = Annotated[Caller, Depends(caller_of(services.keys))]
+# Mounted at PREFIX and at each of ACCOUNT_PREFIXES (make_app).
+routes = APIRouter()
+Authenticated = Annotated[RequestContext, Depends(authenticated)]
 
-    @routes.post("/run/{model_name:path}")
-    async def run_model(
-        model_name: str,
-        body: Annotated[dict[str, Any], Body()],
-        caller: Authenticated,
-        queue_request: Annotated[bool, Query(alias="queueRequest")] = False,
-    ) -> Response:
-        """Run any model with its task's natural input; answers in a Workers-AI envelope. With
-        `queueRequest` (or a bare `{"request_id"}`), the Batch API: submit or poll a job."""
-        ctx, telemetry = caller.context, caller.telemetry
-        if is_batch_request(body, queue_request):
-            return json_response(ok_envelope(await services.batch.answer(model_name, body, ctx)))
-        model = services.catalogue.get(model_name)
-        telemetry.request(task=model.task, model=model.name)
-        given = services.workers.parse(model_name, body)
-        ctx = ctx.rejecting_if_busy(given.rejects_if_busy)
-        if given.stream:
-            chat = given.chat()
-            shape = partial(openai_chunks, chat) if given.alias else workers_chunks
-            return await _chat_stream(chat, ctx, caller, shape)
-        answer = await services.workers.run(given, ctx, telemetry)
-        return json_response(ok_envelope(answer.result), answer.headers)
 
-    async def _chat_stream(
-        chat: ChatCompletionRequest,
-        ctx: RequestContext,
-        caller: Caller,
-        shape: Callable[[AsyncIterator[GenerationChunk]], AsyncIterator[str]],
-    ) -> Response:
-        notice = ColdStartNotice()
+@routes.post("/run/{model_name:path}")
+async def run_model(
+    model_name: str,
+    body: Annotated[dict[str, Any], Body()],
+    ctx: Authenticated,
+    request: Request,
+    queue_request: Annotated[bool, Query(alias="queueRequest")] = False,
+) -> Response:
+    """Run any model with its task's natural input; answers in a Workers-AI envelope. With
+    `queueRequest` (or a bare `{"request_id"}`), the Batch API: submit or poll a job."""
+    services = services_of(request)
+    if is_batch_request(body, queue_request):
+        return json_response(ok_envelope(await services.batch.answer(model_name, body, ctx)))
+    model = services.catalogue.get(model_name)
+    ctx.telemetry.request(task=model.task, model=model.name)
+    given = services.workers.parse(model_name, body)
+    ctx = ctx.rejecting_if_busy(given.rejects_if_busy)
+    if given.stream:
+        chat = given.chat()
+        shape = partial(openai_chunks, chat) if given.alias else workers_chunks
+        opening = opened_chat_stream(services.chat, chat, ctx, shape)
+        return await held_event_stream(opening, ctx.warming, error_body, {})
+    answer = await services.workers.run(given, ctx)
+    return json_response(ok_envelope(answer.result), answer.headers)
 
-        async def opening() -> OpenedStream:
-            stream = await services.chat.stream(chat, ctx, caller.telemetry, notice)
-            return shape(stream.value), stream.headers
 
-        return await held_event_stream(opening(), notice, error_body, {})
-
-    @routes.get("/models/search")
-    async def search_models(
-        caller: Authenticated,
-        search: str | None = None,
-        task: str | None = None,
-        page: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 1,
-        per_page: Annotated[int, Query(ge=1, le=MAX_MODELS_PER_PAGE)] = 50,
-    ) -> Response:
-        """The models (by every name they answer to) in Workers AI's catalogue shape, paged."""
-        models = services.catalogue.workers_models(search, task)
-        return json_response(page_envelope(models, page, per_page))
-
-    return routes
+@routes.get("/models/search")
+async def search_models(
+    ctx: Authenticated,
+    request: Request,
+    search: str | None = None,
+    task: str | None = None,
+    page: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 1,
+    per_page: Annotated[int, Query(ge=1, le=MAX_MODELS_PER_PAGE)] = 50,
+) -> Response:
+    """The models (by every name they answer to) in Workers AI's catalogue shape, paged."""
+    models = services_of(request).catalogue.workers_models(search, task)
+    return json_response(page_envelope(models, page, per_page))
 
 
 async def workers_chunks(chunks: AsyncIterator[GenerationChunk]) -> AsyncIterator[str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from deployments.ingress.edge.calls import Handle
@@ -37,11 +37,11 @@ class RegionPools:
         default_cold_start_ms: float,
         control: Any = None,
         clock: EdgeClock | None = None,
-        after_cold_start: Callable[[], None] | None = None,
+        warm_pool: Any = None,
     ):
-        """after_cold_start: called once a cold start has been served or a woken pool has its
-        replica (which took a warm pool worker: the pool is asked to replace it now, not at its
-        next check)."""
+        """warm_pool: the warm pool's handle (deployments.control.warm_pool), None when it is off;
+        once a cold start has been served or a woken pool has its replica (which took a warm
+        pool worker), it is asked to replace the worker now, not at its next check."""
         self.handles = {model: dict(by_region) for model, by_region in handles.items()}
         # Ray Serve LLM's lesson: one handle per model and option set (each costs the controller).
         self._stream_handles: dict[tuple[str, str], Handle] = {}
@@ -60,7 +60,7 @@ class RegionPools:
         self.sync_pacer = PollPacer(SYNC_INTERVAL_S, IDLE_SYNC_INTERVAL_S)
         self._sync_now = asyncio.Event()
         self.last_cold_start: dict[str, dict[str, Any]] = {}
-        self._after_cold_start = after_cold_start
+        self._warm_pool = warm_pool
 
     def handle(self, model: str, region: str, stream: bool = False) -> Handle:
         """The pool's handle; with `stream`, its streaming form (made on first use, then kept)."""
@@ -129,8 +129,7 @@ class RegionPools:
     def note_cold_start(self, model: str, record: dict[str, Any]) -> None:
         """A request of `model` waited for a replica to start: `record` is /readyz's account."""
         self.last_cold_start[model] = record
-        if self._after_cold_start is not None:
-            self._after_cold_start()
+        self._replace_taken_worker()
 
     def wake(self, model: str, region: str) -> None:
         """Send the cold pool one request that queues until Serve has started a replica for it
@@ -149,8 +148,13 @@ class RegionPools:
     def _woken(self, task: asyncio.Task[Any]) -> None:
         """A wake answered: its replica has started (on a warm pool worker, which to replace)."""
         _quietly(task)
-        if not task.cancelled() and task.exception() is None and self._after_cold_start:
-            self._after_cold_start()
+        if not task.cancelled() and task.exception() is None:
+            self._replace_taken_worker()
+
+    def _replace_taken_worker(self) -> None:
+        """A replica started on a warm pool worker: the pool tops itself up (fire and forget)."""
+        if self._warm_pool is not None:
+            self._warm_pool.top_up.remote()
 
     # ---- sharing with edge-control ------------------------------------------------------------
 

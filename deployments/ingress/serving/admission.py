@@ -24,7 +24,6 @@ from deployments.ingress.security import (
 from deployments.ingress.serving.context import RequestContext
 from deployments.ingress.serving.models import ModelCatalogue, ServedModel
 from deployments.ingress.state.budgets import BudgetGuard
-from deployments.observability import RequestTelemetry
 
 
 def sampling_params(chat: ChatCompletionRequest) -> SamplingParams:
@@ -102,14 +101,13 @@ class Admission:
         chat: ChatCompletionRequest,
         model: ServedModel,
         ctx: RequestContext,
-        telemetry: RequestTelemetry,
     ) -> AdmittedChat:
         check_chat(chat, self.limits)
         messages = chat_messages_as_dicts(chat)
         texts = [m["content"] for m in messages]
         prompt = estimate_chat_tokens(texts, 0, 0)
         output = chat.effective_max_tokens or DEFAULT_MAX_NEW_TOKENS
-        served = await self._spend(model, ctx, telemetry, prompt, output * chat.n)
+        served = await self._spend(model, ctx, prompt, output * chat.n)
         estimate = estimate_chat_tokens(texts, chat.effective_max_tokens, DEFAULT_MAX_NEW_TOKENS)
         estimate = estimate * chat.n  # n choices may each use the whole output budget
         quota = self.limiter.reserve(ctx.principal, estimate)
@@ -120,11 +118,10 @@ class Admission:
         texts: list[str],
         model: ServedModel,
         ctx: RequestContext,
-        telemetry: RequestTelemetry,
     ) -> AdmittedTexts:
         check_texts(texts, self.limits)
         estimate = estimate_text_tokens(texts)
-        served = await self._spend(model, ctx, telemetry, estimate, 0)
+        served = await self._spend(model, ctx, estimate, 0)
         return AdmittedTexts(
             served, self.limiter.reserve(ctx.principal, estimate), served is not model
         )
@@ -133,13 +130,12 @@ class Admission:
         self,
         model: ServedModel,
         ctx: RequestContext,
-        telemetry: RequestTelemetry,
         input_tokens: int,
         output_tokens: int,
     ) -> ServedModel:
         """The key may use the model (403), and its budget holds the request's estimated cost
         (reserved), or the key's fallback model serves it, or it is refused (429)."""
-        principal = ctx.principal
+        principal, telemetry = ctx.principal, ctx.telemetry
         check_allowed(principal, model)
         if self.budgets is None or principal.budget is None:
             telemetry.spend_admitted(model.name, None, 0.0)

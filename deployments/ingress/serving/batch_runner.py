@@ -179,8 +179,9 @@ class BatchRunner:
                 request_id=request_id,
                 traceparent=telemetry.traceparent,
                 wait_limits=BACKGROUND,
+                telemetry=telemetry,
             )
-            answer = await self._workers.run(given, ctx, telemetry)
+            answer = await self._workers.run(given, ctx)
         except ServingError as error:
             telemetry.finish(error.status)
             if _later(error):

@@ -1,5 +1,7 @@
-"""Chat for both APIs: admission, the moderation gate, the cache (deterministic requests), the
-edge and the model's handle, and the settlement of the key's tokens however the request ends."""
+"""Chat for both APIs: a whole answer through the one model-service path (`ModelService.serve`:
+admission, the cache for deterministic requests, the edge, the settlement of the key's tokens),
+with the moderation gate before the model (`_dispatch`) and on its output (`_answer`); a stream
+through the same admission and gated dispatch, its tokens settled when it ends."""
 
 from __future__ import annotations
 
@@ -7,12 +9,10 @@ import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 from deployments.contracts.outputs import Completion, GenerationChunk
 from deployments.ingress.edge.calls import CallResult, HandleCall
 from deployments.ingress.edge.trace import EdgeTrace
-from deployments.ingress.edge.waiting import ColdStartNotice
 from deployments.ingress.protocol import (
     ChatCompletion,
     ChatCompletionMessage,
@@ -26,8 +26,8 @@ from deployments.ingress.protocol import (
     chat_messages_as_dicts,
     created_timestamp,
 )
-from deployments.ingress.security import ModerationGate, metered_stream
-from deployments.ingress.serving.admission import chat_features
+from deployments.ingress.security import ModerationGate, Reservation, metered_stream
+from deployments.ingress.serving.admission import AdmittedChat, chat_features
 from deployments.ingress.serving.answer import Answer
 from deployments.ingress.serving.base import ModelService
 from deployments.ingress.serving.context import RequestContext
@@ -72,8 +72,10 @@ def chat_completion(model: str, choices: list[Completion]) -> ChatCompletion:
 
 
 @dataclass(frozen=True)
-class ChatService(ModelService):
+class ChatService(ModelService[ChatCompletionRequest, AdmittedChat, ChatCompletion]):
     gate: ModerationGate
+
+    task = "chat"
 
     def _begin(self, chat: ChatCompletionRequest, telemetry: RequestTelemetry) -> ServedModel:
         telemetry.request(
@@ -89,71 +91,55 @@ class ChatService(ModelService):
         return self.catalogue.get(chat.model, "chat")
 
     async def complete(
-        self,
-        chat: ChatCompletionRequest,
-        ctx: RequestContext,
-        telemetry: RequestTelemetry,
-        *,
-        use_cache: bool = True,
+        self, chat: ChatCompletionRequest, ctx: RequestContext, *, use_cache: bool = True
     ) -> Answer[ChatCompletion]:
         """A whole answer; a deterministic one is cached when `use_cache`."""
-        admitted = await self.admission.admit_chat(
-            chat, self._begin(chat, telemetry), ctx, telemetry
-        )
+        admitted = await self.admission.admit_chat(chat, self._begin(chat, ctx.telemetry), ctx)
         model, messages, params, quota, fallback = admitted
         features = chat_features(chat)
         call = HandleCall(
             "complete_choices", (messages, params, ctx.traceparent, features), session=ctx.session
         )
-        used_tokens = 0
-        try:
-            cacheable = use_cache and is_deterministic(chat) and not fallback
-            cached = await self.cached.lookup("chat", chat, ctx, cacheable=cacheable)
-            if cached.hit is not None:
-                completion, trace = cached.hit, await self.edge.nearest(model.name, ctx, telemetry)
-            else:
-                result, trace = await self._checked_dispatch(model, messages, ctx, telemetry, call)
-                # a key's fallback answers as the model that served, not the one its budget refused
-                named = model.name if fallback else chat.model
-                completion = await self._completion(model, named, result.reply.value)
-                await cached.store(completion, trace)
-            usage = completion.usage
-            used_tokens = usage.total_tokens
-            telemetry.usage(
-                input_tokens=usage.prompt_tokens,
-                output_tokens=usage.completion_tokens,
-                finish_reason=completion.choices[0].finish_reason,
-            )
-        finally:
-            quota.settle(used_tokens)
-        return Answer.of(completion, trace, quota)
+        cacheable = use_cache and is_deterministic(chat)
+        return await self.serve(chat, ctx, admitted, call, cacheable=cacheable)
 
-    async def _completion(
-        self, model: ServedModel, asked_as: str, choices: list[Completion]
+    async def _answer(
+        self, chat: ChatCompletionRequest, admitted: AdmittedChat, reply: list[Completion]
     ) -> ChatCompletion:
         """The answer of the model's choices, each passed through the output gate if it applies,
-        named as the client asked for the model (its name or an alias), as a stream's chunks are."""
-        choices = list(choices)
+        named as the client asked for the model (its name or an alias), as a stream's chunks are;
+        a key's fallback answers as the model that served, not the one its budget refused."""
+        model = admitted.model
+        asked_as = model.name if admitted.fallback else chat.model
+        choices = list(reply)
         if self.gate.applies_to(model.name):
             for i, done in enumerate(choices):
                 text, finish = await self.gate.filter_output(done.text, done.finish_reason)
                 choices[i] = dataclasses.replace(done, text=text, finish_reason=finish)
         return chat_completion(asked_as, choices)
 
+    def _used_tokens(self, answer: ChatCompletion, quota: Reservation) -> int:
+        return answer.usage.total_tokens
+
+    def _report_usage(self, answer: ChatCompletion, telemetry: RequestTelemetry) -> None:
+        usage = answer.usage
+        telemetry.usage(
+            input_tokens=usage.prompt_tokens,
+            output_tokens=usage.completion_tokens,
+            finish_reason=answer.choices[0].finish_reason,
+        )
+
     async def stream(
         self,
         chat: ChatCompletionRequest,
         ctx: RequestContext,
-        telemetry: RequestTelemetry,
-        notice: ColdStartNotice | None = None,
     ) -> Answer[AsyncIterator[GenerationChunk]]:
         """The generation's chunks once its first one came: until then the edge may fail over
         and an error has a real status; after it, the route turns errors into an error event.
-        `notice` hears if the edge waits for a cold replica meanwhile. The key's tokens are
-        settled when the stream ends, fails or is abandoned."""
-        admitted = await self.admission.admit_chat(
-            chat, self._begin(chat, telemetry), ctx, telemetry
-        )
+        `ctx.warming` is set if the edge waits for a cold replica meanwhile. No cache; the key's
+        tokens are settled when the stream ends, fails or is abandoned (`metered_stream`), or at
+        once if it never opened."""
+        admitted = await self.admission.admit_chat(chat, self._begin(chat, ctx.telemetry), ctx)
         model, messages, params, quota, _ = admitted
         features = chat_features(chat)
         call = HandleCall(
@@ -163,44 +149,37 @@ class ChatService(ModelService):
             session=ctx.session,
         )
         try:
-            opened, trace = await self._checked_dispatch(
-                model, messages, ctx, telemetry, call, notice
-            )
+            opened, trace = await self._dispatch(admitted, ctx, call)
         except BaseException:
             quota.settle(0)
             raise
         chunks = _rest(opened, features.n)
         if self.gate.applies_to(model.name):
             chunks = self.gate.guard_stream(chunks, features.n)
-        return Answer.of(metered_stream(_observed(chunks, telemetry), quota), trace, quota)
+        return Answer.of(metered_stream(_observed(chunks, ctx.telemetry), quota), trace, quota)
 
-    async def _checked_dispatch(
+    async def _dispatch(
         self,
-        model: ServedModel,
-        messages: list[dict[str, Any]],
+        admitted: AdmittedChat,
         ctx: RequestContext,
-        telemetry: RequestTelemetry,
         call: HandleCall,
-        notice: ColdStartNotice | None = None,
     ) -> tuple[CallResult, EdgeTrace]:
         """`call` through the edge, started while the gate checks the input (the check overlaps
         the hop to the model and its prefill); its result comes back only once the input passed.
         A refused input cancels the call, or closes the stream it already opened, and the 400 is
-        raised whatever the call did."""
-        if not self.gate.applies_to(model.name):
-            return await self.edge.dispatch(model.name, ctx, call, telemetry, notice)
-        if notice is not None:
-            notice.hold()  # a stream starts only once its input passed: a refusal stays a 400
-        started = asyncio.ensure_future(
-            self.edge.dispatch(model.name, ctx, call, telemetry, notice)
-        )
+        raised whatever the call did. Until the input passed, the request's `warming` event is
+        held: a stream starts only once its input passed, so a refusal stays a 400."""
+        model, notice = admitted.model.name, ctx.warming
+        if not self.gate.applies_to(model):
+            return await self.edge.dispatch(model, ctx, call, ctx.telemetry, notice)
+        notice.hold()
+        started = asyncio.ensure_future(self.edge.dispatch(model, ctx, call, ctx.telemetry, notice))
         try:
             # One turn of the loop: the dispatch sends the call before the check starts. The
             # router's own classifier never yields, so without it the call left only after it.
             await asyncio.sleep(0)
-            await self.gate.check_input(messages)
-            if notice is not None:
-                notice.release()
+            await self.gate.check_input(admitted.messages)
+            notice.release()
         except BaseException:
             if not started.done():
                 started.cancel()

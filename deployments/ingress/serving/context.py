@@ -1,5 +1,7 @@
-"""What a service knows of the HTTP request it serves: plain values, picklable, built once per
-request by the API layer (a Starlette request cannot cross a Ray call; services never see one)."""
+"""The request's scope: what a service knows of the HTTP request it serves (who calls, its trace,
+where from, its limits) and the request's telemetry, in one object built once per request by the
+API layer (`deployments.ingress.api.caller.authenticated`) or a batch item's runner. Services
+never see a Starlette request; what crosses a Ray call is read off this, never this itself."""
 
 from __future__ import annotations
 
@@ -7,8 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from deployments.errors import BadHeaderValueError
-from deployments.ingress.edge.waiting import WaitLimits
+from deployments.ingress.edge.waiting import ColdStartNotice, WaitLimits
 from deployments.ingress.security import Principal
+from deployments.observability import RequestTelemetry
 from edge_sim.geo import COUNTRY_HEADER, GEO_HEADER
 
 # The request headers the edge locates a client by; the rest of the request stays in the API layer.
@@ -29,6 +32,11 @@ class RequestContext:
     cache_bypass: bool = False  # the client asked not to be served from (or into) the cache
     wait_limits: WaitLimits = field(default_factory=WaitLimits)
     session: str = ""  # SESSION_HEADER's value: "" for none
+    # what the request tells the metrics, the access log and the key's ledger
+    telemetry: RequestTelemetry = field(default_factory=RequestTelemetry.disabled)
+    # an event the edge sets when an attempt waits for a cold region's first replica: a held
+    # stream (api.streaming) starts at once and says so, instead of looking hung
+    warming: ColdStartNotice = field(default_factory=ColdStartNotice)
 
     @property
     def key_id(self) -> str:

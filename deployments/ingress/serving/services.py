@@ -9,7 +9,6 @@ from typing import Any
 
 from deployments.config import AppConfig
 from deployments.ingress.cache import ResponseCache, SharedStore
-from deployments.ingress.edge.calls import HandleCall
 from deployments.ingress.edge.coalesce import coalescing
 from deployments.ingress.edge.dispatch import EdgeDispatcher
 from deployments.ingress.edge.pools import RegionPools
@@ -33,6 +32,7 @@ from deployments.ingress.serving.models import (
     ModelCatalogue,
     ServedModel,
 )
+from deployments.ingress.serving.moderation_deployment import ModerationDeployment
 from deployments.ingress.serving.texts import EmbeddingService, ModerationService
 from deployments.ingress.serving.workers_ai import WorkersRun
 from deployments.ingress.state.gateway import GatewayState
@@ -123,7 +123,7 @@ def build_services(
         edge_config.region_policy,
         router.default_cold_start_ms,
         control=control,
-        after_cold_start=(lambda: warm_pool.top_up.remote()) if warm_pool is not None else None,
+        warm_pool=warm_pool,
     )
     edge = EdgeDispatcher(
         network,
@@ -150,13 +150,6 @@ def build_services(
     )
     gate_config = security.moderation_gate
 
-    async def deployment_flags(texts: list[str]) -> list[bool]:
-        """The moderation deployment, called directly (not via a colo), in a region where it is
-        warm if there is one."""
-        handle = pools.serving_handle(gate_config.moderation_model)
-        result = await HandleCall("classify", (texts,)).run(handle)
-        return [verdict.flagged for verdict in result.reply.value]
-
     in_router = (  # the config names a served moderation model whenever the gate is on
         in_router_classifier(
             gate_config, config.model_path(gate_config.moderation_model), open_gate_classifier
@@ -164,6 +157,9 @@ def build_services(
         if gate_config.models
         else None
     )
+
+    # the gate's classifier: the router's own copy of a small enough model, else its deployment
+    classify = in_router or ModerationDeployment(pools, gate_config.moderation_model)
 
     drills = FaultDrills(network, control, edge_config.region_names)
     if regions is None and control is not None and edge_config.regions is not None:
@@ -180,7 +176,7 @@ def build_services(
     path = (catalogue, admission, cached, edge)  # what every service's request path goes through
     workers = WorkersRun(
         catalogue,
-        ChatService(*path, gate=ModerationGate(gate_config, in_router or deployment_flags)),
+        ChatService(*path, gate=ModerationGate(gate_config, classify)),
         EmbeddingService(*path),
         ModerationService(*path),
     )

@@ -1,9 +1,10 @@
-"""Embeddings and moderation for both APIs: admission, the cache (OpenAI API), the edge and the
-model's handle; the key's tokens are settled in a `finally` however the request ends."""
+"""Embeddings and moderation for both APIs, through the one model-service path
+(`ModelService.serve`: admission, the cache for the OpenAI API, the edge and the model's handle,
+the key's tokens settled however the request ends)."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, TypeVar
 
 from deployments.contracts.encoder_outputs import EmbeddingResult
 from deployments.ingress.edge.calls import HandleCall
@@ -15,122 +16,99 @@ from deployments.ingress.protocol import (
     ModerationRequest,
     moderation_id,
 )
-from deployments.ingress.protocol.models import Task
+from deployments.ingress.security import Reservation
 from deployments.ingress.serving.admission import AdmittedTexts
 from deployments.ingress.serving.answer import Answer
 from deployments.ingress.serving.base import ModelService
 from deployments.ingress.serving.context import RequestContext
 from deployments.observability import RequestTelemetry
 
+TextRequest = TypeVar("TextRequest", EmbeddingRequest, ModerationRequest)
+TextAnswer = TypeVar("TextAnswer", EmbeddingList, ModerationCreateResponse)
 
-class TextService(ModelService):
+
+class TextService(ModelService[TextRequest, AdmittedTexts, TextAnswer]):
     """A text task's services; subclasses name the task."""
 
-    task: ClassVar[Task]
-
-    async def _admit(
-        self, model_name: str, texts: list[str], ctx: RequestContext, telemetry: RequestTelemetry
-    ) -> AdmittedTexts:
+    async def _admit(self, model_name: str, texts: list[str], ctx: RequestContext) -> AdmittedTexts:
         """The model (404, or 400 for another task; the key's fallback past its budget) and the
         key's reservation for the texts."""
-        telemetry.request(task=self.task, model=model_name, prompt=texts)
+        ctx.telemetry.request(task=self.task, model=model_name, prompt=texts)
         model = self.catalogue.get(model_name, self.task)
-        return await self.admission.admit_texts(texts, model, ctx, telemetry)
+        return await self.admission.admit_texts(texts, model, ctx)
 
 
-class EmbeddingService(TextService):
+class EmbeddingService(TextService[EmbeddingRequest, EmbeddingList]):
     task = "embedding"
 
-    async def create(
-        self, body: EmbeddingRequest, ctx: RequestContext, telemetry: RequestTelemetry
-    ) -> Answer[EmbeddingList]:
+    async def create(self, body: EmbeddingRequest, ctx: RequestContext) -> Answer[EmbeddingList]:
         """OpenAI's embeddings, cached; the replica checks `dimensions` before it runs the
         model."""
-        model, quota, fallback = await self._admit(body.model, body.texts, ctx, telemetry)
+        admitted = await self._admit(body.model, body.texts, ctx)
         call = HandleCall("embed", (body.texts, ctx.traceparent, body.dimensions))
-        used_tokens = 0
-        try:
-            cached = await self.cached.lookup(self.task, body, ctx, cacheable=not fallback)
-            if cached.hit is not None:
-                embeddings, trace = cached.hit, await self.edge.nearest(model.name, ctx, telemetry)
-            else:
-                result, trace = await self.edge.dispatch(model.name, ctx, call, telemetry)
-                vectors: EmbeddingResult = result.reply.value
-                embeddings = EmbeddingList(
-                    vectors.vectors, model.name, vectors.total_tokens, body.encoding_format
-                )
-                await cached.store(embeddings, trace)
-            used_tokens = embeddings.prompt_tokens
-        finally:
-            quota.settle(used_tokens)
-        telemetry.usage(input_tokens=embeddings.prompt_tokens)
-        return Answer.of(embeddings, trace, quota)
+        return await self.serve(body, ctx, admitted, call, cacheable=True)
 
     async def embed(
-        self, model_name: str, texts: list[str], ctx: RequestContext, telemetry: RequestTelemetry
-    ) -> Answer[EmbeddingResult]:
+        self, model_name: str, texts: list[str], ctx: RequestContext
+    ) -> Answer[EmbeddingList]:
         """The vectors themselves, uncached (the Workers-AI API)."""
-        model, quota, _ = await self._admit(model_name, texts, ctx, telemetry)
+        admitted = await self._admit(model_name, texts, ctx)
         call = HandleCall("embed", (texts, ctx.traceparent))
-        used_tokens = 0
-        try:
-            result, trace = await self.edge.dispatch(model.name, ctx, call, telemetry)
-            vectors: EmbeddingResult = result.reply.value
-            used_tokens = vectors.total_tokens
-        finally:
-            quota.settle(used_tokens)
-        telemetry.usage(input_tokens=vectors.total_tokens)
-        return Answer.of(vectors, trace, quota)
+        # already checked as the Workers AI input it came as: not validated a second time
+        asked = EmbeddingRequest.model_construct(model=model_name, input=texts)
+        return await self.serve(asked, ctx, admitted, call, cacheable=False)
+
+    async def _answer(
+        self, asked: EmbeddingRequest, admitted: AdmittedTexts, reply: EmbeddingResult
+    ) -> EmbeddingList:
+        return EmbeddingList(
+            reply.vectors, admitted.model.name, reply.total_tokens, asked.encoding_format
+        )
+
+    def _used_tokens(self, answer: EmbeddingList, quota: Reservation) -> int:
+        return answer.prompt_tokens
+
+    def _report_usage(self, answer: EmbeddingList, telemetry: RequestTelemetry) -> None:
+        telemetry.usage(input_tokens=answer.prompt_tokens)
 
 
-class ModerationService(TextService):
+class ModerationService(TextService[ModerationRequest, ModerationCreateResponse]):
     """The moderation model reports no token counts: a request is charged its estimate."""
 
     task = "moderation"
 
     async def create(
-        self, body: ModerationRequest, ctx: RequestContext, telemetry: RequestTelemetry
+        self, body: ModerationRequest, ctx: RequestContext
     ) -> Answer[ModerationCreateResponse]:
         """OpenAI's moderations, cached."""
-        model, quota, fallback = await self._admit(body.model, body.texts, ctx, telemetry)
+        admitted = await self._admit(body.model, body.texts, ctx)
         call = HandleCall("classify", (body.texts, ctx.traceparent))
-        used_tokens = 0
-        try:
-            cached = await self.cached.lookup(self.task, body, ctx, cacheable=not fallback)
-            if cached.hit is not None:
-                response, trace = cached.hit, await self.edge.nearest(model.name, ctx, telemetry)
-            else:
-                result, trace = await self.edge.dispatch(model.name, ctx, call, telemetry)
-                response = ModerationCreateResponse(
-                    id=moderation_id(), model=model.name, results=verdicts(result.reply.value)
-                )
-                await cached.store(response, trace)
-            used_tokens = quota.reserved_tokens
-        finally:
-            quota.settle(used_tokens)
-        _report_flags(response.results, telemetry)
-        return Answer.of(response, trace, quota)
+        return await self.serve(body, ctx, admitted, call, cacheable=True)
 
     async def classify(
-        self, model_name: str, texts: list[str], ctx: RequestContext, telemetry: RequestTelemetry
-    ) -> Answer[list[Moderation]]:
-        """One verdict per text, uncached (the Workers-AI API)."""
-        model, quota, _ = await self._admit(model_name, texts, ctx, telemetry)
+        self, model_name: str, texts: list[str], ctx: RequestContext
+    ) -> Answer[ModerationCreateResponse]:
+        """One verdict per text (`results`), uncached (the Workers-AI API)."""
+        admitted = await self._admit(model_name, texts, ctx)
         call = HandleCall("classify", (texts, ctx.traceparent))
-        used_tokens = 0
-        try:
-            result, trace = await self.edge.dispatch(model.name, ctx, call, telemetry)
-            results = verdicts(result.reply.value)
-            used_tokens = quota.reserved_tokens
-        finally:
-            quota.settle(used_tokens)
-        _report_flags(results, telemetry)
-        return Answer.of(results, trace, quota)
+        # already checked as the Workers AI input it came as: not validated a second time
+        asked = ModerationRequest.model_construct(model=model_name, input=texts)
+        return await self.serve(asked, ctx, admitted, call, cacheable=False)
+
+    async def _answer(
+        self, asked: ModerationRequest, admitted: AdmittedTexts, reply: list[Any]
+    ) -> ModerationCreateResponse:
+        return ModerationCreateResponse(
+            id=moderation_id(), model=admitted.model.name, results=verdicts(reply)
+        )
+
+    def _used_tokens(self, answer: ModerationCreateResponse, quota: Reservation) -> int:
+        return quota.reserved_tokens
+
+    def _report_usage(self, answer: ModerationCreateResponse, telemetry: RequestTelemetry) -> None:
+        flagged = (n for result in answer.results for n, on in result.categories.items() if on)
+        telemetry.flagged(flagged)
 
 
 def verdicts(results: list[Any]) -> list[Moderation]:
     return [Moderation.from_scores(r.category_scores, r.categories) for r in results]
-
-
-def _report_flags(results: list[Moderation], telemetry: RequestTelemetry) -> None:
-    telemetry.flagged(name for result in results for name, on in result.categories.items() if on)

@@ -30,7 +30,6 @@ from deployments.ingress.serving.chat import ChatService
 from deployments.ingress.serving.context import RequestContext
 from deployments.ingress.serving.models import ModelCatalogue, ServedModel
 from deployments.ingress.serving.texts import EmbeddingService, ModerationService
-from deployments.observability import RequestTelemetry
 
 
 @dataclass(frozen=True)
@@ -83,13 +82,11 @@ class WorkersRun:
             model, model_name, _validated(WORKERS_INPUT_BY_TASK[model.task], body, model.task)
         )
 
-    async def run(
-        self, given: WorkersInput, ctx: RequestContext, telemetry: RequestTelemetry
-    ) -> WorkersAnswer:
+    async def run(self, given: WorkersInput, ctx: RequestContext) -> WorkersAnswer:
         """A whole (unstreamed) answer; the caller streams a `stream` input itself."""
         model = given.model
         if model.task == "chat":
-            answer = await self.chat.complete(given.chat(), ctx, telemetry, use_cache=False)
+            answer = await self.chat.complete(given.chat(), ctx, use_cache=False)
             completion = answer.value
             usage = completion.usage
             tokens = (usage.prompt_tokens, usage.completion_tokens)
@@ -104,15 +101,16 @@ class WorkersRun:
             )
             return WorkersAnswer(result, answer.headers, *tokens)
         if model.task == "embedding":
-            vectors = await self.embeddings.embed(model.name, given.input.texts, ctx, telemetry)
+            vectors = await self.embeddings.embed(model.name, given.input.texts, ctx)
             return WorkersAnswer(
                 workers_embedding_result(vectors.value.vectors),
                 vectors.headers,
-                vectors.value.total_tokens,
+                vectors.value.prompt_tokens,
             )
-        verdicts = await self.moderations.classify(model.name, given.input.texts, ctx, telemetry)
+        verdicts = await self.moderations.classify(model.name, given.input.texts, ctx)
         return WorkersAnswer(
-            [WorkersModerationVerdict.of(verdict) for verdict in verdicts.value], verdicts.headers
+            [WorkersModerationVerdict.of(verdict) for verdict in verdicts.value.results],
+            verdicts.headers,
         )
 
 
