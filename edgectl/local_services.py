@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from edgectl.local_cluster import free_port, wait_until
+from edgectl.processes import free_port, wait_until
 
 START_TIMEOUT_S = 60
 STOP_GRACE_S = 10

@@ -30,7 +30,8 @@ from pydantic import Field, field_validator
 from ray import serve
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
-from benchmarks.chat.peer import PEER_APP, PEER_DEPLOYMENT, PEER_MODEL, PEER_ROUTE, peer_application
+from benchmarks.chat.peer import PEER_MODEL, PEER_ROUTE, peer_application
+from benchmarks.chat.same_model import same_model_check, vllm_same_model_check
 from benchmarks.chat.vllm_peer import VllmServer, start_vllm
 from benchmarks.lib.config import PeeredBenchConfig
 from benchmarks.lib.corpus import chat_messages
@@ -62,7 +63,6 @@ Clock = Callable[[], float]
 
 OURS, PEER, VLLM = "ours", "generate_per_request", "vllm"
 HOP_BODY = {"input": "hello there"}
-SAME_MODEL_TOKENS = 8
 
 # Goals, each a ratio of numbers measured in the same run.
 PEER_THROUGHPUT_TARGET = 4.0  # aggregate tokens/s of concurrent requests, ours / the peer's
@@ -139,7 +139,7 @@ def run_chat_suite(config: ChatBenchConfig, clock: Clock = time.perf_counter) ->
         base_url, _ = stack.enter_context(served(config, [edge, *peers]))
         handle = serve.get_deployment_handle(config.model, app_name=EDGE_APP)
         if config.peers:
-            result["same_model"] = asyncio.run(_same_model_check(config))
+            result["same_model"] = asyncio.run(same_model_check(config.models_dir))
         result.update(asyncio.run(bench_http(config, base_url, clock)))
         result["ttft_handle"] = asyncio.run(bench_handle_ttft(config, handle, clock))
         if config.peers and config.vllm_python is not None:
@@ -246,7 +246,7 @@ def _versus_vllm(
         VLLM: Endpoint(f"{vllm.base_url}/v1/chat/completions"),
     }
     try:
-        same_model = _vllm_same_model_check(config, model, vllm)
+        same_model = vllm_same_model_check(config.models_dir, model, vllm)
         return {
             "same_model": same_model,
             **asyncio.run(bench_versus(config, model, targets, clock)),
@@ -330,41 +330,6 @@ async def _timed_handle_stream(
     if first_text_at is None:
         raise RuntimeError(f"{handle.deployment_name} streamed no text")
     return StreamTiming(first_text_at - started, clock() - started, completion_tokens)
-
-
-def our_greedy(config: ChatBenchConfig, model: str) -> tuple[list[int], list[int]]:
-    """(the benchmark's prompt ids, our graph's greedy ids after it) for `model`."""
-    runtime = LLMRuntime(config.models_dir / model)
-    try:
-        prompt = runtime.tokenizer.encode_chat(chat_messages())
-        return prompt, runtime.graph.greedy_cached(prompt, SAME_MODEL_TOKENS)
-    finally:
-        runtime.close()
-
-
-async def _same_model_check(config: ChatBenchConfig) -> dict[str, Any]:
-    """Greedy tokens from the peer's PyTorch model and from our ONNX graph must match."""
-    prompt, ours = our_greedy(config, PEER_MODEL)
-    handle = serve.get_deployment_handle(PEER_DEPLOYMENT, app_name=PEER_APP)
-    theirs = await handle.greedy.remote(prompt, SAME_MODEL_TOKENS)
-    return {"greedy_tokens_equal": ours == theirs, "ours": ours, "peer": theirs}
-
-
-def _vllm_same_model_check(config: ChatBenchConfig, model: str, vllm: VllmServer) -> dict[str, Any]:
-    """vLLM's greedy tokens for the same prompt ids (its completions API) against our graph's."""
-    prompt, ours = our_greedy(config, model)
-    body = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": SAME_MODEL_TOKENS,
-        "temperature": 0,
-        "ignore_eos": True,
-        "return_token_ids": True,
-    }
-    answer = httpx.post(f"{vllm.base_url}/v1/completions", json=body, timeout=120)
-    answer.raise_for_status()
-    theirs = answer.json()["choices"][0]["token_ids"]
-    return {"greedy_tokens_equal": ours == theirs, "ours": ours, "vllm": theirs}
 
 
 def decode_step_ms(config: ChatBenchConfig, threads: int) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from edge_sim.plan.policies import (
     predictive,
     scale_to_zero,
 )
-from edge_sim.plan.simulator import (
+from edge_sim.plan.settings import (
     COLD_START_NO_WARM_POOL_S,
     COLD_START_S,
     SERVICE_MS,

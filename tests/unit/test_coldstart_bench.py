@@ -8,11 +8,11 @@ import pytest
 import yaml
 
 from benchmarks.coldstart.cluster import CONTROL_LOOP_ENV_VAR, ServeVariant
-from benchmarks.coldstart.suite import (
+from benchmarks.coldstart.suite import after_cold_ratios
+from benchmarks.coldstart.summary import (
     AFTER_COLD_TARGET,
     COLD_START_TARGET_S,
     IDLE_PLATFORM_TARGET,
-    after_cold_ratios,
     goals,
     summarize_cycles,
 )

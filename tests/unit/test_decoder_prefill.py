@@ -8,12 +8,12 @@ import pytest
 
 from deployments.contracts.manifest import ModelManifest
 from deployments.replica.engine.decoder import DecoderGraph, PaddedBatch
-from deployments.replica.engine.llm import (
+from deployments.replica.engine.next_token_graph import next_token_only
+from deployments.replica.engine.scheduler import (
     PREFILL_MAX_PADDED_TOKENS,
     PREFILL_MIN_FILL,
     prefill_groups,
 )
-from deployments.replica.engine.next_token_graph import next_token_only
 from deployments.replica.engine.session import SessionConfig, open_session
 
 PROMPTS = ([5, 17, 42, 99, 7, 8, 9, 10, 11], [3, 8], [250, 251, 252, 253, 254], [77])

@@ -1,7 +1,8 @@
-"""No import cycles in deployments/: none between its packages and top-level modules (the layout's
-promise that dependencies point one way) and none between any two of its modules. Static: every
-import is read with `ast`, those inside functions and under TYPE_CHECKING too (an import made lazy
-to dodge a cycle is still a dependency)."""
+"""No import cycles in our packages (deployments, edge_sim, edgectl, benchmarks): none between the
+packages, none between deployments' packages and top-level modules (the layout's promise that
+dependencies point one way) nor any package's subpackages, and none between any two modules.
+Static: every import is read with `ast`, those inside functions and under TYPE_CHECKING too (an
+import made lazy to dodge a cycle is still a dependency)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,16 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = "deployments"
+PACKAGES = (PACKAGE, "edge_sim", "edgectl", "benchmarks")
 
 # importer -> imported -> where (path:line of the first such import)
 Graph = dict[str, dict[str, str]]
 
 
 def module_names(root: Path) -> dict[str, Path]:
-    """Every module of the package under `root`, by dotted name (a package by its own name)."""
+    """Every module of the packages under `root`, by dotted name (a package by its own name)."""
     names = {}
-    for path in sorted((root / PACKAGE).rglob("*.py")):
+    for path in sorted(path for package in PACKAGES for path in (root / package).rglob("*.py")):
         parts = path.relative_to(root).with_suffix("").parts
         if parts[-1] == "__init__":
             parts = parts[:-1]
@@ -68,9 +70,21 @@ def import_graph(root: Path, node_of: Callable[[str], str | None]) -> Graph:
 
 
 def top_level(module: str) -> str | None:
-    """deployments.ingress.serving -> ingress; deployments.config -> config; deployments -> None."""
+    """deployments.ingress.serving -> ingress; deployments.config -> config; deployments and
+    the other packages' modules -> None."""
     parts = module.split(".")
-    return parts[1] if len(parts) > 1 else None
+    return parts[1] if len(parts) > 1 and parts[0] == PACKAGE else None
+
+
+def subpackage(module: str) -> str | None:
+    """edgectl.plan.cli -> edgectl.plan; edgectl.local_cluster -> itself; edgectl -> None."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 else None
+
+
+def package(module: str) -> str:
+    """edgectl.plan.cli -> edgectl."""
+    return module.split(".")[0]
 
 
 def cycles(graph: Mapping[str, Mapping[str, str]]) -> list[str]:
@@ -134,9 +148,45 @@ def test_no_import_cycle_between_the_packages_of_deployments():
     assert not found, "import cycles between deployments' packages:\n" + "\n".join(found)
 
 
-def test_no_import_cycle_between_modules_of_deployments():
+def test_no_import_cycle_between_our_packages():
+    found = cycles(import_graph(REPO, package))
+    assert not found, "import cycles between packages:\n" + "\n".join(found)
+
+
+def test_no_import_cycle_between_the_subpackages_of_every_package():
+    found = cycles(import_graph(REPO, subpackage))
+    assert not found, "import cycles between subpackages:\n" + "\n".join(found)
+
+
+def test_no_import_cycle_between_modules_of_every_package():
     found = cycles(import_graph(REPO, lambda module: module))
-    assert not found, "import cycles between deployments' modules:\n" + "\n".join(found)
+    assert not found, "import cycles between modules:\n" + "\n".join(found)
+
+
+def test_every_package_is_scanned():
+    scanned = {module.split(".")[0] for module in module_names(REPO)}
+    assert scanned == set(PACKAGES)
+
+
+def test_a_cycle_outside_deployments_is_found(tmp_path: Path):
+    files = {
+        "edgectl/__init__.py": "",
+        "edgectl/local_cluster.py": "if TYPE_CHECKING:\n    from edgectl.local_services import R\n",
+        "edgectl/local_services.py": "from edgectl.local_cluster import free_port\n",
+        "benchmarks/suite.py": "from edgectl import local_cluster\n",  # depends on it; no cycle
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cycles(import_graph(tmp_path, lambda module: module)) == [
+        "edgectl.local_cluster -> edgectl.local_services -> edgectl.local_cluster: "
+        "edgectl.local_cluster -> edgectl.local_services (edgectl/local_cluster.py:2); "
+        "edgectl.local_services -> edgectl.local_cluster (edgectl/local_services.py:1)"
+    ]
+    assert cycles(import_graph(tmp_path, subpackage)) == cycles(
+        import_graph(tmp_path, lambda module: module)
+    )
+    assert cycles(import_graph(tmp_path, package)) == []  # one package: no cycle between them
 
 
 def test_a_cycle_is_found_and_reported_with_where_each_import_is(tmp_path: Path):

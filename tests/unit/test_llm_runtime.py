@@ -15,7 +15,8 @@ from deployments.errors import (
     EmptyInputError,
     InvalidRequestError,
 )
-from deployments.replica.engine.llm import LLMRuntime, prefill_groups
+from deployments.replica.engine.llm import LLMRuntime
+from deployments.replica.engine.scheduler import prefill_groups
 from deployments.replica.engine.step_profile import StepProfile
 
 HELLO = [{"role": "user", "content": "Tell me about Beijing 北京 and Paris."}]
@@ -117,7 +118,7 @@ def test_abandoned_stream_frees_its_slot(runtime):
         got = [await stream.__anext__(), await stream.__anext__()]
         await stream.aclose()
         for _ in range(50):
-            if not runtime._running and not runtime._waiting:
+            if not runtime.scheduler.running and not runtime.scheduler.waiting:
                 break
             await asyncio.sleep(0.01)
         return got
@@ -217,20 +218,20 @@ def test_a_consumer_that_fell_behind_gets_what_was_generated_in_one_chunk(runtim
     # Decode steps wait until the consumer holds the prefill's chunk: otherwise, on a busy
     # machine, the engine may finish before the event loop wakes the consumer at all.
     first_taken = threading.Event()
-    step = runtime._step
+    step = runtime.runner.step
 
     def step_once_the_first_chunk_is_taken(admitted, running):
         if not admitted:
             assert first_taken.wait(timeout=30)
         return step(admitted, running)
 
-    monkeypatch.setattr(runtime, "_step", step_once_the_first_chunk_is_taken)
+    monkeypatch.setattr(runtime.runner, "step", step_once_the_first_chunk_is_taken)
 
     async def behind():
         stream = runtime.stream(HELLO, params)
         first = await stream.__anext__()
         first_taken.set()
-        await _until(lambda: runtime._engine.done())  # every token is generated and queued
+        await _until(lambda: runtime.scheduler.idle)  # every token is generated and queued
         rest = [chunk async for chunk in stream]
         return [first, *rest]
 

@@ -1,20 +1,20 @@
-"""Chat generation on a KV-cache decoder graph, with continuous batching of concurrent requests.
+"""Chat generation on a KV-cache decoder graph, with continuous batching of concurrent requests:
+the request API, what a caller (`replica/chat.py`) sees.
 
-Each request becomes a sequence with its own cache. One engine task admits waiting sequences
-(prefill) and advances every running sequence by one token in a single batched forward pass, so
-concurrent streams share each step; sequences join and leave between steps. What a generation
-is asked is in `sampling_params`, what it returns in `outputs`, one sequence's state in
-`sequence`, where the engine's time goes in `step_profile`.
+Each request becomes a sequence per choice. The `scheduler` admits waiting sequences and the
+`step_runner` prefills them and advances every running sequence by one token in a single batched
+forward pass, so concurrent streams share each step; sequences join and leave between steps.
+What a generation is asked is in `sampling_params`, what it returns in `outputs`, one
+sequence's state in `sequence`, where the engine's time goes in `step_profile`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,29 +32,23 @@ from deployments.contracts.sampling_params import (
     GenerationOptions,
     SamplingParams,
 )
-from deployments.errors import (
-    ContextLengthExceededError,
-    InternalServerError,
-    InvalidRequestError,
-    ServingError,
-)
+from deployments.errors import ContextLengthExceededError, InvalidRequestError, ServingError
 from deployments.observability.timings import InferenceTimings
 from deployments.replica.engine.allocator import keep_freed_memory
-from deployments.replica.engine.decoder import DecoderGraph, PaddedBatch
+from deployments.replica.engine.decoder import DecoderGraph
 from deployments.replica.engine.grammar import GrammarCompiler
 from deployments.replica.engine.next_token_graph import next_token_only
 from deployments.replica.engine.prefix_cache import DEFAULT_MAX_BYTES as PREFIX_CACHE_BYTES
 from deployments.replica.engine.prefix_cache import PrefixCache
-from deployments.replica.engine.sampling import SamplingState, log_softmax, sample_batch
-from deployments.replica.engine.sequence import SequenceState, coalesced, hand_over
+from deployments.replica.engine.sampling import SamplingState, log_softmax
+from deployments.replica.engine.scheduler import Scheduler
+from deployments.replica.engine.sequence import SequenceState, coalesced
 from deployments.replica.engine.session import SessionConfig, open_session
 from deployments.replica.engine.step_profile import StepProfile
+from deployments.replica.engine.step_runner import DecoderStepRunner
 from deployments.replica.engine.tokenizer import ChatTokenizer
 
 DEFAULT_MAX_CHOICES = 8
-# Batched prefill (see `prefill_groups`).
-PREFILL_MAX_PADDED_TOKENS = 512
-PREFILL_MIN_FILL = 0.75
 
 
 class LLMRuntime:
@@ -70,7 +64,7 @@ class LLMRuntime:
         max_choices: int = DEFAULT_MAX_CHOICES,
         prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
     ):
-        if max_batch_size < 1:
+        if max_batch_size < 1:  # before the model loads
             raise ValueError("max_batch_size must be at least 1")
         keep_freed_memory()  # a decode step's temporaries are reused, not re-mapped, each step
         self.model_dir = Path(model_dir)
@@ -79,7 +73,6 @@ class LLMRuntime:
             raise ValueError(f"{model_dir} holds a {self.manifest.task} model, not a chat model")
         spec = self.manifest.llm
         self.context_length = spec.context_length
-        self.max_batch_size = max_batch_size
         self.default_max_tokens = default_max_tokens
         self.max_choices = max_choices
         self._eos = frozenset(spec.eos_token_ids)
@@ -106,17 +99,8 @@ class LLMRuntime:
         self.graph.decode([spec.pad_token_id], [cache])
         self.session.warmup_s = time.perf_counter() - start
 
-        self._waiting: deque[SequenceState] = deque()
-        self._running: list[SequenceState] = []
-        self._engine: asyncio.Task[None] | None = None
-        # One thread runs the graph so the event loop keeps serving while a step computes.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-step")
-        self._batch: PaddedBatch | None = None
-        self._batch_members: list[SequenceState] = []
-        self.steps = 0
-        self.max_batch_seen = 0
-        self.profile = StepProfile()
-        self._closing = False  # read by the engine thread between back-to-back steps
+        self.runner = DecoderStepRunner(self.graph, self.prefix_cache)
+        self.scheduler: Scheduler[SequenceState] = Scheduler(self.runner, max_batch_size)
 
     # ---- request side -------------------------------------------------------------------
 
@@ -210,8 +194,7 @@ class LLMRuntime:
         prompt_logprobs = None
         if params.prompt_logprobs is not None:
             prompt_logprobs = await self.prompt_logprobs(prompt, params.prompt_logprobs)
-        self._waiting.extend(choices)
-        self._kick()
+        self.scheduler.submit(choices)
         unfinished = n
         untold = set(range(n))  # the choices whose first chunk is still to come
         try:
@@ -227,8 +210,7 @@ class LLMRuntime:
                     if chunk.finish_reason is not None:
                         unfinished -= 1
         finally:
-            for seq in choices:
-                seq.cancelled = True  # a consumer that stops early frees its batch slots
+            self.scheduler.cancel(choices)  # a consumer that stops early frees its batch slots
 
     async def complete(
         self,
@@ -283,8 +265,7 @@ class LLMRuntime:
         fed one token at a time through the KV cache, each step's logits scoring the next
         token: one step per prompt token, only for requests that ask, on the engine's thread
         (between its steps)."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._score_prompt, prompt, top)
+        return await self.runner.in_thread(functools.partial(self._score_prompt, prompt, top))
 
     def _score_prompt(self, prompt: Sequence[int], top: int) -> tuple[PromptTokenLogprob, ...]:
         rows: Sequence[np.ndarray] | np.ndarray = []
@@ -320,193 +301,44 @@ class LLMRuntime:
             "warmup_s": self.session.warmup_s,
             "context_length": self.context_length,
             "max_batch_size": self.max_batch_size,
-            "running": len(self._running),
-            "waiting": len(self._waiting),
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
             "prefix_cache": self.prefix_cache.describe(),
         }
 
-    # ---- engine side --------------------------------------------------------------------
+    # ---- counters the benchmarks and tests read and reset ------------------------------
 
-    def _kick(self) -> None:
-        if self._engine is None or self._engine.done():
-            self._engine = asyncio.get_running_loop().create_task(self._run_engine())
+    @property
+    def max_batch_size(self) -> int:
+        return self.scheduler.max_batch_size
 
-    async def _run_engine(self) -> None:
-        loop = asyncio.get_running_loop()
-        while self._waiting or self._running:
-            self._running = [s for s in self._running if not s.cancelled]
-            admitted: list[SequenceState] = []
-            while self._waiting and len(self._running) + len(admitted) < self.max_batch_size:
-                seq = self._waiting.popleft()
-                if not seq.cancelled:
-                    seq.timings.admitted()
-                    admitted.append(seq)
-            batch = self._running + admitted
-            if not batch:
-                continue
-            started = time.perf_counter()
-            try:
-                await loop.run_in_executor(
-                    self._executor, self._steps_until_change, loop, admitted, self._running
-                )
-            except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the engine
-                error = InternalServerError(f"generation failed: {type(exc).__name__}")
-                for seq in batch:
-                    if not seq.finished:
-                        seq.finished = True
-                        seq.queue.put_nowait(error)
-                self._running = []
-                continue
-            finally:
-                self.profile.wall_s += time.perf_counter() - started
-                self.profile.hops += 1
-            self._running = [s for s in batch if not s.finished and not s.cancelled]
+    @max_batch_size.setter
+    def max_batch_size(self, size: int) -> None:
+        self.scheduler.max_batch_size = size
 
-    def _steps_until_change(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        admitted: list[SequenceState],
-        running: list[SequenceState],
-    ) -> None:
-        """Runs in the executor thread: steps back to back while the batch stays as it is (no
-        sequence finished or cancelled, nobody waiting for a free slot), handing each step's
-        chunks to the event loop without waiting for it. One executor round trip per batch
-        change instead of one per token: on a busy machine each round trip is a thread wake-up
-        that waits for a core."""
-        batch = running + admitted
-        hand_over(loop, batch, self._profiled_step(admitted, running))
-        while (
-            not self._closing
-            and not any(s.finished or s.cancelled for s in batch)
-            and not (self._waiting and len(batch) < self.max_batch_size)
-        ):
-            hand_over(loop, batch, self._profiled_step([], batch))
+    @property
+    def steps(self) -> int:
+        return self.runner.steps
 
-    def _profiled_step(
-        self, admitted: list[SequenceState], running: list[SequenceState]
-    ) -> list[GenerationChunk]:
-        started, graph_before = time.perf_counter(), self.graph.run_s
-        chunks = self._step(admitted, running)
-        self.profile.steps += 1
-        self.profile.tokens += len(chunks)
-        self.profile.graph_s += self.graph.run_s - graph_before
-        self.profile.step_s += time.perf_counter() - started
-        return chunks
+    @steps.setter
+    def steps(self, steps: int) -> None:
+        self.runner.steps = steps
 
-    def _step(
-        self, admitted: list[SequenceState], running: list[SequenceState]
-    ) -> list[GenerationChunk]:
-        """Runs in the executor thread: one batched decode step, prefill newcomers, then sample
-        the next token of every sequence in one pass."""
-        blocks: list[np.ndarray] = []
-        size = len(running) + len(admitted)
-        if running:
-            batch = self._batch_for(running)
-            started = time.perf_counter()
-            blocks.append(batch.step([s.generated[-1] for s in running]))
-            seconds = time.perf_counter() - started
-            for seq in running:
-                seq.timings.decoded(seconds, size)
-        if admitted:
-            blocks.append(self._prefill(admitted, size, batch_is_new=not running))
-        batch_seqs = running + admitted
-        logits = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
-        allowed = None
-        if any(seq.constraint is not None for seq in batch_seqs):
-            allowed = np.ones(logits.shape, bool)
-            for i, mask in enumerate(seq.allowed() for seq in batch_seqs):
-                if mask is not None:
-                    allowed[i, : len(mask)] = mask
-                    allowed[i, len(mask) :] = False
-        sampled = sample_batch(logits, [s.sampling for s in batch_seqs], allowed)
-        chunks = [seq.accept(token) for seq, token in zip(batch_seqs, sampled, strict=True)]
-        self.steps += 1
-        self.max_batch_seen = max(self.max_batch_seen, len(running))
-        return chunks
+    @property
+    def max_batch_seen(self) -> int:
+        return self.runner.max_batch_seen
 
-    def _prefill(
-        self, admitted: list[SequenceState], batch_size: int, *, batch_is_new: bool
-    ) -> np.ndarray:
-        """The newcomers' prompts: those whose start is cached (`prefix_cache`) have only their
-        rest prefilled, on it, in one graph run per cached length and rest length; the others
-        several to a run (`prefill_groups`). Returns their last-position logits in admission
-        order. When they alone form the next step's batch and share one run, that run's
-        padded cache is the batch: no split and re-pad."""
-        rows: list[np.ndarray] = [np.empty(0)] * len(admitted)
-        hits = {i: self.prefix_cache.match(seq.prompt) for i, seq in enumerate(admitted)}
-        fresh = [i for i, hit in hits.items() if hit is None]
-        on_cached: dict[tuple[int, int], list[int]] = {}
-        for i, hit in hits.items():
-            if hit is not None:
-                admitted[i].cached_tokens = hit.length
-                shape = (hit.length, len(admitted[i].prompt) - hit.length)
-                on_cached.setdefault(shape, []).append(i)
-        runs = list(on_cached.values()) + [
-            [fresh[j] for j in group]
-            for group in prefill_groups([len(admitted[i].prompt) for i in fresh])
-        ]
-        for group in runs:
-            started = time.perf_counter()
-            cached = [hit for i in group if (hit := hits[i]) is not None]
-            if cached:
-                logits, prefilled = self.graph.prefill_after(
-                    [hit.cache for hit in cached],
-                    [
-                        admitted[i].prompt[hit.length :]
-                        for i, hit in zip(group, cached, strict=True)
-                    ],
-                )
-            else:
-                logits, prefilled = self.graph.prefill_batch([admitted[i].prompt for i in group])
-            seconds = time.perf_counter() - started
-            caches = prefilled.split()
-            if batch_is_new and len(group) == len(admitted):
-                self._batch, self._batch_members = prefilled, list(admitted)
-            else:
-                for i, cache in zip(group, caches, strict=True):
-                    admitted[i].cache = cache
-            for i, row, cache in zip(group, logits, caches, strict=True):
-                admitted[i].timings.prefilled(seconds, batch_size)
-                rows[i] = row
-                self.prefix_cache.store(admitted[i].prompt, cache)
-        return np.stack(rows)
+    @max_batch_seen.setter
+    def max_batch_seen(self, size: int) -> None:
+        self.runner.max_batch_seen = size
 
-    def _batch_for(self, running: list[SequenceState]) -> PaddedBatch:
-        """The padded batch of exactly these sequences; rebuilt only when membership changed."""
-        if self._batch is not None and self._batch_members == running:
-            return self._batch
-        if self._batch is not None:
-            for seq, cache in zip(self._batch_members, self._batch.split(), strict=True):
-                seq.cache = cache
-        self._batch = PaddedBatch.of(self.graph, [s.cache for s in running])  # type: ignore[misc]
-        self._batch_members = list(running)
-        return self._batch
+    @property
+    def profile(self) -> StepProfile:
+        return self.runner.profile
+
+    @profile.setter
+    def profile(self, profile: StepProfile) -> None:
+        self.runner.profile = profile
 
     def close(self) -> None:
-        self._closing = True
-        self._executor.shutdown(wait=False, cancel_futures=True)
-
-
-def prefill_groups(lengths: Sequence[int]) -> list[list[int]]:
-    """Which prompts (by index, each group in index order) share a prefill run. Shortest first,
-    a prompt joins the group before it while the padded run stays within
-    PREFILL_MAX_PADDED_TOKENS and at least PREFILL_MIN_FILL of it is real tokens. One run saves
-    each further prompt a run's fixed cost, but padding costs like tokens and attention grows
-    with the square of the longest prompt. Measured on the default tiny GLM, one run vs one per
-    prompt: 8 x 18 tokens 1.0 vs 2.0 ms, 8 x 64 3.4 vs 4.2 ms, 8 x 100 6.2 vs 6.1 ms,
-    4 x 256 10.0 vs 8.1 ms, 20 + 200 tokens 3.4 vs 2.0 ms."""
-    groups: list[list[int]] = []
-    real = 0
-    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
-        padded = (len(groups[-1]) + 1) * lengths[i] if groups else 0
-        if (
-            groups
-            and padded <= PREFILL_MAX_PADDED_TOKENS
-            and real + lengths[i] >= PREFILL_MIN_FILL * padded
-        ):
-            groups[-1].append(i)
-            real += lengths[i]
-        else:
-            groups.append([i])
-            real = lengths[i]
-    return [sorted(group) for group in groups]
+        self.runner.close()

@@ -1,0 +1,176 @@
+"""The chat engine's step runner: one thread that runs the decoder graph, a step at a time, for
+the batch the scheduler hands it: prefill newcomers (on their cached prefix where there is one),
+one batched decode step for the rest, sampling, and the padded batch kept between steps. Where
+its time goes is in `profile` (`step_profile`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+import numpy as np
+
+from deployments.contracts.outputs import GenerationChunk
+from deployments.replica.engine.decoder import DecoderGraph, PaddedBatch
+from deployments.replica.engine.prefix_cache import PrefixCache
+from deployments.replica.engine.sampling import sample_batch
+from deployments.replica.engine.scheduler import prefill_runs
+from deployments.replica.engine.sequence import SequenceState, hand_over
+from deployments.replica.engine.step_profile import StepProfile
+
+R = TypeVar("R")
+
+
+class DecoderStepRunner:
+    """Steps a `DecoderGraph` for the scheduler (its `StepRunner`), on its own thread so the
+    event loop keeps serving while a step computes."""
+
+    def __init__(self, graph: DecoderGraph, prefix_cache: PrefixCache):
+        self.graph = graph
+        self.prefix_cache = prefix_cache
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-step")
+        self._batch: PaddedBatch | None = None
+        self._batch_members: list[SequenceState] = []
+        self.steps = 0
+        self.max_batch_seen = 0
+        self.profile = StepProfile()
+        self._closing = False  # read by the engine thread between back-to-back steps
+
+    async def in_thread(self, work: Callable[[], R]) -> R:
+        """Run `work` on the engine's thread, between its steps (the graph is not shared)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, work)
+
+    async def run(
+        self,
+        admitted: list[SequenceState],
+        running: list[SequenceState],
+        keeps_batch: Callable[[list[SequenceState]], bool],
+    ) -> None:
+        started = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(
+                self._executor, self._steps_until_change, loop, admitted, running, keeps_batch
+            )
+        finally:
+            self.profile.wall_s += time.perf_counter() - started
+            self.profile.hops += 1
+
+    def _steps_until_change(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        admitted: list[SequenceState],
+        running: list[SequenceState],
+        keeps_batch: Callable[[list[SequenceState]], bool],
+    ) -> None:
+        """Runs in the executor thread: steps back to back while the batch stays as it is
+        (`keeps_batch`), handing each step's chunks to the event loop without waiting for it.
+        One executor round trip per batch change instead of one per token: on a busy machine
+        each round trip is a thread wake-up that waits for a core."""
+        batch = running + admitted
+        hand_over(loop, batch, self._profiled_step(admitted, running))
+        while not self._closing and keeps_batch(batch):
+            hand_over(loop, batch, self._profiled_step([], batch))
+
+    def _profiled_step(
+        self, admitted: list[SequenceState], running: list[SequenceState]
+    ) -> list[GenerationChunk]:
+        started, graph_before = time.perf_counter(), self.graph.run_s
+        chunks = self.step(admitted, running)
+        self.profile.steps += 1
+        self.profile.tokens += len(chunks)
+        self.profile.graph_s += self.graph.run_s - graph_before
+        self.profile.step_s += time.perf_counter() - started
+        return chunks
+
+    def step(
+        self, admitted: list[SequenceState], running: list[SequenceState]
+    ) -> list[GenerationChunk]:
+        """Runs in the executor thread: one batched decode step, prefill newcomers, then sample
+        the next token of every sequence in one pass."""
+        blocks: list[np.ndarray] = []
+        size = len(running) + len(admitted)
+        if running:
+            batch = self._batch_for(running)
+            started = time.perf_counter()
+            blocks.append(batch.step([s.generated[-1] for s in running]))
+            seconds = time.perf_counter() - started
+            for seq in running:
+                seq.timings.decoded(seconds, size)
+        if admitted:
+            blocks.append(self._prefill(admitted, size, batch_is_new=not running))
+        batch_seqs = running + admitted
+        logits = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
+        allowed = None
+        if any(seq.constraint is not None for seq in batch_seqs):
+            allowed = np.ones(logits.shape, bool)
+            for i, mask in enumerate(seq.allowed() for seq in batch_seqs):
+                if mask is not None:
+                    allowed[i, : len(mask)] = mask
+                    allowed[i, len(mask) :] = False
+        sampled = sample_batch(logits, [s.sampling for s in batch_seqs], allowed)
+        chunks = [seq.accept(token) for seq, token in zip(batch_seqs, sampled, strict=True)]
+        self.steps += 1
+        self.max_batch_seen = max(self.max_batch_seen, len(running))
+        return chunks
+
+    def _prefill(
+        self, admitted: list[SequenceState], batch_size: int, *, batch_is_new: bool
+    ) -> np.ndarray:
+        """The newcomers' prompts: those whose start is cached (`prefix_cache`) have only their
+        rest prefilled, on it; runs as `scheduler.prefill_runs` groups them. Returns their
+        last-position logits in admission order. When they alone form the next step's batch
+        and share one run, that run's padded cache is the batch: no split and re-pad."""
+        rows: list[np.ndarray] = [np.empty(0)] * len(admitted)
+        hits = [self.prefix_cache.match(seq.prompt) for seq in admitted]
+        for seq, hit in zip(admitted, hits, strict=True):
+            if hit is not None:
+                seq.cached_tokens = hit.length
+        runs = prefill_runs(
+            [len(seq.prompt) for seq in admitted],
+            [None if hit is None else hit.length for hit in hits],
+        )
+        for group in runs:
+            started = time.perf_counter()
+            cached = [hit for i in group if (hit := hits[i]) is not None]
+            if cached:
+                logits, prefilled = self.graph.prefill_after(
+                    [hit.cache for hit in cached],
+                    [
+                        admitted[i].prompt[hit.length :]
+                        for i, hit in zip(group, cached, strict=True)
+                    ],
+                )
+            else:
+                logits, prefilled = self.graph.prefill_batch([admitted[i].prompt for i in group])
+            seconds = time.perf_counter() - started
+            caches = prefilled.split()
+            if batch_is_new and len(group) == len(admitted):
+                self._batch, self._batch_members = prefilled, list(admitted)
+            else:
+                for i, cache in zip(group, caches, strict=True):
+                    admitted[i].cache = cache
+            for i, row, cache in zip(group, logits, caches, strict=True):
+                admitted[i].timings.prefilled(seconds, batch_size)
+                rows[i] = row
+                self.prefix_cache.store(admitted[i].prompt, cache)
+        return np.stack(rows)
+
+    def _batch_for(self, running: list[SequenceState]) -> PaddedBatch:
+        """The padded batch of exactly these sequences; rebuilt only when membership changed."""
+        if self._batch is not None and self._batch_members == running:
+            return self._batch
+        if self._batch is not None:
+            for seq, cache in zip(self._batch_members, self._batch.split(), strict=True):
+                seq.cache = cache
+        self._batch = PaddedBatch.of(self.graph, [s.cache for s in running])  # type: ignore[misc]
+        self._batch_members = list(running)
+        return self._batch
+
+    def close(self) -> None:
+        self._closing = True
+        self._executor.shutdown(wait=False, cancel_futures=True)
