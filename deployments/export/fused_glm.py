@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import onnx
@@ -166,7 +167,7 @@ def slot_cache_layout(config: Glm4Config) -> KVCacheLayout:
 
 def build_fused_glm(model: PreTrainedModel, path: Path) -> GlmShape:
     """Write the graph to `path` and its weights to `path` + `.data`; return its shape."""
-    shape = GlmShape.of(model.config)
+    shape = GlmShape.of(cast(Glm4Config, model.config))
     weights = {name: t.detach().float().numpy() for name, t in model.state_dict().items()}
     writer = _ExternalWriter(path.with_name(path.name + ".data"))
     node = _Nodes()
@@ -202,7 +203,7 @@ def _build(
         helper.make_tensor_value_info("total_seq_len", TensorProto.INT32, []),
     ]
     outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", shape.vocab])]
-    cache_shape = ["batch", shape.kv_heads, "capacity", shape.head_dim]
+    cache_shape: list[str | int] = ["batch", shape.kv_heads, "capacity", shape.head_dim]
     _attention_inputs(shape, writer, node)
     eps = shape.eps
     norm_in = writer.add("l0.input_norm", w("model.layers.0.input_layernorm.weight"))

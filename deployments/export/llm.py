@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
-from transformers import AutoTokenizer, PreTrainedModel
+from transformers import AutoTokenizer, Glm4Config, PreTrainedModel
 
 from deployments.contracts.manifest import LLMSpec, ModelManifest, Quantization
 from deployments.export.chat_tokenizer import CHAT_FORMATS, build_tokenizer, save_tokenizer
@@ -125,7 +125,7 @@ def export_llm(
 
         with stages.stage("export"):
             fused_glm.build_fused_glm(model, graph)
-            layout = fused_glm.slot_cache_layout(model.config)
+            layout = fused_glm.slot_cache_layout(cast(Glm4Config, model.config))
         if quantize:
             with stages.stage("quantise"):
                 nbits.quantize_matmul_nbits(graph, quantize)

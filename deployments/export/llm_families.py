@@ -66,7 +66,6 @@ class _Glm(FamilySpec):
             num_attention_heads=32,
             num_key_value_heads=2,
             head_dim=64,
-            partial_rotary_factor=0.5,
             rope_parameters={
                 "rope_type": "default",
                 "rope_theta": 10_000.0,
