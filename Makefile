@@ -19,7 +19,7 @@ CHECKOV_VENV ?= .venv-checkov
 CHECKOV_VERSION := 3.3.30
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed-checkov-$(CHECKOV_VERSION)
 
-.PHONY: install install-dev models test lint serve bench clean checkov dashboard-screenshot
+.PHONY: install install-dev models models-large test lint serve bench clean checkov dashboard-screenshot
 
 install: $(SERVE_STAMP)
 install-dev: $(DEV_STAMP)
@@ -46,6 +46,12 @@ $(CHECKOV_STAMP):
 
 models: install
 	$(PY) -m deployments.export defaults --out $(MODELS_DIR)
+
+# GLM-4 and Kimi-K2 stand-ins at size (real vocabularies, >= 300M parameters; docs/models.md):
+# minutes and a few GB of memory, so not part of `make serve`.
+MODELS_LARGE_DIR ?= models-large
+models-large: install
+	$(PY) -m deployments.export large --out $(MODELS_LARGE_DIR)
 
 lint: install-dev
 	$(VENV)/bin/ruff check deployments edge_sim edgectl tests benchmarks

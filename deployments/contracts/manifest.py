@@ -19,10 +19,20 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+CacheLayout = Literal["concat", "slots"]
+Quantization = Literal["int8", "int4"]
+
+
 class KVCacheLayout(_Frozen):
     """How the decoder graph takes (`past_key_values.{i}.key|value`) and returns (`present.{i}.*`)
-    its cache: one [batch, kv_heads, seq, head_dim] tensor per layer for keys and for values."""
+    its cache: one [batch, kv_heads, seq, head_dim] tensor per layer for keys and for values.
 
+    `concat` (the plain export): the graph returns the cache one position longer, and takes an
+    attention mask and positions. `slots` (`--attention fused`): past and present are one
+    preallocated [slots, kv_heads, capacity, head_dim] buffer bound to both (a token writes one
+    position in place), and the graph takes `seqlens_k` and `total_seq_len` instead."""
+
+    layout: CacheLayout = "concat"
     num_layers: int
     num_kv_heads: int
     key_head_dim: int
@@ -76,8 +86,15 @@ class ModelManifest(_Frozen):
     architecture: str
     source: str
     dtype: Literal["fp32", "fp16"] = "fp32"
-    quantization: Literal["int8"] | None = None
+    # int8 of the concat layout is quantize_dynamic; of the slots layout MatMulNBits (int4 too).
+    quantization: Quantization | None = None
     graph: str = "model.onnx"
+    cpu_prepacked_graph: str | None = Field(
+        default=None,
+        description="`graph` optimised for the CPU provider with its MatMul weights prepacked "
+        "into its data file: open it with graph optimisation off, and the weights are mapped "
+        "(shared between replicas) instead of packed into each process's memory",
+    )
     tokenizer: str | None = "tokenizer.json"
     vocab_size: int | None = None
     llm: LLMSpec | None = None

@@ -16,7 +16,13 @@ NO_PROGRESS_HELP = "no progress bar (off anyway without a terminal)"
 
 
 def _planned_stages(args: argparse.Namespace) -> list[str]:
-    return ["load", "export"] + ["quantise"] * bool(args.quantize) + ["verify"] * args.verify
+    fused = getattr(args, "attention", "plain") == "fused"
+    return (
+        ["load", "export"]
+        + ["quantise"] * bool(args.quantize)
+        + ["prepack"] * fused
+        + ["verify"] * args.verify
+    )
 
 
 def _parser(prog: str = "python -m deployments.export") -> argparse.ArgumentParser:
@@ -30,7 +36,19 @@ def _parser(prog: str = "python -m deployments.export") -> argparse.ArgumentPars
         p.add_argument("--from", dest="source", help="HF id or local dir (default: tiny stand-in)")
         p.add_argument("--out", type=Path, required=True)
         p.add_argument("--dtype", choices=("fp32", "fp16"), default="fp32")
-        p.add_argument("--quantize", choices=("int8",), default=None)
+        p.add_argument(
+            "--quantize",
+            choices=("int8", "int4"),
+            default=None,
+            help="int8: quantize_dynamic (plain) or MatMulNBits (fused); int4: fused only",
+        )
+        p.add_argument(
+            "--attention",
+            choices=("plain", "fused"),
+            default="plain",
+            help="plain: torch.onnx graph, cache returned one longer; fused (GLM-4): "
+            "GroupQueryAttention writes a slot cache in place, GEMM attention, CPU-prepacked",
+        )
         p.add_argument("--verify", action="store_true", help="check parity with PyTorch")
         p.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
     emb = sub.add_parser("embedding", help="BERT-style sentence embedder (mean pooling + L2)")
@@ -55,6 +73,12 @@ def _parser(prog: str = "python -m deployments.export") -> argparse.ArgumentPars
     )
     checkpoint.add_argument("family", choices=("glm", "kimi"))
     checkpoint.add_argument("--out", type=Path, required=True)
+    large = sub.add_parser(
+        "large",
+        help="GLM-4 and Kimi-K2 stand-ins at size (real vocabularies, >= 300M parameters): "
+        "checkpoints (save_pretrained) and their exports",
+    )
+    large.add_argument("--out", type=Path, default=Path("models-large"))
     defaults = sub.add_parser("defaults", help="build every embedded default model")
     defaults.add_argument("--out", type=Path, default=Path("models"))
     defaults.add_argument("--force", action="store_true", help="rebuild even if present and intact")
@@ -76,6 +100,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m deployments.expor
                 t0 = time.perf_counter()
                 build_default(name, args.out)
                 print(f"{name}: built in {time.perf_counter() - t0:.1f}s -> {args.out / name}")
+            return 0
+        if args.model == "large":
+            from deployments.export.at_size import build_large
+
+            for path in build_large(args.out):
+                print(f"{path.name}: built -> {path}")
             return 0
         if args.model == "checkpoint":
             from deployments.export.llm import save_checkpoint
@@ -105,6 +135,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m deployments.expor
                         args.out,
                         dtype=args.dtype,
                         quantize=args.quantize,
+                        attention=args.attention,
                         verify=args.verify,
                         stages=stages,
                     )
