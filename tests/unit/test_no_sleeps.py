@@ -13,7 +13,6 @@ SLEEPERS = {"time", "asyncio", "anyio", "trio"}
 # test fails once one no longer does, so the list only shrinks.
 NOT_YET = {
     "test_loadtest.py",  # the fake router's delay and the runner's pacing: a fake-time loop
-    "test_router_listener.py",  # a real socket server's graceful stop, still waiting
     "test_state_store.py",  # load paced over a real PostgreSQL killed and restarted
 }
 
