@@ -19,7 +19,7 @@ CHECKOV_VENV ?= .venv-checkov
 CHECKOV_VERSION := 3.3.30
 CHECKOV_STAMP := $(CHECKOV_VENV)/.installed-checkov-$(CHECKOV_VERSION)
 
-.PHONY: install install-dev models models-large test lint serve bench clean checkov dashboard-screenshot
+.PHONY: install install-dev system-deps models models-large test lint serve bench clean checkov dashboard-screenshot
 
 install: $(SERVE_STAMP)
 install-dev: $(DEV_STAMP)
@@ -60,8 +60,13 @@ lint: install-dev
 	$(VENV)/bin/edge k8s render --check
 	$(PY) -m deployments.observability.grafana render --check
 
+# The Debian packages the tests drive (.ci/system-packages.sh holds the list): as root, what is
+# missing is installed; otherwise it stops at once, naming the `sudo apt-get install` to run.
+system-deps:
+	@.ci/system-packages.sh
+
 # pytest's exit 5 (no tests collected) is a failure too: with 800+ tests, none means breakage.
-test: install-dev models lint checkov
+test: system-deps install-dev models lint checkov
 	$(PY) -m pytest tests
 
 # Ray Serve's switches are serve_config.yaml's controller_options: `serve run` from any shell (or

@@ -1,6 +1,7 @@
 """Shared fixtures: where the embedded default models live (built on demand); a real headless
 Chromium (Debian's) driven by Playwright, and where tests write their artefacts; Redis and
-PostgreSQL servers of the test's own (Debian's binaries, edgectl.local_services)."""
+PostgreSQL servers of the test's own (Debian's binaries, edgectl.local_services); what a test does
+where the machine lacks one (`unavailable`); under CI=true no skip passes unseen (ci_skips)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,16 @@ import os
 import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import pytest
 
+# Every test's skip policy under CI=true: hooks, found here by name.
+from ci_skips import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401
+
 # The system's Chromium (`apt-get install chromium`): Playwright never downloads a browser here.
 from deployments.ingress.dashboard.screenshot import CHROMIUM, CHROMIUM_ARGS
-from edgectl.local_services import PostgresServer, RedisServer, ServiceUnavailable
+from edgectl.local_services import PostgresServer, RedisServer, ServiceUnavailable, redis_binary
 
 REPO = Path(__file__).resolve().parent.parent
 ARTEFACTS = Path(os.environ.get("EDGE_TEST_ARTEFACTS", REPO / "test-artefacts"))
@@ -30,23 +34,28 @@ def _no_browser_reason() -> str | None:
     return None
 
 
-def _missing(reason: str) -> None:
-    """Skip where the machine lacks what a test needs; under CI=true that is a failure, so CI
-    never passes without running such tests (.ci/run installs what they need)."""
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"cannot run in CI: {reason}")
+def missing(reason: str) -> NoReturn:
+    """The one outcome of a test whose machine lacks what it needs (a server's binary, root, the
+    browser): a skip whose reason names what is missing and how to get it (`make system-deps`, a
+    step of `make test`, installs the Debian packages). Under CI=true it fails (ci_skips)."""
     pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def unavailable() -> Callable[[str], NoReturn]:
+    """`missing` for a test or fixture: unavailable("no X here (how to get it)")."""
+    return missing
 
 
 ServerT = TypeVar("ServerT", RedisServer, PostgresServer)
 
 
 def _own_server(start: Callable[[], ServerT]) -> Iterator[ServerT]:
-    """A server of the fixture's own, removed after; skipped (failed under CI) without one."""
+    """A server of the fixture's own, removed after; `missing` without its binaries."""
     try:
         server = start()
-    except ServiceUnavailable as missing:
-        _missing(str(missing))
+    except ServiceUnavailable as absent:
+        missing(str(absent))
     try:
         yield server
     finally:
@@ -57,6 +66,15 @@ def _own_server(start: Callable[[], ServerT]) -> Iterator[ServerT]:
 def redis_server() -> Iterator[RedisServer]:
     """A redis-server of this test's own: its temp dir, a free port, a password; removed after."""
     yield from _own_server(RedisServer.start)
+
+
+@pytest.fixture(scope="session")
+def redis_server_binary() -> Path:
+    """Debian's redis-server, for code that starts its own (a benchmark suite)."""
+    try:
+        return redis_binary()
+    except ServiceUnavailable as absent:
+        missing(str(absent))
 
 
 @pytest.fixture
@@ -81,13 +99,12 @@ def postgres_database(shared_postgres: PostgresServer) -> str:
 
 @pytest.fixture
 def chromium() -> Iterator[Any]:
-    """A headless Chromium. Skipped with its reason where there is none; under CI=true that
-    is a failure, so CI never passes without running the browser tests. Per test: Playwright's
+    """A headless Chromium; `missing` where there is none. Per test: Playwright's
     sync API holds an event loop on this thread while open, which asyncio.run() elsewhere
     would trip over."""
     reason = _no_browser_reason()
     if reason is not None:
-        _missing(f"browser tests: {reason}")
+        missing(f"browser tests: {reason}")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:

@@ -8,12 +8,16 @@ import asyncio
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import NoReturn
 
 import asyncpg
 import httpx
 import pytest
 from conftest import ADMIN_KEY, LOAD, USER, ServeCluster, wait_until
+
+from edgectl.local_services import PostgresServer
 
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 REVOCATION_BOUND_S = 2.0  # what the docs promise: every router refuses a revoked key within it
@@ -24,6 +28,17 @@ BURST = 16  # concurrent requests: Serve's proxy spreads them over both router r
 def http(serve_cluster: ServeCluster) -> httpx.Client:
     with httpx.Client(base_url=serve_cluster.base_url, timeout=120) as client:
         yield client
+
+
+@pytest.fixture
+def cluster_postgres(
+    serve_cluster: ServeCluster, unavailable: Callable[[str], NoReturn]
+) -> PostgresServer:
+    """The session cluster's PostgreSQL; `unavailable` where the machine has none (the cluster
+    then runs on SQLite)."""
+    if serve_cluster.postgres is None:
+        unavailable(f"{serve_cluster.no_postgres}: the session cluster runs on SQLite")
+    return serve_cluster.postgres
 
 
 def burst_statuses(http: httpx.Client, secret: str) -> set[int]:
@@ -93,11 +108,9 @@ def test_a_queued_batch_runs_on_the_warm_embedding_replicas_and_answers_as_run_d
 
 @pytest.mark.disruptive
 def test_the_database_killed_under_load_fails_no_request_and_loses_no_record(
-    http: httpx.Client, serve_cluster: ServeCluster
+    http: httpx.Client, serve_cluster: ServeCluster, cluster_postgres: PostgresServer
 ):
-    postgres = serve_cluster.postgres
-    if postgres is None:
-        pytest.skip("no PostgreSQL on this machine: the session cluster runs on SQLite")
+    postgres = cluster_postgres
     run = uuid.uuid4().hex[:8]
     statuses: list[int] = []
     stop = threading.Event()

@@ -7,8 +7,9 @@ that load as real crashes."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import httpx
 import pytest
@@ -26,6 +27,7 @@ from region_app import (
 from edgectl.ha_cluster import HaCluster, ha_serve_config
 from edgectl.loadtest.chaos import run_chaos
 from edgectl.loadtest.scenarios import ModelTarget
+from edgectl.local_services import ServiceUnavailable, redis_binary
 from edgectl.netns import NetworkUnavailable, check_available
 
 # Clients enter at the workers' ingresses only: the head's goes with the head. Frankfurt's
@@ -37,11 +39,16 @@ WHOLE_S = 300  # node start, Serve's controller and proxies back, on a loaded 2-
 
 
 @pytest.fixture(scope="module")
-def ha(models_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HaCluster]:
+def ha(
+    models_root: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    unavailable: Callable[[str], NoReturn],
+) -> Iterator[HaCluster]:
     try:
         check_available()
-    except NetworkUnavailable as missing:
-        pytest.skip(str(missing))
+        redis_binary()  # the GCS's Redis, started on the namespaces' bridge
+    except (NetworkUnavailable, ServiceUnavailable) as absent:
+        unavailable(str(absent))
     cluster = HaCluster.start(env=CLUSTER_ENV)
     try:
         config = ha_serve_config(REPO / "serve_config.yaml", models_root)

@@ -3,24 +3,7 @@ pod: the router's open-mode refusal there is tested with an explicit environment
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
-from typing import NoReturn
-
 import pytest
-
-
-@pytest.fixture(scope="session")
-def unavailable() -> Callable[[str], NoReturn]:
-    """For a test whose outside input (KubeRay's CRDs, the checkov venv) is missing: skip with the
-    one-line reason on a developer's machine, fail under CI (CI=true), which must provide it."""
-
-    def _missing(reason: str) -> NoReturn:
-        if os.environ.get("CI", "").strip().lower() in ("true", "1"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-
-    return _missing
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,6 @@ every bad input a clear envelope error."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ from deployments.ingress.state.postgres import PostgresDatabase
 from deployments.ingress.state.sqlite import SqliteDatabase
 from edge_sim.region_board import BoardSnapshot
 from edge_sim.regions import PoolView
+from edgectl.local_cluster import wait_until
 
 SUCCESS = envelope_validator("api-response-common")
 FAILURE = envelope_validator("api-response-common-failure")
@@ -88,10 +88,8 @@ def run_batches(gateway: Gateway) -> bool:
 
 
 def until(done: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
+    """The batch worker (its own thread) is done: polled by edgectl's deadline helper."""
+    wait_until(done, timeout_s, "the batch worker", every_s=0.05)
 
 
 def ok(response: Any) -> dict[str, Any]:
@@ -224,7 +222,8 @@ def test_a_replica_sends_at_most_max_in_flight_items_at_once(
         nonlocal in_flight, most
         in_flight += 1
         most = max(most, in_flight)
-        await asyncio.sleep(0.05)  # long enough for the next item to arrive, if it is sent
+        for _ in range(50):  # turns enough for the next item to arrive, if it is sent
+            await asyncio.sleep(0)
         in_flight -= 1
         return await plain(*args)
 

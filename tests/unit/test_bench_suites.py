@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import shutil
 from contextlib import redirect_stdout
 from pathlib import Path
 from types import ModuleType
@@ -147,10 +146,9 @@ def test_the_goals_table_puts_each_value_beside_its_goal_with_machine_load_and_c
     assert failed[2:] == ["  chat: FAILED, no goal measured (ConnectionError: no cluster)"]
 
 
-@pytest.mark.skipif(not (MODELS_DIR / "glm").is_dir(), reason="needs `make models`")
-def test_the_runtime_suite_measures_every_figure_it_judges() -> None:
+def test_the_runtime_suite_measures_every_figure_it_judges(models_root: Path) -> None:
     config = RuntimeBenchConfig(
-        models_dir=MODELS_DIR,
+        models_dir=models_root,
         repetitions=1,
         sentences=4,
         batch_sizes=(1, 2),
@@ -173,11 +171,9 @@ def test_the_runtime_suite_measures_every_figure_it_judges() -> None:
     assert embedding["met"] is False and "batch 32" in embedding["missing"]
 
 
-@pytest.mark.skipif(not (MODELS_DIR / "glm").is_dir(), reason="needs `make models`")
-def test_the_structured_suite_judges_mask_build_and_decoding_overhead() -> None:
-    pytest.importorskip("llguidance")
+def test_the_structured_suite_judges_mask_build_and_decoding_overhead(models_root: Path) -> None:
     config = StructuredBenchConfig(
-        models_dir=MODELS_DIR, mask_repetitions=2, rounds=1, new_tokens=4
+        models_dir=models_root, mask_repetitions=2, rounds=1, new_tokens=4
     )
     result = run_structured_suite(config)
     json.dumps(result)
@@ -186,9 +182,8 @@ def test_the_structured_suite_judges_mask_build_and_decoding_overhead() -> None:
     assert result["decode_ms_per_token"]["json_schema"] > 0
 
 
-def test_the_cache_suite_measures_every_backend_and_judges_the_local_tier(unavailable) -> None:
-    if shutil.which("redis-server") is None:
-        unavailable("no redis-server on this machine (apt-get install redis-server)")
+@pytest.mark.usefixtures("redis_server_binary")
+def test_the_cache_suite_measures_every_backend_and_judges_the_local_tier() -> None:
     config = CacheBenchConfig(models_dir=MODELS_DIR, lookups=20, writes=5, codec_repeat=5)
     result = run_cache_suite(config)
     json.dumps(result)  # the report is JSON

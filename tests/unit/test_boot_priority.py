@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import NoReturn
 
 import pytest
 
@@ -22,7 +23,13 @@ def session() -> Iterator[subprocess.Popen[bytes]]:
         process.wait()
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="a negative nice needs CAP_SYS_NICE (root)")
+@pytest.fixture
+def root(unavailable: Callable[[str], NoReturn]) -> None:
+    if os.geteuid() != 0:
+        unavailable("a negative nice needs CAP_SYS_NICE: run as root (CI does)")
+
+
+@pytest.mark.usefixtures("root")
 def test_a_booting_session_is_weighted_up_then_back(session: subprocess.Popen[bytes]) -> None:
     assert session_nice(session.pid) == 0
     assert set_session_nice(session.pid, BOOT_NICE)

@@ -292,16 +292,20 @@ def test_a_replica_publishes_its_traffic_when_it_has_new_requests_and_now_and_th
     async def until(count: int) -> None:
         async with asyncio.timeout(5):
             while len(published) < count:
-                await asyncio.sleep(0.001)
+                await asyncio.sleep(0)
+
+    async def turns(count: int) -> None:
+        for _ in range(count):
+            await asyncio.sleep(0)
 
     async def run() -> None:
         publishing = asyncio.get_running_loop().create_task(share.publish_forever())
         await until(1)
-        await asyncio.sleep(0.05)  # fifty turns of its loop
+        await turns(50)
         assert published == [0]  # at once, then nothing new to say
         share.recent.record(outcome())
         await until(2)
-        await asyncio.sleep(0.05)
+        await turns(50)
         assert published == [0, 1]  # the new request, once
         monkeypatch.setattr(dashboard, "IDLE_PUBLISH_INTERVAL_S", 0.01)
         await until(3)

@@ -29,6 +29,7 @@ from deployments.ingress.state.request_log import RequestLog, RequestRecord
 from deployments.ingress.state.sqlite import SqliteDatabase
 from deployments.observability import InMemoryMetricsBackend, RouterObservability
 from deployments.observability.access_log import configure_access_logger
+from edgectl.local_cluster import wait_until
 
 T = TypeVar("T")
 ADMIN_KEY = "admin-secret"
@@ -148,9 +149,7 @@ def served(app: Any) -> Iterator[str]:
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: server.started, 10, "uvicorn to listen", every_s=0.05)
     try:
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:

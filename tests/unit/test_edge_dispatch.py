@@ -650,12 +650,13 @@ def test_an_idle_router_syncs_rarely_and_its_next_request_syncs_at_once() -> Non
     async def until(condition: Callable[[], bool]) -> None:
         async with asyncio.timeout(5):
             while not condition():
-                await asyncio.sleep(0.001)
+                await asyncio.sleep(0)
 
     async def go() -> None:
         await rig.pools.ready()  # starts syncing
         await until(lambda: len(pacer.waits) == 2)
-        await asyncio.sleep(0.05)
+        for _ in range(50):  # fifty turns of its loop
+            await asyncio.sleep(0)
         assert pacer.waits == [0.001, 3600.0]  # the pools changed: fast; then nothing new: idle
         assert len(control.synced) == 2  # and no sync while all is still
         await rig.send(FRANKFURT)  # its demand ends the idle wait
@@ -680,7 +681,7 @@ def test_an_attempt_waiting_on_a_region_keeps_the_syncs_coming() -> None:
     async def until(condition: Callable[[], bool]) -> None:
         async with asyncio.timeout(5):
             while not condition():
-                await asyncio.sleep(0.001)
+                await asyncio.sleep(0)
 
     async def go() -> None:
         sending = asyncio.ensure_future(rig.send(TOKYO))

@@ -18,6 +18,7 @@ from deployments.errors import (
 from deployments.replica.engine.llm import LLMRuntime
 from deployments.replica.engine.scheduler import prefill_groups
 from deployments.replica.engine.step_profile import StepProfile
+from tests.waiting import until
 
 HELLO = [{"role": "user", "content": "Tell me about Beijing 北京 and Paris."}]
 
@@ -117,10 +118,11 @@ def test_abandoned_stream_frees_its_slot(runtime):
         stream = runtime.stream(HELLO, SamplingParams(max_tokens=200, temperature=0))
         got = [await stream.__anext__(), await stream.__anext__()]
         await stream.aclose()
-        for _ in range(50):
-            if not runtime.scheduler.running and not runtime.scheduler.waiting:
-                break
-            await asyncio.sleep(0.01)
+        await until(
+            lambda: not runtime.scheduler.running and not runtime.scheduler.waiting,
+            30,
+            "an idle runtime",
+        )
         return got
 
     run(take_two())
@@ -206,10 +208,7 @@ def test_a_request_arriving_mid_stream_joins_the_running_batch(runtime):
 
 
 async def _until(condition, timeout_s: float = 30.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.005)
+    await until(condition, timeout_s, "the runtime's thread")
 
 
 def test_a_consumer_that_fell_behind_gets_what_was_generated_in_one_chunk(runtime, monkeypatch):

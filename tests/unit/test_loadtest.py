@@ -680,7 +680,7 @@ class FakeRouter:
         wire = "".join(f"data: {json.dumps(e)}\r\n\r\n" for e in events) + "data: [DONE]\r\n\r\n"
         raw = wire.encode()
         for start in range(0, len(raw), 37):  # 37-byte pieces split events mid-line
-            await asyncio.sleep(0.001)
+            await asyncio.sleep(0)
             yield raw[start : start + 37]
 
 

@@ -77,12 +77,10 @@ def test_postgres_refuses_a_wrong_password(postgres_server):
     assert done.returncode != 0 and "password authentication failed" in done.stderr
 
 
-def test_a_removed_server_leaves_no_process():
-    redis = RedisServer.start()
-    postgres = PostgresServer.start()
-    pids = [redis.process.pid, postgres.process.pid]
-    redis.remove()
-    postgres.remove()
+def test_a_removed_server_leaves_no_process(redis_server, postgres_server):
+    pids = [redis_server.process.pid, postgres_server.process.pid]
+    redis_server.remove()
+    postgres_server.remove()
     for pid in pids:
         state = subprocess.run(
             ["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True

@@ -8,8 +8,9 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 import yaml
@@ -26,11 +27,11 @@ CONNECT = (
 
 
 @pytest.fixture
-def network() -> Iterator[HostNetwork]:
+def network(unavailable: Callable[[str], NoReturn]) -> Iterator[HostNetwork]:
     try:
         check_available()
-    except NetworkUnavailable as missing:
-        pytest.skip(str(missing))
+    except NetworkUnavailable as absent:
+        unavailable(str(absent))
     hosts = HostNetwork.create()
     try:
         yield hosts

@@ -496,8 +496,7 @@ def test_the_otlp_exporter_is_imported_only_when_chosen():
         print({module_name!r} in sys.modules)
         """
     )
-    if not config_module.module_available(module_name):
-        pytest.skip("the otlp extra (opentelemetry-exporter-otlp-proto-http) is not installed")
+    assert config_module.module_available(module_name), "the otel extra: `make install-dev`"
     result = subprocess.run(
         [sys.executable, "-c", script],
         env={**os.environ, "PYTHONPATH": str(REPO)},

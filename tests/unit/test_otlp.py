@@ -14,26 +14,21 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip(
-    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
-    reason="the otlp extra (opentelemetry-exporter-otlp-proto-http) is not installed",
-)
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (  # noqa: E402
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON  # noqa: E402
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 
-from deployments.observability.access_log import configure_access_logger  # noqa: E402
-from deployments.observability.config import ObservabilityConfig, TracingConfig  # noqa: E402
-from deployments.observability.environment import (  # noqa: E402
+from deployments.observability.access_log import configure_access_logger
+from deployments.observability.config import ObservabilityConfig, TracingConfig
+from deployments.observability.environment import (
     parse_resource_attributes,
     resolve_tracing_config,
 )
-from deployments.observability.metrics_backend import InMemoryMetricsBackend  # noqa: E402
-from deployments.observability.router_telemetry import RouterObservability  # noqa: E402
-from deployments.observability.tracing import build_tracer_provider, sampler_of  # noqa: E402
+from deployments.observability.metrics_backend import InMemoryMetricsBackend
+from deployments.observability.router_telemetry import RouterObservability
+from deployments.observability.tracing import build_tracer_provider, sampler_of
 
 REPO = Path(__file__).resolve().parents[2]
 INCOMING_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -306,7 +306,7 @@ class SlowFirstChunkHandle(FakeChatHandle):
         async def slow_first() -> Any:
             stream.__anext__ = first  # type: ignore[method-assign]
             for _ in range(20):  # 4 times the slow moderation check's rounds (below)
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0)
             return await first()
 
         stream.__anext__ = slow_first  # type: ignore[method-assign]
@@ -340,7 +340,7 @@ class SlowModerationHandle(FakeModerationHandle):
 
     async def _classify(self, texts: list[str], traceparent: Any = None) -> Any:
         for _ in range(5):
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0)
         return await super()._classify(texts, traceparent)
 
 

@@ -15,9 +15,12 @@ from fastapi import FastAPI
 from deployments.config import ListenerConfig
 from deployments.ingress.api.listener import RouterListener, shared_port_socket
 from edgectl.local_cluster import free_port
+from tests.waiting import until
 
 
-def _app(name: str, release: asyncio.Event | None = None) -> FastAPI:
+def _app(
+    name: str, release: asyncio.Event | None = None, arrived: asyncio.Event | None = None
+) -> FastAPI:
     app = FastAPI()
 
     @app.get("/who")
@@ -27,6 +30,8 @@ def _app(name: str, release: asyncio.Event | None = None) -> FastAPI:
     @app.get("/slow")
     async def slow() -> dict[str, str]:
         assert release is not None
+        if arrived is not None:
+            arrived.set()
         await release.wait()
         return {"name": name}
 
@@ -55,17 +60,22 @@ def test_listeners_share_one_port_and_each_serves():
     assert asyncio.run(main()) == {"a", "b"}
 
 
+def refused(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) != 0
+
+
 def test_stop_lets_a_request_in_flight_finish_and_refuses_new_connections():
     async def main() -> tuple[int, str]:
-        release = asyncio.Event()
+        release, arrived = asyncio.Event(), asyncio.Event()
         config = ListenerConfig(enabled=True, host="127.0.0.1", port=free_port())
-        listener = RouterListener(_app("a", release), config)
+        listener = RouterListener(_app("a", release, arrived), config)
         listener.start()
         async with httpx.AsyncClient() as client:
             in_flight = asyncio.create_task(client.get(f"http://127.0.0.1:{config.port}/slow"))
-            await asyncio.sleep(0.2)
+            await asyncio.wait_for(arrived.wait(), 30)
             stopping = asyncio.create_task(listener.stop())
-            await asyncio.sleep(0.2)
+            await until(lambda: refused(config.port), 30, "the listener to stop accepting")
             assert not stopping.done()  # waits for the request in flight
             release.set()
             answer = await in_flight

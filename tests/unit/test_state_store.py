@@ -29,6 +29,7 @@ from deployments.ingress.state.spend import KeySpend, PeriodSpend, period_of
 from deployments.ingress.state.sqlite import SqliteDatabase
 from deployments.ingress.state.virtual_keys import NewKey, VirtualKeys
 from deployments.observability import ModelPrice
+from tests.waiting import until
 
 T = TypeVar("T")
 DAY_S = 86_400.0
@@ -352,9 +353,7 @@ def test_postgres_killed_while_two_routers_write_loses_no_record(postgres_server
         await produce(3)
         await asyncio.to_thread(postgres_server.restart)
         await produce(2)
-        deadline = time.monotonic() + 60
-        while any(s.writer.held for s in states) and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
+        await until(lambda: not any(s.writer.held for s in states), 60, "held records", every_s=0.2)
         found = await states[0].database.fetch("SELECT COUNT(DISTINCT request_id) FROM request_log")
         for state in states:
             await state.close()

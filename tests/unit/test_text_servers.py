@@ -24,6 +24,7 @@ from deployments.contracts.session_config import SessionConfig
 from deployments.errors import InvalidRequestError
 from deployments.replica.batched import EmbeddingServer, ModerationServer
 from tests.unit.router_fakes import fake_verdicts
+from tests.waiting import until
 
 
 @pytest.fixture(autouse=True)
@@ -122,9 +123,8 @@ def test_the_autoscaling_metric_counts_every_request_of_a_grouped_call(
     async def scenario() -> tuple[float, float, float]:
         grouped = asyncio.ensure_future(replica.embed_many([(["a"],), (["b"],), (["c"],)]))
         single = asyncio.ensure_future(replica.embed(["d"]))
-        async with asyncio.timeout(30):  # until the forward pass has started and holds them all
-            while not replica.runtime.passes:
-                await asyncio.sleep(0.001)
+        # The forward pass (its own thread) has started and holds them all.
+        await until(lambda: replica.runtime.passes, 30, "the forward pass")
         held = replica.record_autoscaling_stats()[REQUESTS_METRIC]
         replica.runtime.gate.set()
         await asyncio.gather(grouped, single)

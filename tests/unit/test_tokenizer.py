@@ -241,7 +241,8 @@ def test_client_text_cannot_inject_special_tokens(family: str, chat) -> None:
 
 
 def test_matches_transformers_apply_chat_template(built) -> None:
-    transformers = pytest.importorskip("transformers")
+    import transformers  # the export extra; heavy, so imported by this test alone
+
     messages = [
         SYSTEM,
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
