@@ -9,8 +9,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from deployments.contracts.chat_deployment import ChatClient, ChatRequest
 from deployments.contracts.outputs import Completion, GenerationChunk
-from deployments.ingress.edge.calls import CallResult, HandleCall
+from deployments.ingress.edge.calls import AnyCall, CallResult, ModelCall, StreamCall
 from deployments.ingress.edge.trace import EdgeTrace
 from deployments.ingress.edge.waiting import ColdStartNotice
 from deployments.ingress.protocol import (
@@ -102,8 +103,10 @@ class ChatService(ModelService):
         )
         model, messages, params, quota, fallback = admitted
         features = chat_features(chat)
-        call = HandleCall(
-            "complete_choices", (messages, params, ctx.traceparent, features), session=ctx.session
+        call = ModelCall(
+            ChatClient.complete_choices,
+            ChatRequest(messages, params, ctx.traceparent, features),
+            session=ctx.session,
         )
         used_tokens = 0
         try:
@@ -156,10 +159,9 @@ class ChatService(ModelService):
         )
         model, messages, params, quota, _ = admitted
         features = chat_features(chat)
-        call = HandleCall(
-            "stream",
-            (messages, params, ctx.traceparent, features),
-            stream=True,
+        call = StreamCall(
+            ChatClient.stream,
+            ChatRequest(messages, params, ctx.traceparent, features),
             session=ctx.session,
         )
         try:
@@ -180,7 +182,7 @@ class ChatService(ModelService):
         messages: list[dict[str, Any]],
         ctx: RequestContext,
         telemetry: RequestTelemetry,
-        call: HandleCall,
+        call: AnyCall,
         notice: ColdStartNotice | None = None,
     ) -> tuple[CallResult, EdgeTrace]:
         """`call` through the edge, started while the gate checks the input (the check overlaps

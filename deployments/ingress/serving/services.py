@@ -5,12 +5,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deployments.config import AppConfig
+from deployments.contracts.moderation_deployment import ClassifyRequest, ModerationClient
 from deployments.ingress.cache import ResponseCache, SharedStore
-from deployments.ingress.edge.calls import HandleCall
-from deployments.ingress.edge.coalesce import coalescing
+from deployments.ingress.edge.calls import ModelCall
+from deployments.ingress.edge.clients import model_clients
 from deployments.ingress.edge.dispatch import EdgeDispatcher
 from deployments.ingress.edge.pools import RegionPools
 from deployments.ingress.security import KeyStore, ModerationGate, RateLimiter
@@ -39,6 +40,9 @@ from deployments.ingress.state.gateway import GatewayState
 from deployments.observability import RouterObservability
 from deployments.observability.recent_traffic import RecentTraffic
 from edge_sim.network import EdgeNetwork
+
+if TYPE_CHECKING:
+    from ray.serve.handle import DeploymentHandle
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,7 @@ async def _no_deployments() -> Mapping[str, DeploymentState]:
 
 def build_services(
     config: AppConfig,
-    handles: Mapping[str, Mapping[str, Any]],
+    handles: Mapping[str, Mapping[str, DeploymentHandle[Any]]],
     *,
     keys: KeyStore,
     control: Any | None = None,
@@ -117,9 +121,8 @@ def build_services(
         deployments=deployments,
     )
     network = EdgeNetwork(edge_config)
-    text_models = {name for name, m in config.models.items() if m.task != "chat"}
     pools = RegionPools(
-        coalescing(handles, text_models, router.coalesce),
+        model_clients(config, handles),
         edge_config.region_policy,
         router.default_cold_start_ms,
         control=control,
@@ -153,8 +156,8 @@ def build_services(
     async def deployment_flags(texts: list[str]) -> list[bool]:
         """The moderation deployment, called directly (not via a colo), in a region where it is
         warm if there is one."""
-        handle = pools.serving_handle(gate_config.moderation_model)
-        result = await HandleCall("classify", (texts,)).run(handle)
+        client = pools.serving_client(gate_config.moderation_model)
+        result = await ModelCall(ModerationClient.classify, ClassifyRequest(texts)).run(client)
         return [verdict.flagged for verdict in result.reply.value]
 
     in_router = (  # the config names a served moderation model whenever the gate is on

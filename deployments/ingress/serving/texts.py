@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from deployments.contracts.embedding_deployment import EmbeddingClient, EmbedRequest
 from deployments.contracts.encoder_outputs import EmbeddingResult
-from deployments.ingress.edge.calls import HandleCall
+from deployments.contracts.moderation_deployment import ClassifyRequest, ModerationClient
+from deployments.ingress.edge.calls import ModelCall
 from deployments.ingress.protocol import (
     EmbeddingList,
     EmbeddingRequest,
@@ -47,7 +49,9 @@ class EmbeddingService(TextService):
         """OpenAI's embeddings, cached; the replica checks `dimensions` before it runs the
         model."""
         model, quota, fallback = await self._admit(body.model, body.texts, ctx, telemetry)
-        call = HandleCall("embed", (body.texts, ctx.traceparent, body.dimensions))
+        call = ModelCall(
+            EmbeddingClient.embed, EmbedRequest(body.texts, ctx.traceparent, body.dimensions)
+        )
         used_tokens = 0
         try:
             cached = await self.cached.lookup(self.task, body, ctx, cacheable=not fallback)
@@ -71,7 +75,7 @@ class EmbeddingService(TextService):
     ) -> Answer[EmbeddingResult]:
         """The vectors themselves, uncached (the Workers-AI API)."""
         model, quota, _ = await self._admit(model_name, texts, ctx, telemetry)
-        call = HandleCall("embed", (texts, ctx.traceparent))
+        call = ModelCall(EmbeddingClient.embed, EmbedRequest(texts, ctx.traceparent))
         used_tokens = 0
         try:
             result, trace = await self.edge.dispatch(model.name, ctx, call, telemetry)
@@ -93,7 +97,7 @@ class ModerationService(TextService):
     ) -> Answer[ModerationCreateResponse]:
         """OpenAI's moderations, cached."""
         model, quota, fallback = await self._admit(body.model, body.texts, ctx, telemetry)
-        call = HandleCall("classify", (body.texts, ctx.traceparent))
+        call = ModelCall(ModerationClient.classify, ClassifyRequest(body.texts, ctx.traceparent))
         used_tokens = 0
         try:
             cached = await self.cached.lookup(self.task, body, ctx, cacheable=not fallback)
@@ -116,7 +120,7 @@ class ModerationService(TextService):
     ) -> Answer[list[Moderation]]:
         """One verdict per text, uncached (the Workers-AI API)."""
         model, quota, _ = await self._admit(model_name, texts, ctx, telemetry)
-        call = HandleCall("classify", (texts, ctx.traceparent))
+        call = ModelCall(ModerationClient.classify, ClassifyRequest(texts, ctx.traceparent))
         used_tokens = 0
         try:
             result, trace = await self.edge.dispatch(model.name, ctx, call, telemetry)
