@@ -1,4 +1,4 @@
-"""Each model deployment's contract (deployments.contracts.*_deployment) against the code on both
+"""Each deployment's contract (deployments.contracts.*_deployment) against the code on both
 sides of the Ray call: the replica class has every remote method its Protocol names, with the same
 request type, return type and sync/async form, so a server signature changed alone fails here; the
 typed client the router holds calls those methods with those types; the fake handles the router's
@@ -19,9 +19,14 @@ from benchmarks.lib.fake_handles import (
     FakeModerationHandle,
 )
 from deployments.contracts.chat_deployment import ChatClient, ChatServerProtocol
+from deployments.contracts.edge_control_deployment import (
+    EdgeControlClient,
+    EdgeControlProtocol,
+)
 from deployments.contracts.embedding_deployment import EmbeddingClient, EmbeddingServerProtocol
 from deployments.contracts.model_deployment import ModelClient, ModelServerProtocol
 from deployments.contracts.moderation_deployment import ModerationClient, ModerationServerProtocol
+from deployments.control.edge_control import EdgeControl
 from deployments.replica.batched import EmbeddingServer, ModerationServer
 from deployments.replica.chat import ChatServer
 
@@ -109,3 +114,9 @@ def test_the_fake_handles_answer_every_method_the_client_calls(
     for name in remote_methods(protocol):
         if hasattr(client, name) and name not in ("hold", "describe"):
             assert hasattr(getattr(handle, name), "remote"), (fake.__name__, name)
+
+
+def test_edge_control_serves_its_protocol_and_the_pools_client_calls_it_as_declared() -> None:
+    assert mismatches(EdgeControlProtocol, EdgeControl) == []
+    expected, _, _ = signature(EdgeControlProtocol.sync)
+    assert signature(EdgeControlClient.sync)[0] == expected

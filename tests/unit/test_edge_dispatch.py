@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from deployments.contracts.chat_deployment import ChatClient, ChatRequest
+from deployments.contracts.edge_control_deployment import EdgeControlClient
 from deployments.contracts.replies import Reply
 from deployments.contracts.sampling_params import SamplingParams
 from deployments.errors import (
@@ -143,7 +144,7 @@ class Rig:
             {MODEL: {region: ChatClient(handle) for region, handle in self.handles.items()}},
             config.region_policy,
             default_cold_start_ms=3000.0,
-            control=control,
+            control=EdgeControlClient(control) if control is not None else None,
             clock=self.clock,
             after_cold_start=self._top_up_pool,
         )

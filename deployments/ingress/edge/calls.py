@@ -23,7 +23,7 @@ class CallResult:
     """What a model call gave: its reply (a stream's first one) and, for a stream, the rest."""
 
     reply: Reply[Any]
-    rest: ReplyStream[Reply[Any]] | None = None  # a stream's replies after `reply`
+    rest: Any = None  # a stream's ReplyStream of Replies after `reply` (Any: read as a stream)
 
     def close(self) -> None:
         """Free the model's slot held by a stream nobody will read on."""
@@ -36,13 +36,16 @@ class ModelCall(Generic[ClientT, RequestT]):
     """`method(client, request)`, e.g. `ChatClient.complete_choices` with its ChatRequest, as a
     value: built by a service, run by the dispatcher on one region's client (and again on the next
     region's if that one fails). A call with a `session` goes to that session's replica of the
-    pool (deployments.contracts.session_router). The unary form; StreamCall opens a stream."""
+    pool (deployments.contracts.session_router). The unary form; StreamCall opens a stream.
+
+    The types pair the method with its request; `run` takes any model's client, since the pools
+    hold them all: the catalogue sent the request only to a model of the method's task."""
 
     method: Callable[[ClientT, RequestT], Awaitable[Reply[Any]]]
     request: RequestT
     session: str = ""
 
-    async def run(self, client: ClientT) -> CallResult:
+    async def run(self, client: ModelClient) -> CallResult:
         """Call the method and await its reply."""
         try:
             return CallResult(await self.method(_routed(client, self.session), self.request))
@@ -62,7 +65,7 @@ class StreamCall(Generic[ClientT, RequestT]):
     request: RequestT
     session: str = ""
 
-    async def run(self, client: ClientT) -> CallResult:
+    async def run(self, client: ModelClient) -> CallResult:
         try:
             response = self.method(_routed(client, self.session), self.request)
             try:
@@ -79,7 +82,8 @@ class StreamCall(Generic[ClientT, RequestT]):
 AnyCall = ModelCall[Any, Any] | StreamCall[Any, Any]  # what the dispatcher runs
 
 
-def _routed(client: ClientT, session: str) -> ClientT:
+def _routed(client: ModelClient, session: str) -> Any:
+    """The client (of the call's type), routed to `session`'s replica if the call has one."""
     return client.in_session(session) if session else client
 
 

@@ -10,6 +10,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from deployments.contracts.edge_control_deployment import EdgeControlClient
 from deployments.contracts.model_deployment import ModelClient
 from deployments.ingress.edge.clock import EdgeClock, SystemClock
 from deployments.pacing import PollPacer
@@ -35,7 +36,7 @@ class RegionPools:
         clients: Mapping[str, Mapping[str, ModelClient]],
         policy: RegionPolicy,
         default_cold_start_ms: float,
-        control: Any = None,
+        control: EdgeControlClient | None = None,
         clock: EdgeClock | None = None,
         after_cold_start: Callable[[], None] | None = None,
     ):
@@ -160,10 +161,12 @@ class RegionPools:
     async def sync(self) -> bool:
         """Hand edge-control this replica's outcomes and demand; take every pool's state in
         return. True when there was something to hand over or the pools' state changed."""
+        if self._control is None:
+            return False  # no edge-control: nothing to share
         outcomes, self._outcomes = self._outcomes, []
         demand, self._demand = self._demand, {}
         try:
-            snapshot = await self._control.sync.remote(outcomes, demand)
+            snapshot = await self._control.sync(outcomes, demand)
         except BaseException:
             self._outcomes[:0] = outcomes  # reported on the next sync instead
             for key, count in demand.items():

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from deployments.config import AppConfig
+from deployments.contracts.edge_control_deployment import EdgeControlClient
 from deployments.contracts.moderation_deployment import ClassifyRequest, ModerationClient
 from deployments.ingress.cache import ResponseCache, SharedStore
 from deployments.ingress.edge.calls import ModelCall
@@ -125,7 +126,7 @@ def build_services(
         model_clients(config, handles),
         edge_config.region_policy,
         router.default_cold_start_ms,
-        control=control,
+        control=EdgeControlClient(control) if control is not None else None,
         after_cold_start=(lambda: warm_pool.top_up.remote()) if warm_pool is not None else None,
     )
     edge = EdgeDispatcher(
