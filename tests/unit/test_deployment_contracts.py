@@ -26,7 +26,9 @@ from deployments.contracts.edge_control_deployment import (
 from deployments.contracts.embedding_deployment import EmbeddingClient, EmbeddingServerProtocol
 from deployments.contracts.model_deployment import ModelClient, ModelServerProtocol
 from deployments.contracts.moderation_deployment import ModerationClient, ModerationServerProtocol
+from deployments.contracts.warm_pool_deployment import WarmPoolClient, WarmPoolProtocol
 from deployments.control.edge_control import EdgeControl
+from deployments.control.warm_pool import WarmPool
 from deployments.replica.batched import EmbeddingServer, ModerationServer
 from deployments.replica.chat import ChatServer
 
@@ -120,3 +122,9 @@ def test_edge_control_serves_its_protocol_and_the_pools_client_calls_it_as_decla
     assert mismatches(EdgeControlProtocol, EdgeControl) == []
     expected, _, _ = signature(EdgeControlProtocol.sync)
     assert signature(EdgeControlClient.sync)[0] == expected
+
+
+def test_the_warm_pool_serves_its_protocol_and_its_client_calls_every_method() -> None:
+    assert mismatches(WarmPoolProtocol, WarmPool) == []
+    for name in remote_methods(WarmPoolProtocol):
+        assert signature(getattr(WarmPoolClient, name))[0] == []  # no arguments to pass

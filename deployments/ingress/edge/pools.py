@@ -38,7 +38,7 @@ class RegionPools:
         default_cold_start_ms: float,
         control: EdgeControlClient | None = None,
         clock: EdgeClock | None = None,
-        after_cold_start: Callable[[], None] | None = None,
+        after_cold_start: Callable[[], object] | None = None,
     ):
         """after_cold_start: called once a cold start has been served or a woken pool has its
         replica (which took a warm pool worker: the pool is asked to replace it now, not at its

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from deployments.config import AppConfig
 from deployments.contracts.edge_control_deployment import EdgeControlClient
 from deployments.contracts.moderation_deployment import ClassifyRequest, ModerationClient
+from deployments.contracts.warm_pool_deployment import WarmPoolClient
 from deployments.ingress.cache import ResponseCache, SharedStore
 from deployments.ingress.edge.calls import ModelCall
 from deployments.ingress.edge.clients import model_clients
@@ -61,7 +62,7 @@ class RouterServices:
     workers: WorkersRun  # /ai/run's inputs and answers, a client's or a batch item's
     batch: BatchService  # the Batch API's submissions and polls
     observability: RouterObservability | None = None
-    warm_pool: Any | None = None  # deployments.control.warm_pool's handle, None when it is off
+    warm_pool: WarmPoolClient | None = None  # deployments.control.warm_pool; None when it is off
     state: GatewayState | None = None  # keys, budgets and the request log; None when off
     batch_runner: BatchRunner | None = None  # runs batch jobs; None with state or batch off
 
@@ -69,7 +70,7 @@ class RouterServices:
         states = await self.deployment_states()
         ready = self.catalogue.readiness(states, self.pools.last_cold_start)
         # A failing call raises to the route's error handler, which maps it like a model call's.
-        pool = await self.warm_pool.describe.remote() if self.warm_pool is not None else None
+        pool = await self.warm_pool.describe() if self.warm_pool is not None else None
         return {**ready, "warm_pool": pool}
 
 
@@ -82,8 +83,8 @@ def build_services(
     handles: Mapping[str, Mapping[str, DeploymentHandle[Any]]],
     *,
     keys: KeyStore,
-    control: Any | None = None,
-    warm_pool: Any | None = None,
+    control: DeploymentHandle[Any] | None = None,
+    warm_pool: DeploymentHandle[Any] | None = None,
     observability: RouterObservability | None = None,
     deployment_states: DeploymentStates = _no_deployments,
     rate_limit_share: float = 1.0,
@@ -122,12 +123,13 @@ def build_services(
         deployments=deployments,
     )
     network = EdgeNetwork(edge_config)
+    pool_client = WarmPoolClient(warm_pool) if warm_pool is not None else None
     pools = RegionPools(
         model_clients(config, handles),
         edge_config.region_policy,
         router.default_cold_start_ms,
         control=EdgeControlClient(control) if control is not None else None,
-        after_cold_start=(lambda: warm_pool.top_up.remote()) if warm_pool is not None else None,
+        after_cold_start=pool_client.top_up if pool_client is not None else None,
     )
     edge = EdgeDispatcher(
         network,
@@ -211,7 +213,7 @@ def build_services(
         pools=pools,
         deployment_states=deployment_states,
         observability=observability,
-        warm_pool=warm_pool,
+        warm_pool=pool_client,
         state=state,
         gateway=GatewayAdmin(catalogue, state),
         workers=workers,
