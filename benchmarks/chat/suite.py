@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 from pydantic import Field, field_validator
 from ray import serve
-from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+from ray.serve.handle import DeploymentHandle
 
 from benchmarks.chat.peer import PEER_MODEL, PEER_ROUTE, peer_application
 from benchmarks.chat.same_model import same_model_check, vllm_same_model_check
@@ -49,6 +49,7 @@ from benchmarks.lib.http_load import (
 )
 from benchmarks.lib.served import served
 from deployments.config import parse_app_config
+from deployments.contracts.chat_deployment import ChatClient, ChatRequest
 from deployments.contracts.sampling_params import SamplingParams
 from deployments.export.defaults import CHAT_DEFAULTS
 from deployments.replica.engine.llm import LLMRuntime
@@ -320,8 +321,7 @@ async def _timed_handle_stream(
     started = clock()
     first_text_at: float | None = None
     completion_tokens = 0
-    stream = handle.options(stream=True).stream.remote(messages, params)
-    assert isinstance(stream, DeploymentResponseGenerator)  # stream=True: Ray types a union
+    stream = ChatClient(handle).stream(ChatRequest(messages, params))
     async for reply in stream:
         chunk = reply.value
         if first_text_at is None and chunk.text:

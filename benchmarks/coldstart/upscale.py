@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ray import serve
-from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+from ray.serve.handle import DeploymentHandle
 
 from benchmarks.coldstart.cluster import replica_states
 from benchmarks.coldstart.controller_log import ControllerLog, ScaleUp
 from benchmarks.coldstart.probe import ColdTarget, WallClock
+from deployments.contracts.chat_deployment import ChatClient, ChatRequest
 from deployments.contracts.replies import Reply
 from deployments.contracts.sampling_params import SamplingParams
 from edgectl.local_cluster import wait_until
@@ -66,8 +67,7 @@ async def _streams_until(
     while not stop.is_set():
         params = SamplingParams(max_tokens=max_tokens, temperature=0.7, seed=seed)
         seed += 1
-        stream = handle.options(stream=True).stream.remote(list(MESSAGES), params)
-        assert isinstance(stream, DeploymentResponseGenerator)  # stream=True: Ray types a union
+        stream = ChatClient(handle).stream(ChatRequest(list(MESSAGES), params))
         try:
             async for reply in stream:
                 sightings.saw(reply)

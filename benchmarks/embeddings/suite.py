@@ -36,6 +36,7 @@ from benchmarks.lib.http_load import (
 )
 from benchmarks.lib.served import served
 from deployments.config import parse_app_config
+from deployments.contracts.embedding_deployment import EmbeddingClient, EmbedRequest
 from deployments.replica.engine.embedding import EmbeddingRuntime
 from deployments.replica.engine.session import SessionConfig
 from edgectl.local_cluster import wait_until
@@ -193,9 +194,10 @@ async def _handle_load(
 ) -> dict[str, Any]:
     """The replica alone, fed from this process through its handle: which side limits."""
     sentences = benchmark_sentences(SENTENCES)
+    client = EmbeddingClient(handle)
 
     async def send(n: int) -> None:
-        await handle.embed.remote([sentences[n % len(sentences)]])
+        await client.embed(EmbedRequest([sentences[n % len(sentences)]]))
 
     return await closed_loop_throughput(send, clients, config.warmup_s, config.measure_s, clock)
 

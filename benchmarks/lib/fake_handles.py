@@ -1,6 +1,8 @@
 """Fake model handles (no Ray): they answer like the real replicas' deployment handles, so the
-router's own app can run on them. One set for the router's unit tests (tests/unit/router_fakes.py)
-and the router_cpu suite: a fake that falls behind a server's interface fails both at once."""
+router's own app can run on them (wrapped in the typed clients of deployments.contracts, as real
+handles are), each method taking the one request its replica's takes. One set for the router's
+unit tests (tests/unit/router_fakes.py) and the router_cpu suite: a fake that falls behind a
+server's interface fails both at once (tests/unit/test_deployment_contracts.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,10 @@ import numpy as np
 import yaml
 
 from deployments.config import PROJECT_ROOT, AppConfig, parse_app_config
+from deployments.contracts.chat_deployment import ChatRequest
+from deployments.contracts.embedding_deployment import EmbedRequest
 from deployments.contracts.encoder_outputs import EmbeddingResult, ModerationResult
+from deployments.contracts.moderation_deployment import ClassifyRequest
 from deployments.contracts.outputs import Completion, GenerationChunk
 from deployments.contracts.replies import Reply
 from deployments.errors import ServingError
@@ -34,19 +39,20 @@ async def _awake() -> float:
 
 
 class Method:
-    """`handle.method.remote(...)`: records the call, returns an awaitable of the reply."""
+    """`handle.method.remote(request)`: records the request, returns an awaitable of the reply
+    (`wake`'s takes none: its calls record None)."""
 
     def __init__(self, run: Callable[..., Any]):
         self.run = run
-        self.calls: list[tuple[Any, ...]] = []
+        self.calls: list[Any] = []
 
-    def remote(self, *args: Any) -> Any:
-        self.calls.append(args)
-        return self.run(*args)
+    def remote(self, *request: Any) -> Any:
+        self.calls.append(request[0] if request else None)
+        return self.run(*request)
 
 
 class GroupedMethod(Method):
-    """`handle.<method>_many.remote(list of argument tuples)`, as the text replicas have it
+    """`handle.<method>_many.remote(list of requests)`, as the text replicas have it
     (deployments.replica.batched): each request through `single` (so its calls record them), a
     request's ServingError answered in its place, any other failure failing the whole call."""
 
@@ -54,11 +60,11 @@ class GroupedMethod(Method):
         super().__init__(self._run_all)
         self.single = single
 
-    async def _run_all(self, requests: list[tuple[Any, ...]]) -> list[Any]:
+    async def _run_all(self, requests: list[Any]) -> list[Any]:
         answers: list[Any] = []
-        for args in requests:
+        for request in requests:
             try:
-                answers.append(await self.single.remote(*args))
+                answers.append(await self.single.remote(request))
             except ServingError as error:
                 answers.append(error)
         return answers
@@ -114,22 +120,17 @@ class FakeChatHandle:
     def options(self, **_: Any) -> FakeChatHandle:
         return self
 
-    async def _complete(
-        self, messages: Any, params: Any, traceparent: Any, features: Any = None
-    ) -> Reply[list[Completion]]:
+    async def _complete(self, request: ChatRequest) -> Reply[list[Completion]]:
         if self.fail is not None:
             raise self.fail
-        n = features.n if features is not None else 1
         return reply(
             [
                 Completion(self.text, "stop", prompt_tokens=7, completion_tokens=5, index=i)
-                for i in range(n)
+                for i in range(request.features.n)
             ]
         )
 
-    def _stream(
-        self, messages: Any, params: Any, traceparent: Any, features: Any = None
-    ) -> FakeStream:
+    def _stream(self, request: ChatRequest) -> FakeStream:
         if self.fail is not None:
             stream = FakeStream([], 0, self.fail)
         else:
@@ -173,12 +174,11 @@ class FakeEmbeddingHandle:
         vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
         return vectors
 
-    async def _embed(
-        self, texts: list[str], traceparent: Any = None, dimensions: int | None = None
-    ) -> Reply[EmbeddingResult]:
-        check_dimensions(dimensions, self.dimension, "embedding")  # as the replica does
+    async def _embed(self, request: EmbedRequest) -> Reply[EmbeddingResult]:
+        check_dimensions(request.dimensions, self.dimension, "embedding")  # as the replica does
         if self.fail is not None:
             raise self.fail
+        texts = request.texts
         vectors = self._vectors(len(texts))
         return reply(EmbeddingResult(vectors, [len(text.split()) + 2 for text in texts]))
 
@@ -203,10 +203,8 @@ class FakeModerationHandle:
         self.wake = Method(_awake)
         self.classify_many = GroupedMethod(self.classify)
 
-    async def _classify(
-        self, texts: list[str], traceparent: Any = None
-    ) -> Reply[list[ModerationResult]]:
-        return reply(fake_verdicts(texts))
+    async def _classify(self, request: ClassifyRequest) -> Reply[list[ModerationResult]]:
+        return reply(fake_verdicts(request.texts))
 
 
 class FakeInRouterModeration:

@@ -9,12 +9,12 @@ from typing import Any
 from fastapi import FastAPI
 from ray import serve
 from ray.serve import Application
-from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from deployments.app import as_deployment
 from deployments.contracts.encoder_outputs import ModerationResult
+from deployments.contracts.moderation_deployment import ClassifyRequest, ModerationClient
 from deployments.contracts.replies import Reply
 from deployments.replica.batched import ModerationServer
 from deployments.replica.engine.session import SessionConfig
@@ -34,14 +34,14 @@ def _results_body(reply: Reply[list[ModerationResult]]) -> JSONResponse:
     return JSONResponse({"results": [asdict(result) for result in reply.value]})
 
 
-def _moderation_handle(app_name: str, deployment: str) -> DeploymentHandle:
+def _moderation_handle(app_name: str, deployment: str) -> ModerationClient:
     # The SAME deployment our router calls, in the other application: only the ingress differs.
-    return serve.get_deployment_handle(deployment, app_name=app_name)
+    return ModerationClient(serve.get_deployment_handle(deployment, app_name=app_name))
 
 
 @serve.ingress(passthrough_api)
 class FastAPIPassThrough:
-    """Body in, `classify.remote`, JSON out, behind FastAPI like our router: what is left of the
+    """Body in, `classify`, JSON out, behind FastAPI like our router: what is left of the
     router's latency once its own logic (validation, response models, error mapping) is gone."""
 
     def __init__(self, app_name: str, deployment: str):
@@ -50,7 +50,7 @@ class FastAPIPassThrough:
     @passthrough_api.post("/v1/moderations")
     async def moderations(self, request: Request) -> JSONResponse:
         texts = _texts(await request.json())
-        return _results_body(await self.moderation.classify.remote(texts))
+        return _results_body(await self.moderation.classify(ClassifyRequest(texts)))
 
 
 class PlainPassThrough:
@@ -61,7 +61,7 @@ class PlainPassThrough:
 
     async def __call__(self, request: Request) -> JSONResponse:
         texts = _texts(await request.json())
-        return _results_body(await self.moderation.classify.remote(texts))
+        return _results_body(await self.moderation.classify(ClassifyRequest(texts)))
 
 
 class ModerationIngress(ModerationServer):
@@ -69,7 +69,7 @@ class ModerationIngress(ModerationServer):
 
     async def __call__(self, request: Request) -> JSONResponse:
         texts = _texts(await request.json())
-        return _results_body(await self.classify(texts))
+        return _results_body(await self.classify(ClassifyRequest(texts)))
 
 
 def build_fastapi_passthrough(args: dict[str, Any]) -> Application:

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from deployments.config import MIB, BatchingConfig
+from deployments.contracts.chat_deployment import ChatRequest
 from deployments.contracts.chat_features import ChatFeatures
 from deployments.contracts.outputs import Completion, GenerationChunk
 from deployments.contracts.replies import Reply
@@ -24,6 +25,9 @@ from deployments.replica.engine.tool_calls import ToolCallFormat, tool_call_form
 
 
 class ChatServer(ModelServer[LLMRuntime]):
+    """deployments.contracts.chat_deployment.ChatServerProtocol: each method takes its one
+    ChatRequest."""
+
     TASK = "chat"
 
     def __init__(
@@ -66,29 +70,17 @@ class ChatServer(ModelServer[LLMRuntime]):
             keep_special_tokens=features.parses_tool_calls and fmt.keeps_special_tokens,
         )
 
-    async def complete(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        params: SamplingParams,
-        traceparent: str | None = None,
-        features: ChatFeatures | None = None,
-    ) -> Reply[Completion]:
+    async def complete(self, request: ChatRequest) -> Reply[Completion]:
         """The first choice; `complete_choices` for all n."""
-        reply = await self.complete_choices(messages, params, traceparent, features)
+        reply = await self.complete_choices(request)
         return self.reply(reply.value[0])
 
-    async def complete_choices(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        params: SamplingParams,
-        traceparent: str | None = None,
-        features: ChatFeatures | None = None,
-    ) -> Reply[list[Completion]]:
+    async def complete_choices(self, request: ChatRequest) -> Reply[list[Completion]]:
         await self.faults.check()
-        features = features or ChatFeatures()
-        with self._call(traceparent, params, stream=False) as call:
+        params, features = request.params, request.features
+        with self._call(request.traceparent, params, stream=False) as call:
             choices = await self.runtime.complete_choices(
-                self._prompt(messages, features),
+                self._prompt(request.messages, features),
                 params,
                 self._options(features),
                 timings=call.timings,
@@ -102,18 +94,12 @@ class ChatServer(ModelServer[LLMRuntime]):
             )
         return self.reply(choices)
 
-    async def stream(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        params: SamplingParams,
-        traceparent: str | None = None,
-        features: ChatFeatures | None = None,
-    ) -> AsyncIterator[Reply[GenerationChunk]]:
+    async def stream(self, request: ChatRequest) -> AsyncIterator[Reply[GenerationChunk]]:
         await self.faults.check()
-        features = features or ChatFeatures()
-        with self._call(traceparent, params, stream=True) as call:
+        params, features = request.params, request.features
+        with self._call(request.traceparent, params, stream=True) as call:
             chunks = self.runtime.stream(
-                self._prompt(messages, features),
+                self._prompt(request.messages, features),
                 params,
                 self._options(features),
                 timings=call.timings,

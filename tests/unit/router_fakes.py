@@ -22,6 +22,7 @@ from benchmarks.lib.fake_handles import (
     reply,
 )
 from deployments.config import AppConfig
+from deployments.contracts.chat_deployment import ChatRequest
 from deployments.contracts.outputs import Completion, GenerationChunk
 from deployments.ingress.cache import SharedStore
 from deployments.ingress.security import KeyStore
@@ -56,12 +57,10 @@ class ScriptedChatHandle(FakeChatHandle):
         self.completions = completions
         self.chunks = chunks
 
-    async def _complete(
-        self, messages: Any, params: Any, traceparent: Any, features: Any = None
-    ) -> Any:
+    async def _complete(self, request: ChatRequest) -> Any:
         return reply(list(self.completions))
 
-    def _stream(self, messages: Any, params: Any, traceparent: Any, features: Any = None) -> Any:
+    def _stream(self, request: ChatRequest) -> Any:
         stream = FakeStream(self.chunks, None, RuntimeError("unused"))
         self.streams.append(stream)
         return stream

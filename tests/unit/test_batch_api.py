@@ -42,15 +42,13 @@ class PickyEmbeddingHandle(FakeEmbeddingHandle):
         super().__init__()
         self.full = 0
 
-    async def _embed(
-        self, texts: list[str], traceparent: Any = None, dimensions: Any = None
-    ) -> Any:
+    async def _embed(self, request: Any) -> Any:
         if self.full > 0:
             self.full -= 1
             raise QueueFullError("the model's queue is full", retry_after_s=1)
-        if any("refused" in text for text in texts):
+        if any("refused" in text for text in request.texts):
             raise InvalidRequestError("the replica refused this text")
-        return await super()._embed(texts, traceparent, dimensions)
+        return await super()._embed(request)
 
 
 @pytest.fixture
@@ -202,7 +200,7 @@ def test_a_job_of_a_replica_that_died_is_resumed_from_its_first_unfinished_item(
     assert ok(poll(gateway, job))["status"] == "running"
     gateway.clock[0] = NOW + lease_s + 1
     assert run_batches(gateway)
-    assert [call[0] for call in handle.embed.calls] == [[TEXTS[1]], [TEXTS[2]]]
+    assert [call.texts for call in handle.embed.calls] == [[TEXTS[1]], [TEXTS[2]]]
     done = ok(poll(gateway, job))
     assert [r["id"] for r in done["responses"]] == [0, 1, 2]
     assert done["responses"][0] == answered

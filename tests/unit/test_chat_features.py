@@ -9,6 +9,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from deployments.contracts.chat_deployment import ChatRequest
 from deployments.contracts.chat_features import ChatFeatures
 from deployments.contracts.sampling_params import SamplingParams
 from deployments.errors import InvalidRequestError
@@ -58,7 +59,9 @@ def test_json_schema_choices_validate(server: ChatServer) -> None:
         n=2, response_format={"type": "json_schema", "json_schema": {"schema": SCHEMA}}
     )
     reply = asyncio.run(
-        server.complete_choices(HELLO, SamplingParams(max_tokens=120, seed=3), None, features)
+        server.complete_choices(
+            ChatRequest(HELLO, SamplingParams(max_tokens=120, seed=3), None, features)
+        )
     )
     assert [c.index for c in reply.value] == [0, 1]
     for choice in reply.value:
@@ -69,14 +72,14 @@ def test_json_schema_choices_validate(server: ChatServer) -> None:
 def test_a_named_tool_is_called_with_valid_arguments_streamed_too(server: ChatServer) -> None:
     features = ChatFeatures(tools=(TOOL,), tool_choice="lookup")
     params = SamplingParams(max_tokens=150, seed=4)
-    done = asyncio.run(server.complete(HELLO, params, None, features)).value
+    done = asyncio.run(server.complete(ChatRequest(HELLO, params, None, features))).value
     assert done.finish_reason == "tool_calls" and len(done.tool_calls) == 1
     call = done.tool_calls[0]
     assert call.name == "lookup"
     jsonschema.validate(json.loads(call.arguments), TOOL["function"]["parameters"])
 
     async def streamed() -> list:
-        return [r.value async for r in server.stream(HELLO, params, None, features)]
+        return [r.value async for r in server.stream(ChatRequest(HELLO, params, None, features))]
 
     chunks = asyncio.run(streamed())
     assert chunks[-1].finish_reason == "tool_calls"
@@ -87,5 +90,7 @@ def test_a_named_tool_is_called_with_valid_arguments_streamed_too(server: ChatSe
 def test_a_tool_choice_naming_no_tool_is_a_client_error(server: ChatServer) -> None:
     features = ChatFeatures(tools=(TOOL,), tool_choice="nope")
     with pytest.raises(InvalidRequestError) as info:
-        asyncio.run(server.complete(HELLO, SamplingParams(max_tokens=5), None, features))
+        asyncio.run(
+            server.complete(ChatRequest(HELLO, SamplingParams(max_tokens=5), None, features))
+        )
     assert info.value.param == "tool_choice"

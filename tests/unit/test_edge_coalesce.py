@@ -1,7 +1,8 @@
-"""The router's coalescing of concurrent text-model calls (deployments.ingress.edge.coalesce), on
-fake handles and one event loop: a lone call leaves at once; calls made while the pool's calls are
-all out leave together as one grouped call, each answered with its own reply or error; a failure of
-the whole call reaches every request in it; a request abandoned while queued is not sent."""
+"""The router's coalescing of concurrent text-model calls (deployments.ingress.edge.coalesce), in
+the text models' typed clients on fake handles and one event loop: a lone call leaves at once;
+calls made while the pool's calls are all out leave together as one grouped call, each answered
+with its own reply or error; a failure of the whole call reaches every request in it; a request
+abandoned while queued is not sent."""
 
 from __future__ import annotations
 
@@ -10,38 +11,54 @@ from typing import Any
 
 import pytest
 
+from benchmarks.lib.fake_handles import Method, app_config
 from deployments.config import CoalesceConfig
+from deployments.contracts.chat_deployment import ChatClient
+from deployments.contracts.embedding_deployment import EmbeddingClient, EmbedRequest
+from deployments.contracts.moderation_deployment import ClassifyRequest, ModerationClient
 from deployments.errors import InvalidRequestError, QueueFullError
-from deployments.ingress.edge.coalesce import CoalescingHandle, coalescing
+from deployments.ingress.edge.clients import model_clients
+from deployments.ingress.edge.coalesce import coalescer
 
 
 class GroupedHandle:
-    """`embed_many.remote(requests)` answers after `release` is set: each request's text
-    upper-cased, or an InvalidRequestError for an empty one; `fail` fails the whole call."""
+    """`embed_many.remote(requests)` (and `classify_many`) answers after `release` is set: each
+    request's text upper-cased, or an InvalidRequestError for an empty one; `fail` fails the whole
+    call. `groups`: each grouped call's texts; one-request methods are recorded in `single`."""
 
     def __init__(self) -> None:
-        self.groups: list[list[tuple[Any, ...]]] = []
+        self.groups: list[list[str]] = []
         self.release = asyncio.Event()
         self.fail: BaseException | None = None
-        self.embed_many = self
-        self.woken = 0
+        self.embed_many = self.classify_many = Method(self._answer)
+        self.single: list[str] = []
+        self.embed = self.classify = Method(self._single)
+        self.wake = Method(self._woken)
 
-    def remote(self, requests: list[tuple[Any, ...]]) -> Any:
-        self.groups.append(list(requests))
-        return self._answer(requests)
-
-    async def _answer(self, requests: list[tuple[Any, ...]]) -> list[Any]:
+    async def _answer(self, requests: list[Any]) -> list[Any]:
+        self.groups.append([request.texts[0] for request in requests])
         await self.release.wait()
         if self.fail is not None:
             raise self.fail
         return [
             InvalidRequestError("empty", param="input") if not text else text.upper()
-            for (text,) in requests
+            for text in self.groups[-1]
         ]
 
-    def wake(self) -> str:
-        self.woken += 1
+    async def _single(self, request: Any) -> str:
+        self.single.append(request.texts[0])
+        return request.texts[0].upper()
+
+    async def _woken(self) -> str:
         return "woken"
+
+
+def embedding_client(fake: GroupedHandle, config: CoalesceConfig) -> EmbeddingClient:
+    return EmbeddingClient(fake, coalescer(config))  # type: ignore[arg-type]
+
+
+def embed(client: EmbeddingClient, text: str) -> Any:
+    return client.embed(EmbedRequest([text]))
 
 
 async def settle() -> None:
@@ -51,13 +68,13 @@ async def settle() -> None:
 
 
 def test_a_lone_call_leaves_at_once_and_calls_meanwhile_leave_together() -> None:
-    async def scenario() -> tuple[list[Any], list[list[tuple[Any, ...]]]]:
+    async def scenario() -> tuple[list[Any], list[list[str]]]:
         fake = GroupedHandle()
-        handle = CoalescingHandle(fake, CoalesceConfig(max_calls_in_flight=1))
-        first = handle.embed.remote("a")
+        client = embedding_client(fake, CoalesceConfig(max_calls_in_flight=1))
+        first = embed(client, "a")
         await settle()
-        assert fake.groups == [[("a",)]]  # sent without waiting for company
-        rest = [handle.embed.remote(text) for text in ("b", "c", "d")]
+        assert fake.groups == [["a"]]  # sent without waiting for company
+        rest = [embed(client, text) for text in ("b", "c", "d")]
         await settle()
         assert len(fake.groups) == 1  # the one call allowed is out: the others queue
         fake.release.set()
@@ -66,15 +83,15 @@ def test_a_lone_call_leaves_at_once_and_calls_meanwhile_leave_together() -> None
 
     answers, groups = asyncio.run(scenario())
     assert answers == ["A", "B", "C", "D"]
-    assert groups == [[("a",)], [("b",), ("c",), ("d",)]]
+    assert groups == [["a"], ["b", "c", "d"]]
 
 
 def test_each_request_gets_its_own_error_and_a_group_is_capped() -> None:
     async def scenario() -> tuple[list[Any], list[int]]:
         fake = GroupedHandle()
         config = CoalesceConfig(max_calls_in_flight=1, max_requests_per_call=2)
-        handle = CoalescingHandle(fake, config)
-        calls = [handle.embed.remote(text) for text in ("a", "", "c", "d")]
+        client = embedding_client(fake, config)
+        calls = [embed(client, text) for text in ("a", "", "c", "d")]
         fake.release.set()
         answers = await asyncio.gather(*calls, return_exceptions=True)
         return answers, [len(group) for group in fake.groups]
@@ -89,8 +106,8 @@ def test_a_failure_of_the_whole_call_reaches_every_request_in_it() -> None:
     async def scenario() -> list[Any]:
         fake = GroupedHandle()
         fake.fail = QueueFullError("the model's queue is full", retry_after_s=1)
-        handle = CoalescingHandle(fake, CoalesceConfig(max_calls_in_flight=1))
-        calls = [handle.embed.remote(text) for text in ("a", "b", "c")]
+        client = embedding_client(fake, CoalesceConfig(max_calls_in_flight=1))
+        calls = [embed(client, text) for text in ("a", "b", "c")]
         fake.release.set()
         return await asyncio.gather(*calls, return_exceptions=True)
 
@@ -99,29 +116,49 @@ def test_a_failure_of_the_whole_call_reaches_every_request_in_it() -> None:
 
 
 def test_a_request_abandoned_while_queued_is_not_sent() -> None:
-    async def scenario() -> list[list[tuple[Any, ...]]]:
+    async def scenario() -> list[list[str]]:
         fake = GroupedHandle()
-        handle = CoalescingHandle(fake, CoalesceConfig(max_calls_in_flight=1))
-        first = handle.embed.remote("a")
+        client = embedding_client(fake, CoalesceConfig(max_calls_in_flight=1))
+        first = embed(client, "a")
         await settle()
-        gone, kept = handle.embed.remote("b"), handle.embed.remote("c")
+        gone, kept = embed(client, "b"), embed(client, "c")
         gone.cancel()  # its client went away (a deadline, a disconnect)
         fake.release.set()
         assert await asyncio.gather(first, kept) == ["A", "C"]
         return fake.groups
 
-    assert asyncio.run(scenario()) == [[("a",)], [("c",)]]
+    assert asyncio.run(scenario()) == [["a"], ["c"]]
 
 
-def test_other_methods_are_the_handles_own_and_chat_handles_are_left_alone() -> None:
-    fake, chat = GroupedHandle(), object()
+def test_a_moderation_client_groups_classify_calls_into_classify_many() -> None:
+    async def scenario() -> tuple[list[Any], list[list[str]], list[str]]:
+        fake = GroupedHandle()
+        client = ModerationClient(fake, coalescer(CoalesceConfig(max_calls_in_flight=1)))  # type: ignore[arg-type]
+        calls = [client.classify(ClassifyRequest([text])) for text in ("a", "b", "c")]
+        fake.release.set()
+        return await asyncio.gather(*calls), fake.groups, fake.single
+
+    answers, groups, single = asyncio.run(scenario())
+    assert answers == ["A", "B", "C"]
+    assert groups == [["a"], ["b", "c"]] and single == []
+
+
+def test_text_clients_coalesce_when_on_and_call_the_one_request_method_when_off() -> None:
+    fake, chat = GroupedHandle(), GroupedHandle()
     handles = {"embedding": {"eu": fake}, "glm": {"eu": chat}}
-    wrapped = coalescing(handles, {"embedding"}, CoalesceConfig())
-    assert isinstance(wrapped["embedding"]["eu"], CoalescingHandle)
-    assert wrapped["embedding"]["eu"].wake() == "woken" and fake.woken == 1
-    assert wrapped["glm"]["eu"] is chat
-    off = coalescing(handles, {"embedding"}, CoalesceConfig(enabled=False))
-    assert off["embedding"]["eu"] is fake
+
+    async def scenario(coalesce: dict[str, Any]) -> tuple[Any, Any]:
+        clients = model_clients(app_config(coalesce=coalesce), handles)  # type: ignore[arg-type]
+        assert isinstance(clients["glm"]["eu"], ChatClient)
+        client = clients["embedding"]["eu"]
+        assert isinstance(client, EmbeddingClient)
+        fake.release.set()
+        return await embed(client, "x"), await client.wake()
+
+    assert asyncio.run(scenario({})) == ("X", "woken")
+    assert fake.groups == [["x"]] and fake.single == []
+    assert asyncio.run(scenario({"enabled": False})) == ("X", "woken")
+    assert fake.groups == [["x"]] and fake.single == ["x"]  # straight to `embed`
 
 
 def test_coalescing_settings_are_checked() -> None:
@@ -136,18 +173,18 @@ def test_past_the_waiting_bound_a_request_meets_back_pressure_not_a_queue() -> N
     deadline instead of spilling to another region: one past the bound is a QueueFullError, as
     at Serve's own queue, and the requests already waiting are still answered."""
 
-    async def scenario() -> tuple[list[Any], list[list[tuple[Any, ...]]]]:
+    async def scenario() -> tuple[list[Any], list[list[str]]]:
         fake = GroupedHandle()
         config = CoalesceConfig(max_calls_in_flight=1, max_waiting_requests=2)
-        handle = CoalescingHandle(fake, config)
-        calls = [handle.embed.remote(text) for text in ("a", "b", "c", "d")]
+        client = embedding_client(fake, config)
+        calls = [embed(client, text) for text in ("a", "b", "c", "d")]
         await settle()
         fake.release.set()
         answers = await asyncio.gather(*calls, return_exceptions=True)
-        later = await handle.embed.remote("e")  # the queue drained: room again
+        later = await embed(client, "e")  # the queue drained: room again
         return [*answers, later], fake.groups
 
     answers, groups = asyncio.run(scenario())
     assert answers[:3] == ["A", "B", "C"] and answers[4] == "E"
     assert isinstance(answers[3], QueueFullError) and answers[3].retry_after_s == 1
-    assert groups == [[("a",)], [("b",), ("c",)], [("e",)]]
+    assert groups == [["a"], ["b", "c"], ["e"]]

@@ -12,7 +12,11 @@ from typing import Any
 
 import pytest
 
+from deployments.contracts.chat_deployment import ChatClient, ChatRequest
+from deployments.contracts.edge_control_deployment import EdgeControlClient
+from deployments.contracts.warm_pool_deployment import WarmPoolClient
 from deployments.contracts.replies import Reply
+from deployments.contracts.sampling_params import SamplingParams
 from deployments.errors import (
     BusyError,
     InvalidRequestError,
@@ -21,7 +25,7 @@ from deployments.errors import (
     RegionFaultError,
     WaitBudgetExceededError,
 )
-from deployments.ingress.edge.calls import CallResult, HandleCall
+from deployments.ingress.edge.calls import AnyCall, CallResult, ModelCall, StreamCall
 from deployments.ingress.edge.clock import ManualEdgeClock
 from deployments.ingress.edge.dispatch import LOST_CHECK_S, EdgeDispatcher
 from deployments.ingress.edge.pools import RegionPools
@@ -43,7 +47,8 @@ REGIONS = {
 }
 TOKYO = {"x-client-geo": "35.68,139.69"}
 FRANKFURT = {"x-client-geo": "50.11,8.68"}
-COMPLETE = HandleCall("complete")
+REQUEST = ChatRequest([{"role": "user", "content": "hi"}], SamplingParams())
+COMPLETE = ModelCall(ChatClient.complete_choices, REQUEST)
 
 
 @dataclass(frozen=True)
@@ -138,13 +143,15 @@ class Rig:
         self.pool_top_ups = 0  # the warm pool asked to replace a worker a cold start took
         self.topped_up = asyncio.Event()
         self.pools = RegionPools(
-            {MODEL: self.handles},
+            {MODEL: {region: ChatClient(handle) for region, handle in self.handles.items()}},
             config.region_policy,
             default_cold_start_ms=3000.0,
-            control=control,
+            control=EdgeControlClient(control) if control is not None else None,
             clock=self.clock,
-            # the warm pool's handle: `top_up.remote()` counts the ask
-            warm_pool=SimpleNamespace(top_up=SimpleNamespace(remote=self._top_up_pool)),
+            # the warm pool's client on a handle whose `top_up.remote()` counts the ask
+            warm_pool=WarmPoolClient(
+                SimpleNamespace(top_up=SimpleNamespace(remote=self._top_up_pool))
+            ),
         )
         self.pools.snapshot = BoardSnapshot(
             {MODEL: {r: PoolView(running=n) for r, n in running.items()}}, {}
@@ -174,7 +181,7 @@ class Rig:
     async def send(
         self,
         headers: dict[str, str],
-        call: HandleCall = COMPLETE,
+        call: AnyCall = COMPLETE,
         limits: WaitLimits | None = None,
         notice: ColdStartNotice | None = None,
     ) -> tuple[CallResult, EdgeTrace]:
@@ -196,7 +203,7 @@ def test_all_warm_serves_from_the_nearest_region_and_says_so() -> None:
         headers_out = trace.headers()
         assert headers_out["x-edge-region"] == region and headers_out["x-edge-colo"] == colo
         assert headers_out["x-edge-route-reason"] == "nearest"
-    assert rig.handles["ap"].calls == ["complete"]  # nothing woken
+    assert rig.handles["ap"].calls == ["complete_choices"]  # nothing woken
 
 
 def test_cold_nearest_is_detoured_to_a_warm_region_and_really_woken() -> None:
@@ -224,7 +231,7 @@ def test_back_pressure_spills_to_the_next_region_and_is_not_a_failure() -> None:
     assert [o.kind for o in rig.reported] == ["saturated", "ok"]
     assert rig.pools.pools(MODEL)["ap"].saturated  # the next request skips it at once
     _, trace = asyncio.run(rig.send(TOKYO))
-    assert trace.reason == "spillover" and rig.handles["ap"].calls == ["complete"]
+    assert trace.reason == "spillover" and rig.handles["ap"].calls == ["complete_choices"]
     assert trace.failed_regions == ()  # back-pressure is not a failure
 
 
@@ -396,7 +403,7 @@ def test_with_one_region_a_failed_attempt_is_retried_there() -> None:
         return _raise(RegionFaultError("dead replica")) if calls["n"] == 1 else _ok("default")
 
     handle.behaviour = first_fails
-    pools = RegionPools({MODEL: {"default": handle}}, config.region_policy, 3000.0)
+    pools = RegionPools({MODEL: {"default": ChatClient(handle)}}, config.region_policy, 3000.0)
     dispatcher = EdgeDispatcher(
         EdgeNetwork(config, centroids=CountryCentroids({})),
         config.region_map(),
@@ -413,7 +420,7 @@ def test_with_one_region_a_failed_attempt_is_retried_there() -> None:
 
 # ---- streams ------------------------------------------------------------------------------------
 
-STREAM = HandleCall("stream", ("hi",), stream=True)
+STREAM = StreamCall(ChatClient.stream, REQUEST)
 
 
 def test_a_stream_runs_on_the_region_s_streaming_handle_made_once() -> None:

@@ -299,8 +299,8 @@ def test_a_wait_budget_shorter_than_the_cold_start_is_a_503_with_the_expected_wa
 class SlowFirstChunkHandle(FakeChatHandle):
     """A chat replica whose first chunk takes a few event-loop rounds (a cold start)."""
 
-    def _stream(self, messages: Any, params: Any, traceparent: Any, features: Any = None) -> Any:
-        stream = super()._stream(messages, params, traceparent, features)
+    def _stream(self, request: Any) -> Any:
+        stream = super()._stream(request)
         first = stream.__anext__
 
         async def slow_first() -> Any:
@@ -338,10 +338,10 @@ def test_a_stream_held_for_a_cold_start_says_it_is_warming(path: str, body: dict
 class SlowModerationHandle(FakeModerationHandle):
     """The moderation deployment, answering the gate's check after a few event-loop rounds."""
 
-    async def _classify(self, texts: list[str], traceparent: Any = None) -> Any:
+    async def _classify(self, request: Any) -> Any:
         for _ in range(5):
             await asyncio.sleep(0)
-        return await super()._classify(texts, traceparent)
+        return await super()._classify(request)
 
 
 def test_a_refused_input_keeps_its_400_even_when_the_stream_would_wait_for_a_cold_start():

@@ -157,7 +157,8 @@ def test_the_chat_replica_gets_every_feature_of_the_request() -> None:
             },
             headers=USER,
         )
-    (messages, params, _, features) = glm.complete.calls[-1]
+    request = glm.complete.calls[-1]
+    params, features = request.params, request.features
     assert (params.logprobs, params.top_logprobs, params.frequency_penalty) == (True, 3, 0.5)
     assert params.logit_bias == ((7, 2.0),)
     assert (features.n, features.tool_choice, features.tool_names) == (2, "required", ["f"])
@@ -185,10 +186,10 @@ class EchoingChatHandle(FakeChatHandle):
             for i in range(n)
         ]
 
-    async def _complete(self, messages, params, traceparent, features=None):
-        return reply(self._answers(messages, params, features.n))
+    async def _complete(self, request):
+        return reply(self._answers(request.messages, request.params, request.features.n))
 
-    def _stream(self, messages, params, traceparent, features=None):
+    def _stream(self, request):
         chunks = [
             GenerationChunk(
                 done.text,
@@ -199,7 +200,7 @@ class EchoingChatHandle(FakeChatHandle):
                 logprobs=done.logprobs or (),
                 prompt_logprobs=done.prompt_logprobs,
             )
-            for done in self._answers(messages, params, features.n)
+            for done in self._answers(request.messages, request.params, request.features.n)
         ]
         return FakeStream(chunks, None, RuntimeError("unused"))
 
@@ -236,7 +237,7 @@ def test_a_prompt_list_answers_each_prompt_n_times_indexed_as_openai():
         "total_tokens": 18,
         "prompt_tokens_details": {"cached_tokens": 0},
     }
-    assert [call[0][-1]["content"] for call in glm.complete.calls] == body["prompt"]
+    assert [call.messages[-1]["content"] for call in glm.complete.calls] == body["prompt"]
     events = [json.loads(e) for e in sse_data(streamed)[:-1]]
     assert {e["choices"][0]["index"]: e["choices"][0]["text"] for e in events} == texts
 
@@ -249,7 +250,7 @@ def test_echo_with_logprobs_shows_the_prompts_tokens_then_the_answers():
         events = sse_data(
             client.post("/v1/completions", json={**body, "stream": True}, headers=USER)
         )
-    assert glm.complete.calls[0][1].prompt_logprobs == 1  # asked of the replica
+    assert glm.complete.calls[0].params.prompt_logprobs == 1  # asked of the replica
     logprobs = choice["logprobs"]
     assert choice["text"] == "Once upon a" + "re: Once upon a"
     assert logprobs["tokens"] == ["Once", " upon", " a", "re: Once upon a"]
@@ -267,4 +268,4 @@ def test_echo_with_logprobs_shows_the_prompts_tokens_then_the_answers():
     client_body = {**body, "echo": False}
     with client_for(fake_handles(glm=glm)) as client:
         client.post("/v1/completions", json=client_body, headers=USER)
-    assert glm.complete.calls[-1][1].prompt_logprobs is None
+    assert glm.complete.calls[-1].params.prompt_logprobs is None

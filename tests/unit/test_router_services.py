@@ -449,8 +449,8 @@ def test_the_dimensions_travel_to_the_replica_with_the_texts():
     handles = fake_handles()
     services = services_for(no_gate(), handles)
     run(services.embeddings.create(embedding_request(dimensions=DIMENSION), context()))
-    texts, _, dimensions = handles["embedding"].embed.calls[0]
-    assert (texts, dimensions) == (["one two", "three"], DIMENSION)
+    request = handles["embedding"].embed.calls[0]
+    assert (request.texts, request.dimensions) == (["one two", "three"], DIMENSION)
 
 
 def test_a_failed_embedding_refunds_and_a_workers_embedding_is_uncached():

@@ -12,13 +12,15 @@ from typing import Any
 
 import pytest
 
+from deployments.contracts.chat_deployment import ChatClient, ChatRequest
+from deployments.contracts.sampling_params import SamplingParams
 from deployments.contracts.session_router import (
     FALLBACK_REPLICAS,
     SessionAffinityRouter,
     session_rank,
 )
 from deployments.errors import BadHeaderValueError
-from deployments.ingress.edge.calls import HandleCall
+from deployments.ingress.edge.calls import ModelCall, StreamCall
 from deployments.ingress.serving.context import MAX_SESSION_CHARS, SESSION_HEADER, session_of
 
 
@@ -82,28 +84,42 @@ class OptionsHandle:
     def options(self, **options: Any) -> OptionsHandle:
         return OptionsHandle({**self.given, **options}, self.calls)
 
-    @property
-    def complete(self) -> Any:
+    def __getattr__(self, method: str) -> Any:
         handle = self
 
         class Method:
             @staticmethod
             def remote(*args: Any) -> Any:
-                handle.calls.append((handle.given, args))
+                handle.calls.append((method, handle.given, args))
                 return _answer()
 
         return Method
 
 
-async def _answer() -> str:
-    return "ok"
+class _answer:  # noqa: N801 - awaitable, and a stream of one answer, as Serve's responses are
+    def __await__(self) -> Any:
+        return self.__anext__().__await__()
+
+    async def __anext__(self) -> str:
+        return "ok"
+
+    def cancel(self) -> None: ...
 
 
 def test_a_call_of_a_session_carries_it_to_serve_s_handle_and_one_without_carries_none():
     handle = OptionsHandle()
-    asyncio.run(HandleCall("complete", ("hi",), session="ses_1").run(handle))
-    asyncio.run(HandleCall("complete", ("hi",)).run(handle))
-    assert handle.calls == [({"session_id": "ses_1"}, ("hi",)), ({}, ("hi",))]
+    client = ChatClient(handle)  # type: ignore[arg-type]
+    request = ChatRequest([{"role": "user", "content": "hi"}], SamplingParams())
+    asyncio.run(ModelCall(ChatClient.complete_choices, request, session="ses_1").run(client))
+    asyncio.run(ModelCall(ChatClient.complete_choices, request).run(client))
+    asyncio.run(StreamCall(ChatClient.stream, request, session="ses_1").run(client))
+    asyncio.run(StreamCall(ChatClient.stream, request).run(client))
+    assert handle.calls == [
+        ("complete_choices", {"session_id": "ses_1"}, (request,)),
+        ("complete_choices", {}, (request,)),
+        ("stream", {"stream": True, "session_id": "ses_1"}, (request,)),
+        ("stream", {"stream": True}, (request,)),
+    ]
 
 
 def test_a_bad_session_header_is_a_400_in_the_api_s_error_shape_and_a_good_one_is_served():

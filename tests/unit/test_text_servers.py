@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 
 from deployments.contracts.autoscaling import REQUESTS_METRIC
+from deployments.contracts.embedding_deployment import EmbedRequest
 from deployments.contracts.encoder_outputs import EmbeddingResult
+from deployments.contracts.moderation_deployment import ClassifyRequest
 from deployments.contracts.replies import Reply
 from deployments.contracts.session_config import SessionConfig
 from deployments.errors import InvalidRequestError
@@ -51,7 +53,12 @@ class FakeTextRuntime:
         if any(not text for text in texts):
             raise InvalidRequestError("input must not be empty", param="input")
 
-    def embed(self, texts: list[str]) -> EmbeddingResult:
+    def tokenize(self, texts: list[str]) -> list[str]:
+        """The embedding runtime's checked tokens: here the texts themselves."""
+        self.check(texts)
+        return list(texts)
+
+    def embed_tokens(self, texts: list[str]) -> EmbeddingResult:
         self._forward(texts)
         vectors = np.array([[len(text), i] for i, text in enumerate(texts)], dtype=np.float32)
         return EmbeddingResult(vectors, [len(text) for text in texts])
@@ -88,7 +95,9 @@ def test_a_grouped_embedding_call_is_one_forward_pass_with_each_requests_own_row
 ) -> None:
     replica = server(EmbeddingServer)
     answers = loop.run(
-        replica.embed_many([(["a", "bb"], None, None), ([""], None, None), (["ccc"], None, 2)])
+        replica.embed_many(
+            [EmbedRequest(["a", "bb"]), EmbedRequest([""]), EmbedRequest(["ccc"], dimensions=2)]
+        )
     )
     assert replica.runtime.passes == [["a", "bb", "ccc"]]  # the bad request never ran
     first, bad, last = answers
@@ -101,7 +110,9 @@ def test_a_grouped_embedding_call_is_one_forward_pass_with_each_requests_own_row
 
 def test_a_request_asking_for_other_dimensions_fails_alone(loop: asyncio.Runner) -> None:
     replica = server(EmbeddingServer)
-    ok, wrong = loop.run(replica.embed_many([(["a"], None, None), (["b"], None, 384)]))
+    ok, wrong = loop.run(
+        replica.embed_many([EmbedRequest(["a"]), EmbedRequest(["b"], dimensions=384)])
+    )
     assert isinstance(ok, Reply)
     assert isinstance(wrong, InvalidRequestError) and wrong.param == "dimensions"
     assert replica.runtime.passes == [["a"]]
@@ -109,7 +120,9 @@ def test_a_request_asking_for_other_dimensions_fails_alone(loop: asyncio.Runner)
 
 def test_a_grouped_moderation_call_answers_each_request_in_order(loop: asyncio.Runner) -> None:
     replica = server(ModerationServer)
-    answers = loop.run(replica.classify_many([(["fine"], None), (["darn", "ok"], None)]))
+    answers = loop.run(
+        replica.classify_many([ClassifyRequest(["fine"]), ClassifyRequest(["darn", "ok"])])
+    )
     assert [[v.flagged for v in answer.value] for answer in answers] == [[False], [True, False]]
     assert replica.runtime.passes == [["fine", "darn", "ok"]]
 
@@ -121,8 +134,9 @@ def test_the_autoscaling_metric_counts_every_request_of_a_grouped_call(
     replica.runtime.gate = threading.Event()
 
     async def scenario() -> tuple[float, float, float]:
-        grouped = asyncio.ensure_future(replica.embed_many([(["a"],), (["b"],), (["c"],)]))
-        single = asyncio.ensure_future(replica.embed(["d"]))
+        requests = [EmbedRequest([text]) for text in ("a", "b", "c")]
+        grouped = asyncio.ensure_future(replica.embed_many(requests))
+        single = asyncio.ensure_future(replica.embed(EmbedRequest(["d"])))
         # The forward pass (its own thread) has started and holds them all.
         await until(lambda: replica.runtime.passes, 30, "the forward pass")
         held = replica.record_autoscaling_stats()[REQUESTS_METRIC]
@@ -132,3 +146,35 @@ def test_the_autoscaling_metric_counts_every_request_of_a_grouped_call(
 
     held, after, answered = loop.run(scenario())
     assert (held, after, answered) == (4.0, 0.0, 3)
+
+
+class CountingTokenizer:
+    """The embedding runtime's tokenizer, counting the texts it encodes."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self.encoded: list[str] = []
+
+    def encode(self, texts: list[str]) -> Any:
+        self.encoded.extend(texts)
+        return self._tokenizer.encode(texts)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tokenizer, name)
+
+
+def test_an_embedding_request_is_tokenized_once(loop: asyncio.Runner, models_root: Path) -> None:
+    """Its validation (a text past the context is refused before any batch) and the forward
+    pass share one encoding; the usage it reports is those tokens."""
+    replica = EmbeddingServer(
+        str(models_root / "embedding"), SessionConfig(provider="cpu"), observability={}
+    )
+    replica.reconfigure({"max_batch_size": 32, "batch_wait_timeout_s": 0.01})
+    tokenizer = replica.runtime.tokenizer = CountingTokenizer(replica.runtime.tokenizer)
+    first, second = ["one text", "and another"], ["a third"]
+    answers = loop.run(replica.embed_many([EmbedRequest(first), EmbedRequest(second)]))
+    single = loop.run(replica.embed(EmbedRequest(["alone"])))
+    assert tokenizer.encoded == [*first, *second, "alone"]  # each text once
+    assert all(isinstance(answer, Reply) for answer in answers)
+    assert single.value.vectors.shape == (1, replica.runtime.dimension)
+    assert single.value.token_counts == replica.runtime.check(["alone"])

@@ -21,7 +21,7 @@ from deployments.errors import (
     ServingError,
     WaitBudgetExceededError,
 )
-from deployments.ingress.edge.calls import CallResult, HandleCall
+from deployments.ingress.edge.calls import AnyCall, CallResult
 from deployments.ingress.edge.clock import EdgeClock, SystemClock, Timer
 from deployments.ingress.edge.pools import RegionPools
 from deployments.ingress.edge.trace import EdgeTrace
@@ -103,7 +103,7 @@ class EdgeDispatcher:
         reachable = [
             (region, entry.rtt_ms + backhaul_ms)
             for region, backhaul_ms in self.regions.from_colo(entry.colo_id)
-            if region in self.pools.handles[model]
+            if region in self.pools.clients[model]
         ]
         plan = plan_regions(
             reachable,
@@ -137,11 +137,11 @@ class EdgeDispatcher:
         self,
         model: str,
         origin: ClientOrigin,
-        call: HandleCall,
+        call: AnyCall,
         telemetry: RequestTelemetry,
         notice: ColdStartNotice | None = None,
     ) -> tuple[CallResult, EdgeTrace]:
-        """Run `call` on the handle of the region the plan picks, failing over on 5xx, within
+        """Run `call` on the client of the region the plan picks, failing over on 5xx, within
         the request's wait limits; `notice` hears when an attempt waits for a cold replica."""
         await self.pools.ready()
         entry, skipped, client, plan = self.plan(model, origin)
@@ -284,7 +284,7 @@ class EdgeDispatcher:
         )
 
     async def _watched(
-        self, model: str, region: str, rtt_ms: float, call: HandleCall, timeout_s: float
+        self, model: str, region: str, rtt_ms: float, call: AnyCall, timeout_s: float
     ) -> CallResult:
         """Act out the RTT and run the call until it ends, times out, or its region is lost
         meanwhile: its replicas gone (a killed node: Serve holds the request until a replica that
@@ -316,7 +316,7 @@ class EdgeDispatcher:
                 delay_s = self.network.delay_for_rtt_s(rtt_ms)
                 if delay_s > 0:  # sleep(0) would still cost a round of the event loop
                     await self.clock.sleep(delay_s)
-                return await call.run(self.pools.handle(model, region, stream=call.stream))
+                return await call.run(self.pools.client(model, region))
         except TimeoutError:
             if lost:
                 raise RegionLostError(f"region {region} lost its {model} replicas") from None

@@ -1,5 +1,5 @@
-"""This router replica's side of the shared region state: the handles of every (model, region)
-pool, edge-control's latest snapshot of their replicas, and what this replica saw since (how
+"""This router replica's side of the shared region state: the typed clients of every (model,
+region) pool, edge-control's latest snapshot of their replicas, and what this replica saw since (how
 attempts went, and each region's demand for pre-warming)."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ import logging
 from collections.abc import Awaitable, Mapping
 from typing import Any
 
-from deployments.ingress.edge.calls import Handle
+from deployments.contracts.edge_control_deployment import EdgeControlClient
+from deployments.contracts.model_deployment import ModelClient
+from deployments.contracts.warm_pool_deployment import WarmPoolClient
 from deployments.ingress.edge.clock import EdgeClock, SystemClock
 from deployments.pacing import PollPacer
 from edge_sim.region_board import BoardSnapshot, Outcome, OutcomeKind
@@ -26,25 +28,23 @@ FIRST_SYNC_TIMEOUT_S = 3.0
 
 
 class RegionPools:
-    """The handle of every (model, region) pool (and its streaming form, made once), the latest
-    snapshot from edge-control, and this replica's outcomes since (they go to edge-control on the
-    next sync; its own back-pressure counts at once)."""
+    """The client of every (model, region) pool, the latest snapshot from edge-control, and this
+    replica's outcomes since (they go to edge-control on the next sync; its own back-pressure
+    counts at once)."""
 
     def __init__(
         self,
-        handles: Mapping[str, Mapping[str, Handle]],
+        clients: Mapping[str, Mapping[str, ModelClient]],
         policy: RegionPolicy,
         default_cold_start_ms: float,
-        control: Any = None,
+        control: EdgeControlClient | None = None,
         clock: EdgeClock | None = None,
-        warm_pool: Any = None,
+        warm_pool: WarmPoolClient | None = None,
     ):
-        """warm_pool: the warm pool's handle (deployments.control.warm_pool), None when it is off;
+        """warm_pool: the warm pool's client (deployments.control.warm_pool), None when it is off;
         once a cold start has been served or a woken pool has its replica (which took a warm
         pool worker), it is asked to replace the worker now, not at its next check."""
-        self.handles = {model: dict(by_region) for model, by_region in handles.items()}
-        # Ray Serve LLM's lesson: one handle per model and option set (each costs the controller).
-        self._stream_handles: dict[tuple[str, str], Handle] = {}
+        self.clients = {model: dict(by_region) for model, by_region in clients.items()}
         self.policy = policy
         self._default_cold_start_ms = default_cold_start_ms
         self._control = control
@@ -62,27 +62,20 @@ class RegionPools:
         self.last_cold_start: dict[str, dict[str, Any]] = {}
         self._warm_pool = warm_pool
 
-    def handle(self, model: str, region: str, stream: bool = False) -> Handle:
-        """The pool's handle; with `stream`, its streaming form (made on first use, then kept)."""
-        if not stream:
-            return self.handles[model][region]
-        key = (model, region)
-        streaming = self._stream_handles.get(key)
-        if streaming is None:
-            streaming = self._stream_handles[key] = self.handles[model][region].options(stream=True)
-        return streaming
+    def client(self, model: str, region: str) -> ModelClient:
+        return self.clients[model][region]
 
-    def serving_handle(self, model: str) -> Handle:
-        """A handle for calls outside the edge (the moderation gate's): a warm region's if any,
+    def serving_client(self, model: str) -> ModelClient:
+        """A client for calls outside the edge (the moderation gate's): a warm region's if any,
         so a check never waits on a cold start another region could spare."""
-        regions = self.handles[model]
+        regions = self.clients[model]
         warm = [r for r in regions if self.snapshot.pool(model, r).warm]
         return regions[warm[0] if warm else next(iter(regions))]
 
     def pools(self, model: str) -> dict[str, PoolView]:
         now = self._clock.now()
         views = {}
-        for region in self.handles[model]:
+        for region in self.clients[model]:
             view = self.snapshot.pool(model, region)
             if self._full_until.get((model, region), 0.0) > now and not view.saturated:
                 view = PoolView(view.running, view.ejected, saturated=True)
@@ -137,9 +130,8 @@ class RegionPools:
         key = (model, region)
         if key in self._wakes and not self._wakes[key].done():
             return
-        handle = self.handle(model, region)
         task = asyncio.get_running_loop().create_task(
-            asyncio.wait_for(_await(handle.wake.remote()), self.policy.wake_timeout_s)
+            asyncio.wait_for(_await(self.client(model, region).wake()), self.policy.wake_timeout_s)
         )
         task.add_done_callback(self._woken)
         self._wakes[key] = task
@@ -154,7 +146,7 @@ class RegionPools:
     def _replace_taken_worker(self) -> None:
         """A replica started on a warm pool worker: the pool tops itself up (fire and forget)."""
         if self._warm_pool is not None:
-            self._warm_pool.top_up.remote()
+            self._warm_pool.top_up()
 
     # ---- sharing with edge-control ------------------------------------------------------------
 
@@ -174,10 +166,12 @@ class RegionPools:
     async def sync(self) -> bool:
         """Hand edge-control this replica's outcomes and demand; take every pool's state in
         return. True when there was something to hand over or the pools' state changed."""
+        if self._control is None:
+            return False  # no edge-control: nothing to share
         outcomes, self._outcomes = self._outcomes, []
         demand, self._demand = self._demand, {}
         try:
-            snapshot = await self._control.sync.remote(outcomes, demand)
+            snapshot = await self._control.sync(outcomes, demand)
         except BaseException:
             self._outcomes[:0] = outcomes  # reported on the next sync instead
             for key, count in demand.items():

@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel
 
-from deployments.ingress.edge.calls import CallResult, HandleCall
+from deployments.ingress.edge.calls import AnyCall, CallResult
 from deployments.ingress.edge.dispatch import EdgeDispatcher
 from deployments.ingress.edge.trace import EdgeTrace
 from deployments.ingress.protocol.models import Task
@@ -57,7 +57,7 @@ class ModelService(Generic[Asked, Admits, T]):
         asked: Asked,
         ctx: RequestContext,
         admitted: Admits,
-        call: HandleCall,
+        call: AnyCall,
         *,
         cacheable: bool,
     ) -> Answer[T]:
@@ -81,7 +81,7 @@ class ModelService(Generic[Asked, Admits, T]):
         return Answer.of(answer, trace, quota)
 
     async def _dispatch(
-        self, admitted: Admits, ctx: RequestContext, call: HandleCall
+        self, admitted: Admits, ctx: RequestContext, call: AnyCall
     ) -> tuple[CallResult, EdgeTrace]:
         """`call` through the edge to the admitted model."""
         return await self.edge.dispatch(admitted.model.name, ctx, call, ctx.telemetry)

@@ -99,7 +99,7 @@ class BatchRunner:
         """The served models with a warm replica and no back-pressure in some region now."""
         return [
             model
-            for model in self._pools.handles
+            for model in self._pools.clients
             if any(view.warm and not view.saturated for view in self._pools.pools(model).values())
         ]
 

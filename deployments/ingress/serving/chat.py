@@ -10,8 +10,9 @@ import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from deployments.contracts.chat_deployment import ChatClient, ChatRequest
 from deployments.contracts.outputs import Completion, GenerationChunk
-from deployments.ingress.edge.calls import CallResult, HandleCall
+from deployments.ingress.edge.calls import AnyCall, CallResult, ModelCall, StreamCall
 from deployments.ingress.edge.trace import EdgeTrace
 from deployments.ingress.protocol import (
     ChatCompletion,
@@ -97,8 +98,10 @@ class ChatService(ModelService[ChatCompletionRequest, AdmittedChat, ChatCompleti
         admitted = await self.admission.admit_chat(chat, self._begin(chat, ctx.telemetry), ctx)
         model, messages, params, quota, fallback = admitted
         features = chat_features(chat)
-        call = HandleCall(
-            "complete_choices", (messages, params, ctx.traceparent, features), session=ctx.session
+        call = ModelCall(
+            ChatClient.complete_choices,
+            ChatRequest(messages, params, ctx.traceparent, features),
+            session=ctx.session,
         )
         cacheable = use_cache and is_deterministic(chat)
         return await self.serve(chat, ctx, admitted, call, cacheable=cacheable)
@@ -142,10 +145,9 @@ class ChatService(ModelService[ChatCompletionRequest, AdmittedChat, ChatCompleti
         admitted = await self.admission.admit_chat(chat, self._begin(chat, ctx.telemetry), ctx)
         model, messages, params, quota, _ = admitted
         features = chat_features(chat)
-        call = HandleCall(
-            "stream",
-            (messages, params, ctx.traceparent, features),
-            stream=True,
+        call = StreamCall(
+            ChatClient.stream,
+            ChatRequest(messages, params, ctx.traceparent, features),
             session=ctx.session,
         )
         try:
@@ -162,7 +164,7 @@ class ChatService(ModelService[ChatCompletionRequest, AdmittedChat, ChatCompleti
         self,
         admitted: AdmittedChat,
         ctx: RequestContext,
-        call: HandleCall,
+        call: AnyCall,
     ) -> tuple[CallResult, EdgeTrace]:
         """`call` through the edge, started while the gate checks the input (the check overlaps
         the hop to the model and its prefill); its result comes back only once the input passed.

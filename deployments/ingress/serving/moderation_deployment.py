@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from deployments.ingress.edge.calls import HandleCall
+from deployments.contracts.moderation_deployment import ClassifyRequest, ModerationClient
+from deployments.ingress.edge.calls import ModelCall
 from deployments.ingress.edge.pools import RegionPools
 
 
@@ -18,6 +19,6 @@ class ModerationDeployment:
     model: str
 
     async def __call__(self, texts: list[str]) -> list[bool]:
-        handle = self.pools.serving_handle(self.model)
-        result = await HandleCall("classify", (texts,)).run(handle)
+        client = self.pools.serving_client(self.model)
+        result = await ModelCall(ModerationClient.classify, ClassifyRequest(texts)).run(client)
         return [verdict.flagged for verdict in result.reply.value]

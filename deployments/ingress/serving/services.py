@@ -5,11 +5,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deployments.config import AppConfig
+from deployments.contracts.edge_control_deployment import EdgeControlClient
+from deployments.contracts.warm_pool_deployment import WarmPoolClient
 from deployments.ingress.cache import ResponseCache, SharedStore
-from deployments.ingress.edge.coalesce import coalescing
+from deployments.ingress.edge.clients import model_clients
 from deployments.ingress.edge.dispatch import EdgeDispatcher
 from deployments.ingress.edge.pools import RegionPools
 from deployments.ingress.security import KeyStore, ModerationGate, RateLimiter
@@ -40,6 +42,9 @@ from deployments.observability import RouterObservability
 from deployments.observability.recent_traffic import RecentTraffic
 from edge_sim.network import EdgeNetwork
 
+if TYPE_CHECKING:
+    from ray.serve.handle import DeploymentHandle
+
 
 @dataclass(frozen=True)
 class RouterServices:
@@ -56,7 +61,7 @@ class RouterServices:
     workers: WorkersRun  # /ai/run's inputs and answers, a client's or a batch item's
     batch: BatchService  # the Batch API's submissions and polls
     observability: RouterObservability | None = None
-    warm_pool: Any | None = None  # deployments.control.warm_pool's handle, None when it is off
+    warm_pool: WarmPoolClient | None = None  # deployments.control.warm_pool; None when it is off
     state: GatewayState | None = None  # keys, budgets and the request log; None when off
     batch_runner: BatchRunner | None = None  # runs batch jobs; None with state or batch off
 
@@ -64,7 +69,7 @@ class RouterServices:
         states = await self.deployment_states()
         ready = self.catalogue.readiness(states, self.pools.last_cold_start)
         # A failing call raises to the route's error handler, which maps it like a model call's.
-        pool = await self.warm_pool.describe.remote() if self.warm_pool is not None else None
+        pool = await self.warm_pool.describe() if self.warm_pool is not None else None
         return {**ready, "warm_pool": pool}
 
 
@@ -74,11 +79,11 @@ async def _no_deployments() -> Mapping[str, DeploymentState]:
 
 def build_services(
     config: AppConfig,
-    handles: Mapping[str, Mapping[str, Any]],
+    handles: Mapping[str, Mapping[str, DeploymentHandle[Any]]],
     *,
     keys: KeyStore,
-    control: Any | None = None,
-    warm_pool: Any | None = None,
+    control: DeploymentHandle[Any] | None = None,
+    warm_pool: DeploymentHandle[Any] | None = None,
     observability: RouterObservability | None = None,
     deployment_states: DeploymentStates = _no_deployments,
     rate_limit_share: float = 1.0,
@@ -117,13 +122,13 @@ def build_services(
         deployments=deployments,
     )
     network = EdgeNetwork(edge_config)
-    text_models = {name for name, m in config.models.items() if m.task != "chat"}
+    pool_client = WarmPoolClient(warm_pool) if warm_pool is not None else None
     pools = RegionPools(
-        coalescing(handles, text_models, router.coalesce),
+        model_clients(config, handles),
         edge_config.region_policy,
         router.default_cold_start_ms,
-        control=control,
-        warm_pool=warm_pool,
+        control=EdgeControlClient(control) if control is not None else None,
+        warm_pool=pool_client,
     )
     edge = EdgeDispatcher(
         network,
@@ -203,7 +208,7 @@ def build_services(
         pools=pools,
         deployment_states=deployment_states,
         observability=observability,
-        warm_pool=warm_pool,
+        warm_pool=pool_client,
         state=state,
         gateway=GatewayAdmin(catalogue, state),
         workers=workers,

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+from deployments.contracts.embedding_deployment import EmbeddingClient, EmbedRequest
 from deployments.contracts.encoder_outputs import EmbeddingResult
-from deployments.ingress.edge.calls import HandleCall
+from deployments.contracts.moderation_deployment import ClassifyRequest, ModerationClient
+from deployments.ingress.edge.calls import ModelCall
 from deployments.ingress.protocol import (
     EmbeddingList,
     EmbeddingRequest,
@@ -45,7 +47,9 @@ class EmbeddingService(TextService[EmbeddingRequest, EmbeddingList]):
         """OpenAI's embeddings, cached; the replica checks `dimensions` before it runs the
         model."""
         admitted = await self._admit(body.model, body.texts, ctx)
-        call = HandleCall("embed", (body.texts, ctx.traceparent, body.dimensions))
+        call = ModelCall(
+            EmbeddingClient.embed, EmbedRequest(body.texts, ctx.traceparent, body.dimensions)
+        )
         return await self.serve(body, ctx, admitted, call, cacheable=True)
 
     async def embed(
@@ -53,7 +57,7 @@ class EmbeddingService(TextService[EmbeddingRequest, EmbeddingList]):
     ) -> Answer[EmbeddingList]:
         """The vectors themselves, uncached (the Workers-AI API)."""
         admitted = await self._admit(model_name, texts, ctx)
-        call = HandleCall("embed", (texts, ctx.traceparent))
+        call = ModelCall(EmbeddingClient.embed, EmbedRequest(texts, ctx.traceparent))
         # already checked as the Workers AI input it came as: not validated a second time
         asked = EmbeddingRequest.model_construct(model=model_name, input=texts)
         return await self.serve(asked, ctx, admitted, call, cacheable=False)
@@ -82,7 +86,7 @@ class ModerationService(TextService[ModerationRequest, ModerationCreateResponse]
     ) -> Answer[ModerationCreateResponse]:
         """OpenAI's moderations, cached."""
         admitted = await self._admit(body.model, body.texts, ctx)
-        call = HandleCall("classify", (body.texts, ctx.traceparent))
+        call = ModelCall(ModerationClient.classify, ClassifyRequest(body.texts, ctx.traceparent))
         return await self.serve(body, ctx, admitted, call, cacheable=True)
 
     async def classify(
@@ -90,7 +94,7 @@ class ModerationService(TextService[ModerationRequest, ModerationCreateResponse]
     ) -> Answer[ModerationCreateResponse]:
         """One verdict per text (`results`), uncached (the Workers-AI API)."""
         admitted = await self._admit(model_name, texts, ctx)
-        call = HandleCall("classify", (texts, ctx.traceparent))
+        call = ModelCall(ModerationClient.classify, ClassifyRequest(texts, ctx.traceparent))
         # already checked as the Workers AI input it came as: not validated a second time
         asked = ModerationRequest.model_construct(model=model_name, input=texts)
         return await self.serve(asked, ctx, admitted, call, cacheable=False)

@@ -157,12 +157,15 @@ class EmbeddingRuntime:
     def check(self, texts: Sequence[str]) -> list[int]:
         """Validate a request without running the graph (so one bad request never fails a merged
         batch); returns each text's token count."""
-        return [len(encoding.ids) for encoding in self._encode_checked(texts)]
+        return [len(encoding.ids) for encoding in self.tokenize(texts)]
 
     def embed(self, texts: Sequence[str]) -> EmbeddingResult:
         """Embed all texts, in length buckets so short texts are not padded to the longest one;
         refuses (never truncates) over-long input."""
-        encodings = self._encode_checked(texts)
+        return self.embed_tokens(self.tokenize(texts))
+
+    def embed_tokens(self, encodings: Sequence[Encoding]) -> EmbeddingResult:
+        """Embed texts `tokenize` already encoded (and checked)."""
         counts = [len(e.ids) for e in encodings]
         vectors = np.empty((len(encodings), self.dimension), dtype=np.float32)
         for rows in length_buckets(counts):
@@ -180,7 +183,9 @@ class EmbeddingRuntime:
             "max_length": self.max_length,
         }
 
-    def _encode_checked(self, texts: Sequence[str]) -> list[Encoding]:
+    def tokenize(self, texts: Sequence[str]) -> list[Encoding]:
+        """The texts' tokens, validated: a 400-class error for bad input or a text past the
+        model's context (refused, never truncated), before any batch runs."""
         encodings = self.tokenizer.encode(validate_texts(texts))
         for index, encoding in enumerate(encodings):
             if len(encoding.ids) > self.max_length:
