@@ -14,9 +14,9 @@ import pytest
 
 from deployments.contracts.chat_deployment import ChatClient, ChatRequest
 from deployments.contracts.edge_control_deployment import EdgeControlClient
-from deployments.contracts.warm_pool_deployment import WarmPoolClient
 from deployments.contracts.replies import Reply
 from deployments.contracts.sampling_params import SamplingParams
+from deployments.contracts.warm_pool_deployment import WarmPoolClient
 from deployments.errors import (
     BusyError,
     InvalidRequestError,
