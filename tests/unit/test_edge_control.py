@@ -77,8 +77,9 @@ def test_config_declared_faults_on_other_colos_are_left_alone():
 
 
 class CountingControl:
-    """The edge-control handle as a router replica sees it (`.colo_faults.remote(...)`), on a
-    real EdgeControl in this event loop: counts the calls made and those still waiting."""
+    """The edge-control handle as a router replica's EdgeControlClient calls it
+    (`.colo_faults.remote(...)`), on a real EdgeControl in this event loop: counts the calls made
+    and those still waiting."""
 
     def __init__(self, control: EdgeControl):
         self.control = control
