@@ -7,14 +7,18 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from deployments.config import BatchingConfig
+from deployments.contracts.edge_control_deployment import EdgeControlClient
 from deployments.contracts.replies import Reply, StartPhases
 from deployments.contracts.session_config import SessionConfig
 from deployments.observability import ModelObservability, ObservabilityConfig
 from deployments.replica.faults import ReplicaFaultGate
 from deployments.replica.process import process_age_s
+
+if TYPE_CHECKING:
+    from ray.serve.handle import DeploymentHandle
 
 
 class Runtime(Protocol):
@@ -41,7 +45,7 @@ class ModelServer(Generic[R]):
         observability: dict[str, Any] | None = None,
         model_name: str | None = None,
         region: str | None = None,
-        control: Any = None,
+        control: DeploymentHandle[Any] | None = None,
     ):
         """region / control: the region this replica serves and the edge-control handle its
         fault drills come from (both None without regions: no drills reach the replica)."""
@@ -61,7 +65,9 @@ class ModelServer(Generic[R]):
             init_s=self.load_s,
         )
         self.batching = BatchingConfig()
-        self.faults = ReplicaFaultGate(region, control)
+        self.faults = ReplicaFaultGate(
+            region, EdgeControlClient(control) if control is not None else None
+        )
         self.pid = os.getpid()
         self.observability = ModelObservability(
             ObservabilityConfig.model_validate(observability or {}),

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ray import serve
 
@@ -28,6 +28,9 @@ from deployments.observability.model_telemetry import ModelCall
 from deployments.replica.base import ModelServer, RuntimeFactory, in_thread
 from deployments.replica.engine.embedding import EmbeddingRuntime
 from deployments.replica.engine.moderation import ModerationRuntime
+
+if TYPE_CHECKING:
+    from ray.serve.handle import DeploymentHandle
 
 
 def check_dimensions(requested: int | None, dimension: int, model: str) -> None:
@@ -126,7 +129,7 @@ class EmbeddingServer(BatchedTextServer):
         observability: dict[str, Any] | None = None,
         model_name: str | None = None,
         region: str | None = None,
-        control: Any = None,
+        control: DeploymentHandle[Any] | None = None,
     ):
         super().__init__(
             model_dir, session, runtime_factory, observability, model_name, region, control
@@ -173,7 +176,7 @@ class ModerationServer(BatchedTextServer):
         observability: dict[str, Any] | None = None,
         model_name: str | None = None,
         region: str | None = None,
-        control: Any = None,
+        control: DeploymentHandle[Any] | None = None,
     ):
         super().__init__(
             model_dir, session, runtime_factory, observability, model_name, region, control

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deployments.config import MIB, BatchingConfig
 from deployments.contracts.chat_deployment import ChatRequest
@@ -23,6 +23,9 @@ from deployments.replica.engine.chat_features import (
 from deployments.replica.engine.llm import LLMRuntime
 from deployments.replica.engine.tool_calls import ToolCallFormat, tool_call_format
 
+if TYPE_CHECKING:
+    from ray.serve.handle import DeploymentHandle
+
 
 class ChatServer(ModelServer[LLMRuntime]):
     """deployments.contracts.chat_deployment.ChatServerProtocol: each method takes its one
@@ -38,7 +41,7 @@ class ChatServer(ModelServer[LLMRuntime]):
         observability: dict[str, Any] | None = None,
         model_name: str | None = None,
         region: str | None = None,
-        control: Any = None,
+        control: DeploymentHandle[Any] | None = None,
     ):
         super().__init__(
             model_dir, session, runtime_factory, observability, model_name, region, control

@@ -10,6 +10,7 @@ import random
 import time
 from typing import Any
 
+from deployments.contracts.edge_control_deployment import EdgeControlClient
 from deployments.contracts.faults import fault_window
 from deployments.errors import RegionFaultError
 from edge_sim.clock import Clock, Sleep
@@ -22,7 +23,7 @@ RETRY_S = 1.0
 
 class ReplicaFaultGate:
     """Keeps this replica's region drills current (a long poll on edge-control) and applies them
-    to each call. Without a region or a control handle it does nothing.
+    to each call. Without a region or an edge-control client it does nothing.
 
     clock: unix seconds, the scale of the `set_at` edge-control stamps on each drill (monotonic
     clocks of two processes share no origin). sleep: waits out added latency and poll retries."""
@@ -30,7 +31,7 @@ class ReplicaFaultGate:
     def __init__(
         self,
         region: str | None,
-        control: Any = None,
+        control: EdgeControlClient | None = None,
         rng: random.Random | None = None,
         clock: Clock = time.time,
         sleep: Sleep = asyncio.sleep,
@@ -76,12 +77,10 @@ class ReplicaFaultGate:
                 )
 
     async def _watch(self) -> None:
-        assert self._control is not None
+        assert self._control is not None and self.region is not None
         while True:
             try:
-                version, entries = await self._control.region_faults.remote(
-                    self.region, self._version
-                )
+                version, entries = await self._control.region_faults(self.region, self._version)
                 self._version, self._entries = version, list(entries)
                 self._fetched.set()
             except Exception:  # noqa: BLE001 - edge-control restarting: keep the last state

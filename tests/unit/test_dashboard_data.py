@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from deployments.contracts.edge_control_deployment import EdgeControlClient
 from deployments.ingress.dashboard.data import (
     ReplicaCount,
     colo_display_state,
@@ -248,7 +249,8 @@ def test_router_replicas_share_their_traffic_through_edge_control():
 
     clock = Clock()
     control = FakeControl(clock)
-    replicas = [TrafficShare(RecentTraffic(clock=clock), control, f"r{i}") for i in range(2)]
+    client = EdgeControlClient(control)
+    replicas = [TrafficShare(RecentTraffic(clock=clock), client, f"r{i}") for i in range(2)]
     replicas[0].recent.record(outcome())
     replicas[1].recent.record(outcome(colo="SIN"))
 
@@ -287,7 +289,7 @@ def test_a_replica_publishes_its_traffic_when_it_has_new_requests_and_now_and_th
         async def _report(self, replica_id: str, snapshot: dict[str, Any]) -> None:
             published.append(sum(cell[3]["requests"] for cell in snapshot["cells"]))
 
-    share = TrafficShare(RecentTraffic(), CountingControl(), "r0")
+    share = TrafficShare(RecentTraffic(), EdgeControlClient(CountingControl()), "r0")
 
     async def until(count: int) -> None:
         async with asyncio.timeout(5):

@@ -118,10 +118,15 @@ def test_the_fake_handles_answer_every_method_the_client_calls(
             assert hasattr(getattr(handle, name), "remote"), (fake.__name__, name)
 
 
-def test_edge_control_serves_its_protocol_and_the_pools_client_calls_it_as_declared() -> None:
+def test_edge_control_serves_its_protocol_and_its_client_calls_every_method_as_declared() -> None:
+    """The routers' drills, dashboard and region pools and the replicas' fault gate reach
+    edge-control through EdgeControlClient only: it has every remote method, with its
+    parameters."""
     assert mismatches(EdgeControlProtocol, EdgeControl) == []
-    expected, _, _ = signature(EdgeControlProtocol.sync)
-    assert signature(EdgeControlClient.sync)[0] == expected
+    assert len(remote_methods(EdgeControlProtocol)) == 11
+    for name in remote_methods(EdgeControlProtocol):
+        expected, _, _ = signature(getattr(EdgeControlProtocol, name))
+        assert signature(getattr(EdgeControlClient, name))[0] == expected, name
 
 
 def test_the_warm_pool_serves_its_protocol_and_its_client_calls_every_method() -> None:

@@ -55,16 +55,17 @@ def short_wait(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("how", ["died", "hung"])
 def test_edge_control_gone_is_a_503_naming_it(how: str, short_wait: None) -> None:
     with client_with(GoneControl(how)) as client:
-        for method, path, body in (
-            ("GET", "/admin/regions", None),
-            ("POST", "/admin/regions/eu/faults", {"down": True}),
-            ("DELETE", "/admin/regions/eu/faults", None),
-            ("POST", "/admin/colos/LHR/faults", {"down": True}),
+        for method, path, body, asked in (
+            ("GET", "/admin/regions", None, "regions"),
+            ("POST", "/admin/regions/eu/faults", {"down": True}, "set_region_fault"),
+            ("DELETE", "/admin/regions/eu/faults", None, "clear_region_faults"),
+            ("POST", "/admin/colos/LHR/faults", {"down": True}, "set_fault"),
         ):
             reply = client.request(method, path, json=body, headers=ADMIN)
             assert reply.status_code == 503, (path, reply.text)
             error = reply.json()["error"]
             assert error["code"] == "control_unavailable" and "edge-control" in error["message"]
+            assert f"did not answer {asked} " in error["message"]  # the method it called
             assert reply.headers["retry-after"] == "1"
 
 

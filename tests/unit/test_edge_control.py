@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from deployments.contracts.edge_control_deployment import EdgeControlClient
 from deployments.contracts.faults import apply_snapshot
 from deployments.control.edge_control import EdgeControl, ServeView
 from deployments.pacing import PollPacer
@@ -76,8 +77,9 @@ def test_config_declared_faults_on_other_colos_are_left_alone():
 
 
 class CountingControl:
-    """The edge-control handle as a router replica sees it (`.colo_faults.remote(...)`), on a
-    real EdgeControl in this event loop: counts the calls made and those still waiting."""
+    """The edge-control handle as a router replica's EdgeControlClient calls it
+    (`.colo_faults.remote(...)`), on a real EdgeControl in this event loop: counts the calls made
+    and those still waiting."""
 
     def __init__(self, control: EdgeControl):
         self.control = control
@@ -112,7 +114,7 @@ def test_a_router_follows_drills_by_long_poll_at_once_and_without_polling_when_i
     async def go() -> None:
         store = EdgeControl()
         handle = CountingControl(store)
-        drills = FaultDrills(network(ManualClock()), handle)
+        drills = FaultDrills(network(ManualClock()), EdgeControlClient(handle))
         follower = asyncio.get_running_loop().create_task(drills.sync_forever())
         await handle.called(1)
         assert handle.waiting == 1  # one long poll held open, not a poll loop

@@ -53,12 +53,14 @@ COMPLETE = ModelCall(ChatClient.complete_choices, REQUEST)
 
 @dataclass(frozen=True)
 class Origin:
-    """Where the request's client is and how long it may wait, as the dispatcher reads it off a
-    RequestContext."""
+    """The request's scope as the dispatcher reads it off a RequestContext (an EdgeRequest):
+    where its client is, how long it may wait, its telemetry and its cold-start notice."""
 
     location_headers: dict[str, str] = field(default_factory=dict)
     client_ip: str | None = None
     wait_limits: WaitLimits = field(default_factory=WaitLimits)
+    telemetry: RequestTelemetry = field(default_factory=RequestTelemetry.disabled)
+    warming: ColdStartNotice = field(default_factory=ColdStartNotice)
 
 
 class FakeMethod:
@@ -185,10 +187,10 @@ class Rig:
         limits: WaitLimits | None = None,
         notice: ColdStartNotice | None = None,
     ) -> tuple[CallResult, EdgeTrace]:
-        origin = Origin(headers, wait_limits=limits or WaitLimits())
-        return await self.dispatcher.dispatch(
-            MODEL, origin, call, RequestTelemetry.disabled(), notice
+        origin = Origin(
+            headers, wait_limits=limits or WaitLimits(), warming=notice or ColdStartNotice()
         )
+        return await self.dispatcher.dispatch(MODEL, origin, call)
 
 
 ALL_WARM = {"eu": 1, "us": 1, "ap": 1}
@@ -329,7 +331,7 @@ def test_a_cold_start_is_measured_and_reported() -> None:
 
 def test_a_cache_hit_is_answered_by_the_entry_colo_for_its_home_region() -> None:
     rig = Rig(ALL_WARM)
-    trace = asyncio.run(rig.dispatcher.nearest(MODEL, Origin(TOKYO), RequestTelemetry.disabled()))
+    trace = asyncio.run(rig.dispatcher.nearest(MODEL, Origin(TOKYO)))
     assert (trace.colo, trace.region, trace.cache) == ("NRT", "ap", "HIT")
     assert all(not handle.calls for handle in rig.handles.values())
 
@@ -411,9 +413,7 @@ def test_with_one_region_a_failed_attempt_is_retried_there() -> None:
         max_attempts=3,
         deadline_s=5.0,
     )
-    result, trace = asyncio.run(
-        dispatcher.dispatch(MODEL, Origin(TOKYO), COMPLETE, RequestTelemetry.disabled())
-    )
+    result, trace = asyncio.run(dispatcher.dispatch(MODEL, Origin(TOKYO), COMPLETE))
     assert result.reply.value == "default" and trace.reason == "failover"
     assert trace.headers()["x-edge-failover"] == "default,default"
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from deployments.contracts.edge_control_deployment import EdgeControlClient
 from deployments.control.edge_control import EdgeControl
 from deployments.errors import RegionFaultError
 from deployments.replica.faults import ReplicaFaultGate
@@ -56,7 +57,8 @@ def test_a_drilled_region_fails_requests_in_its_replicas_and_others_do_not() -> 
     async def go() -> None:
         control = EdgeControl(POOLS)
         handle = ControlHandle(control)
-        ap, eu = ReplicaFaultGate("ap", handle), ReplicaFaultGate("eu", handle)
+        client = EdgeControlClient(handle)
+        ap, eu = ReplicaFaultGate("ap", client), ReplicaFaultGate("eu", client)
         await ap.check()  # no drill: passes
         await handle.holds(await control.set_region_fault("ap", {"down": True}))
         with pytest.raises(RegionFaultError) as caught:
@@ -77,7 +79,7 @@ def test_a_drill_window_and_an_error_rate_apply_in_the_replica() -> None:
             "ap", {"down": True, "start_after_s": 60, "duration_s": 30}
         )
         clock = ManualClock(time.time())  # edge-control stamped the drill just now, in unix time
-        gate = ReplicaFaultGate("ap", handle, rng=random.Random(1), clock=clock)
+        gate = ReplicaFaultGate("ap", EdgeControlClient(handle), rng=random.Random(1), clock=clock)
         await gate.check()  # scheduled, not active yet
         await handle.holds(version)
         clock.advance(60.0)
@@ -103,7 +105,8 @@ def test_added_latency_is_waited_out_in_the_replica() -> None:
         control = EdgeControl(POOLS)
         await control.set_region_fault("eu", {"added_latency_ms": 200})
         clock = ManualClock(time.time())
-        gate = ReplicaFaultGate("eu", ControlHandle(control), clock=clock, sleep=clock.sleep)
+        client = EdgeControlClient(ControlHandle(control))
+        gate = ReplicaFaultGate("eu", client, clock=clock, sleep=clock.sleep)
         started = clock()
         await gate.check()
         assert clock() - started == pytest.approx(0.2)
@@ -112,7 +115,7 @@ def test_added_latency_is_waited_out_in_the_replica() -> None:
 
 
 def test_without_a_region_or_control_the_gate_does_nothing() -> None:
-    asyncio.run(ReplicaFaultGate(None, object()).check())
+    asyncio.run(ReplicaFaultGate(None, EdgeControlClient(object())).check())
     asyncio.run(ReplicaFaultGate("eu", None).check())
 
 

@@ -41,8 +41,7 @@ class RegionLostError(Exception):
 
 
 class ClientOrigin(Protocol):
-    """What the edge reads of a request: where its client is and how long it may wait (a
-    RequestContext has all three)."""
+    """What the edge plans a request's route by: where its client is and how long it may wait."""
 
     @property
     def location_headers(self) -> Mapping[str, str]: ...
@@ -52,6 +51,19 @@ class ClientOrigin(Protocol):
 
     @property
     def wait_limits(self) -> WaitLimits: ...
+
+
+class EdgeRequest(ClientOrigin, Protocol):
+    """All the edge reads of a request's scope, as one object: its origin, the telemetry told
+    where the request went, and the notice told when an attempt waits for a cold replica. The
+    router's RequestContext (deployments.ingress.serving.context) is one; the edge does not
+    import it, as it imports nothing of the services above it."""
+
+    @property
+    def telemetry(self) -> RequestTelemetry: ...
+
+    @property
+    def warming(self) -> ColdStartNotice: ...
 
 
 class EdgeDispatcher:
@@ -114,12 +126,10 @@ class EdgeDispatcher:
         )
         return entry, skipped, colos.client, plan
 
-    async def nearest(
-        self, model: str, origin: ClientOrigin, telemetry: RequestTelemetry
-    ) -> EdgeTrace:
+    async def nearest(self, model: str, request: EdgeRequest) -> EdgeTrace:
         """The trace of an answer the entry colo gives from its cache (a HIT): the client->colo
         RTT only."""
-        entry, _, client, _ = self.plan(model, origin)
+        entry, _, client, _ = self.plan(model, request)
         await self.clock.sleep(self.network.delay_s(entry))
         trace = EdgeTrace(
             entry.colo_id,
@@ -130,22 +140,21 @@ class EdgeDispatcher:
             cache="HIT",
             client=client,
         )
-        telemetry.routed(trace, client)
+        request.telemetry.routed(trace, client)
         return trace
 
     async def dispatch(
         self,
         model: str,
-        origin: ClientOrigin,
+        request: EdgeRequest,
         call: AnyCall,
-        telemetry: RequestTelemetry,
-        notice: ColdStartNotice | None = None,
     ) -> tuple[CallResult, EdgeTrace]:
         """Run `call` on the client of the region the plan picks, failing over on 5xx, within
-        the request's wait limits; `notice` hears when an attempt waits for a cold replica."""
+        the request's wait limits; its `warming` notice hears when an attempt waits for a cold
+        replica, its telemetry where the call went."""
         await self.pools.ready()
-        entry, skipped, client, plan = self.plan(model, origin)
-        limits = origin.wait_limits
+        entry, skipped, client, plan = self.plan(model, request)
+        limits = request.wait_limits
         if not limits.warm_only:  # background work (a batch item) neither wakes a region nor
             # counts as demand to pre-warm one for
             self.pools.note_demand(model, self.regions.home(entry.colo_id))
@@ -175,8 +184,8 @@ class EdgeDispatcher:
             budget_binds = budget_left_s is not None and budget_left_s < attempt_s
             attempt_s = min(attempt_s, budget_left_s) if budget_left_s is not None else attempt_s
             tried.append(region)
-            if notice is not None and not self.pools.pools(model)[region].warm:
-                notice.waiting_on(region)
+            if not self.pools.pools(model)[region].warm:
+                request.warming.waiting_on(region)
             try:
                 result = await self._watched(model, region, candidate.rtt_ms, call, attempt_s)
             except QueueFullError as error:
@@ -232,7 +241,7 @@ class EdgeDispatcher:
                 skipped_colos=tuple(skipped),
                 failed_regions=tuple(failed_regions),
             )
-            telemetry.routed(trace, client)
+            request.telemetry.routed(trace, client)
             return result, trace
         if limits.reject_if_busy and isinstance(last_error, QueueFullError):
             raise BusyError(BUSY_MESSAGE, retry_after_s=last_error.retry_after_s)

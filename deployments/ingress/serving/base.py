@@ -69,7 +69,7 @@ class ModelService(Generic[Asked, Admits, T]):
             cacheable = cacheable and not admitted.fallback
             cached = await self.cached.lookup(self.task, asked, ctx, cacheable=cacheable)
             if cached.hit is not None:
-                answer, trace = cached.hit, await self.edge.nearest(model.name, ctx, ctx.telemetry)
+                answer, trace = cached.hit, await self.edge.nearest(model.name, ctx)
             else:
                 result, trace = await self._dispatch(admitted, ctx, call)
                 answer = await self._answer(asked, admitted, result.reply.value)
@@ -84,7 +84,7 @@ class ModelService(Generic[Asked, Admits, T]):
         self, admitted: Admits, ctx: RequestContext, call: AnyCall
     ) -> tuple[CallResult, EdgeTrace]:
         """`call` through the edge to the admitted model."""
-        return await self.edge.dispatch(admitted.model.name, ctx, call, ctx.telemetry)
+        return await self.edge.dispatch(admitted.model.name, ctx, call)
 
     async def _answer(self, asked: Asked, admitted: Admits, reply: Any) -> T:
         """The model's reply as the answer the service returns and caches."""

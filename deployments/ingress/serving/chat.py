@@ -173,9 +173,9 @@ class ChatService(ModelService[ChatCompletionRequest, AdmittedChat, ChatCompleti
         held: a stream starts only once its input passed, so a refusal stays a 400."""
         model, notice = admitted.model.name, ctx.warming
         if not self.gate.applies_to(model):
-            return await self.edge.dispatch(model, ctx, call, ctx.telemetry, notice)
+            return await self.edge.dispatch(model, ctx, call)
         notice.hold()
-        started = asyncio.ensure_future(self.edge.dispatch(model, ctx, call, ctx.telemetry, notice))
+        started = asyncio.ensure_future(self.edge.dispatch(model, ctx, call))
         try:
             # One turn of the loop: the dispatch sends the call before the check starts. The
             # router's own classifier never yields, so without it the call left only after it.

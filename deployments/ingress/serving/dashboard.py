@@ -12,6 +12,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from deployments.contracts.edge_control_deployment import EdgeControlClient
 from deployments.ingress.dashboard.data import dashboard_data
 from deployments.ingress.serving.drills import FaultDrills
 from deployments.ingress.serving.models import DeploymentStates
@@ -35,15 +36,18 @@ class TrafficShare:
     answers the page shows the sum of all of them. Without edge-control (tests): this one only."""
 
     def __init__(
-        self, recent: RecentTraffic, control: Any | None = None, replica_id: str | None = None
+        self,
+        recent: RecentTraffic,
+        control: EdgeControlClient | None = None,
+        replica_id: str | None = None,
     ):
         self.recent = recent
-        self._control = control  # the edge-control deployment's handle
+        self._control = control  # the edge-control deployment's client
         self._replica_id = replica_id or this_replica_id()
 
     async def publish(self) -> None:
         if self._control is not None:
-            await self._control.report_traffic.remote(self._replica_id, self.recent.snapshot())
+            await self._control.report_traffic(self._replica_id, self.recent.snapshot())
 
     async def publish_forever(self) -> None:
         """Publish each second while requests come, every IDLE_PUBLISH_INTERVAL_S otherwise."""
@@ -65,7 +69,7 @@ class TrafficShare:
         mine = self.recent.snapshot()
         if self._control is None:
             return [mine]
-        others = await self._control.traffic.remote()
+        others = await self._control.traffic()
         return [mine, *(s for replica, s in others.items() if replica != self._replica_id)]
 
 

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, ParamSpec, TypeVar
 
 from ray.exceptions import RayError
 from ray.serve.exceptions import RayServeException
 
+from deployments.contracts.edge_control_deployment import EdgeControlClient
 from deployments.contracts.faults import SYNC_INTERVAL_S, FaultEntries, apply_snapshot
 from deployments.errors import (
     ColoNotFoundError,
@@ -27,22 +29,27 @@ log = logging.getLogger("ray.serve")
 # An admin call waits this long for edge-control: with its node gone (and the GCS with it, when
 # that node is the head) a call is not refused, it hangs.
 CONTROL_TIMEOUT_S = 10.0
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 class FaultDrills:
     def __init__(
-        self, network: EdgeNetwork, control: Any | None = None, regions: tuple[str, ...] = ()
+        self,
+        network: EdgeNetwork,
+        control: EdgeControlClient | None = None,
+        regions: tuple[str, ...] = (),
     ):
         self.network = network
         self.regions = regions
-        self._control = control  # the edge-control deployment's handle
+        self._control = control  # the edge-control deployment's client
         self._version = 0
 
     async def sync(self) -> None:
         """Apply edge-control's faults if they changed since the last sync."""
         if self._control is None:
             return
-        self._apply(*await self._ask("snapshot"))
+        self._apply(*await self._ask(self._control.snapshot))
 
     async def sync_forever(self) -> None:
         """Follow edge-control's drills by long poll: a change applies at once, and an idle
@@ -52,7 +59,7 @@ class FaultDrills:
             return
         while True:
             try:
-                self._apply(*await self._control.colo_faults.remote(self._version))
+                self._apply(*await self._control.colo_faults(self._version))
             except Exception:  # noqa: BLE001 - a missed sync is retried; routing goes on
                 log.warning("fault sync with edge-control failed", exc_info=True)
                 await asyncio.sleep(SYNC_INTERVAL_S)
@@ -76,7 +83,7 @@ class FaultDrills:
         if self._control is None:
             self.network.set_fault(colo, fault)
         else:
-            await self._ask("set_fault", colo, fault.model_dump(mode="json"))
+            await self._ask(self._control.set_fault, colo, fault.model_dump(mode="json"))
             await self.sync()
         return self._colo_state(colo)
 
@@ -85,7 +92,7 @@ class FaultDrills:
         if self._control is None:
             self.network.clear_faults(colo)
         else:
-            await self._ask("clear_faults", colo)
+            await self._ask(self._control.clear_faults, colo)
             await self.sync()
         return self._colo_state(colo)
 
@@ -96,39 +103,41 @@ class FaultDrills:
         edge-control; empty without it)."""
         if self._control is None:
             return []
-        states: list[dict[str, Any]] = await self._ask("regions")
-        return states
+        return await self._ask(self._control.regions)
 
     async def set_region_fault(self, region: str, fault: ColoFault) -> list[dict[str, Any]]:
         """The region's replicas fail (or slow down) the requests that reach them."""
-        self._known_region(region)
-        await self._ask("set_region_fault", region, fault.model_dump(mode="json"))
+        control = self._known_region(region)
+        await self._ask(control.set_region_fault, region, fault.model_dump(mode="json"))
         return await self.region_states()
 
     async def clear_region_faults(self, region: str) -> list[dict[str, Any]]:
-        self._known_region(region)
-        await self._ask("clear_region_faults", region)
+        control = self._known_region(region)
+        await self._ask(control.clear_region_faults, region)
         return await self.region_states()
 
-    def _known_region(self, region: str) -> None:
+    def _known_region(self, region: str) -> EdgeControlClient:
+        """The client its drills go through, once `region` is known and edge-control is there."""
         if region not in self.regions:
             raise RegionNotFoundError(
                 f"unknown region {region!r}; known: {list(self.regions)}", param="region"
             )
         if self._control is None:
             raise RegionNotFoundError("region drills need the edge-control deployment")
+        return self._control
 
-    async def _ask(self, method: str, *args: Any) -> Any:
-        """One call to edge-control. Its errors of our own pass through (a 4xx stays one); its
-        being gone, restarting or hung is a 503 that names it, never a 500."""
+    @staticmethod
+    async def _ask(method: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
+        """One call to edge-control (a method of its client). Its errors of our own pass through
+        (a 4xx stays one); its being gone, restarting or hung is a 503 that names the method,
+        never a 500."""
         try:
-            call = getattr(self._control, method).remote(*args)
-            return await asyncio.wait_for(call, CONTROL_TIMEOUT_S)
+            return await asyncio.wait_for(method(*args, **kwargs), CONTROL_TIMEOUT_S)
         except ServingError:
             raise
         except (RayError, RayServeException, TimeoutError) as error:
             raise ControlUnavailableError(
-                f"edge-control did not answer {method} ({type(error).__name__}); "
+                f"edge-control did not answer {method.__name__} ({type(error).__name__}); "
                 "serving goes on, retry the admin call",
                 retry_after_s=SYNC_INTERVAL_S,
             ) from None

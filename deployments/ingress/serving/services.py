@@ -122,12 +122,14 @@ def build_services(
         deployments=deployments,
     )
     network = EdgeNetwork(edge_config)
+    # one client of edge-control for the region pools, the drills and the dashboard's traffic
+    control_client = EdgeControlClient(control) if control is not None else None
     pool_client = WarmPoolClient(warm_pool) if warm_pool is not None else None
     pools = RegionPools(
         model_clients(config, handles),
         edge_config.region_policy,
         router.default_cold_start_ms,
-        control=EdgeControlClient(control) if control is not None else None,
+        control=control_client,
         warm_pool=pool_client,
     )
     edge = EdgeDispatcher(
@@ -166,15 +168,15 @@ def build_services(
     # the gate's classifier: the router's own copy of a small enough model, else its deployment
     classify = in_router or ModerationDeployment(pools, gate_config.moderation_model)
 
-    drills = FaultDrills(network, control, edge_config.region_names)
-    if regions is None and control is not None and edge_config.regions is not None:
+    drills = FaultDrills(network, control_client, edge_config.region_names)
+    if regions is None and control_client is not None and edge_config.regions is not None:
         regions = drills.region_states
     recent = observability.recent if observability is not None else RecentTraffic()
     dashboard = DashboardService(
         drills,
         list(catalogue.models),
         deployment_states,
-        TrafficShare(recent, control),
+        TrafficShare(recent, control_client),
         pools.last_cold_start,
         regions=regions,
     )
