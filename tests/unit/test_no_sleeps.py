@@ -12,7 +12,6 @@ SLEEPERS = {"time", "asyncio", "anyio", "trio"}
 # Files that still wait on the wall clock, each to be moved to an event or a fake clock; the
 # test fails once one no longer does, so the list only shrinks.
 NOT_YET = {
-    "test_loadtest.py",  # the fake router's delay and the runner's pacing: a fake-time loop
     "test_state_store.py",  # load paced over a real PostgreSQL killed and restarted
 }
 
