@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import httpx
 import yaml
 from pydantic import ValidationError
 
+from edge_sim.clock import Clock
 from edge_sim.faults import ColoFault
 from edge_sim.geo import haversine_km
 from edgectl.loadtest.progress import NoProgress, ProgressView, RichProgress
@@ -245,9 +247,11 @@ def main(
     read_status: StatusReader | None = None,
     progress: ProgressView | None = None,
     prog: str = "python -m edgectl.loadtest",
+    clock: Clock = time.monotonic,
 ) -> int:
     """Exit status: 0 when the run completed (failed requests are data, not a failure), 2 when
-    it could not start, 130 when interrupted (the partial report is still written)."""
+    it could not start, 130 when interrupted (the partial report is still written). `clock`
+    times the run and its replica samples (a test's fake clock)."""
     args = build_parser(prog).parse_args(argv)
     out: Path = args.out or Path("reports") / args.scenario
     try:
@@ -268,7 +272,10 @@ def main(
         if read_status is None:
             read_status = ServeDashboard(args.dashboard, app=args.app)
         sampler = ReplicaSampler(
-            read_status, every_s=args.replicas_every_s, deployments=[m.name for m in config.models]
+            read_status,
+            every_s=args.replicas_every_s,
+            deployments=[m.name for m in config.models],
+            clock=clock,
         )
     settings = RunSettings(
         base_url=args.url,
@@ -284,7 +291,9 @@ def main(
         # A bar redrawn into a log file or a pipe is noise: only a terminal gets one.
         show = not args.no_progress and sys.stderr.isatty()
         progress = RichProgress() if show else NoProgress()
-    runner = LoadRunner(settings, transport=transport, sampler=sampler, progress=progress)
+    runner = LoadRunner(
+        settings, transport=transport, sampler=sampler, progress=progress, clock=clock
+    )
     result = runner.run(schedule)
     params = {
         **config.model_dump(mode="json"),

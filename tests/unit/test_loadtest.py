@@ -1,5 +1,6 @@
 """The load generator without Ray: schedules, SSE reading, records and summary maths, replica
-sampling from a recorded Ray dashboard answer, and whole runs against an in-process fake router."""
+sampling from a recorded Ray dashboard answer, and whole runs against an in-process fake router,
+on virtual time (the run's pacing, the router's delays and the timeouts pass at once)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 import yaml
 from httpx_sse import ServerSentEvent
+from virtual_time import VirtualTime
 
 from edge_sim.clock import ManualClock
 from edgectl.loadtest.cli import main as loadgen_main
@@ -609,9 +611,11 @@ FAKE_COLOS = [
 class FakeRouter:
     """The router's HTTP surface in-process: x-edge-* headers, SSE streams (split mid-line, as
     the network may split them), the first call per model a cold start, and an admin API whose
-    faults move traffic from FRA to AMS."""
+    faults move traffic from FRA to AMS. It answers a model request `delay_s` late on `time`,
+    the virtual time a run against it keeps."""
 
     def __init__(self, *, delay_s: float = 0.0, cold_start_ms: float = 850.0, fail: str = ""):
+        self.time = VirtualTime()
         self.delay_s = delay_s
         self.cold_start_ms = cold_start_ms
         self.fail = fail  # a model whose requests answer 503
@@ -644,7 +648,8 @@ class FakeRouter:
         if model not in self.warm:
             self.warm.add(model)
             headers |= {"x-edge-cold-start": "1", "x-edge-cold-start-ms": str(self.cold_start_ms)}
-        await asyncio.sleep(self.delay_s)
+        if self.delay_s:
+            await self.time.sleep(self.delay_s)
         if model == self.fail:
             error = {"error": {"message": f"{model} is overloaded", "type": "overloaded"}}
             return httpx.Response(503, headers=headers, json=error)
@@ -685,14 +690,17 @@ class FakeRouter:
 
 
 def run_cli(tmp_path: Path, router: FakeRouter, *argv: str) -> tuple[int, Path]:
+    """The command against `router`, on its virtual time."""
     out = tmp_path / "run"
     status = parse_serve_applications(SERVE_APPLICATIONS)
-    code = loadgen_main(
-        ["--url", "http://router.test", "--out", str(out), "--admin-key", ADMIN_KEY, *argv],
-        transport=httpx.MockTransport(router),
-        read_status=lambda: status,
-        progress=NoProgress(),
-    )
+    with router.time.installed():
+        code = loadgen_main(
+            ["--url", "http://router.test", "--out", str(out), "--admin-key", ADMIN_KEY, *argv],
+            transport=httpx.MockTransport(router),
+            read_status=lambda: status,
+            progress=NoProgress(),
+            clock=router.time,
+        )
     return code, out
 
 
@@ -763,8 +771,14 @@ def test_sends_stay_on_schedule_while_the_server_is_slow(tmp_path: Path) -> None
     with (out / "requests.csv").open() as handle:
         rows = list(csv.DictReader(handle))
     assert len(rows) >= 10 and all(row["ok"] == "1" for row in rows)
-    assert all(float(row["latency_ms"]) >= 500 for row in rows)
-    assert max(float(row["send_lag_ms"]) for row in rows) < 250
+    # On the run's clock: each request left at its scheduled time, none waiting for an answer,
+    # and was answered 0.5 s later; so the answers overlapped and the run ended with the last.
+    for row in rows:
+        assert float(row["sent_s"]) == pytest.approx(float(row["scheduled_s"]), abs=1e-3)
+        assert float(row["send_lag_ms"]) == pytest.approx(0.0, abs=1e-3)
+        assert float(row["latency_ms"]) == pytest.approx(500.0, abs=1e-3)
+    last_sent_s = max(float(row["sent_s"]) for row in rows)
+    assert summary["elapsed_s"] == pytest.approx(last_sent_s + 0.5, abs=2e-3)
     assert summary["elapsed_s"] < 0.5 * len(rows) / 2
     assert summary["replica_sampling"]["samples"] == 0
     assert "Not sampled" in (out / "report.md").read_text()
@@ -793,23 +807,38 @@ def test_timeouts_transport_errors_and_unfinished_requests_are_recorded() -> Non
     def refuse(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("connection refused", request=request)
 
-    refused = LoadRunner(RunSettings("http://x"), transport=httpx.MockTransport(refuse))
-    assert {r.error_kind for r in refused.run(schedule).records} == {"transport"}
+    clock = VirtualTime()
+    refused = LoadRunner(
+        RunSettings("http://x"), transport=httpx.MockTransport(refuse), clock=clock
+    )
+    assert {r.error_kind for r in clock.run(refused.run_async(schedule)).records} == {"transport"}
 
     slow = FakeRouter(delay_s=2.0)
     timed_out = LoadRunner(
-        RunSettings("http://x", request_timeout_s=0.05), transport=httpx.MockTransport(slow)
-    ).run(schedule)
-    assert {(r.error_kind, r.status) for r in timed_out.records} == {("timeout", 0)}
-    assert all(r.latency_ms is not None and r.latency_ms >= 50 for r in timed_out.records)
+        RunSettings("http://x", request_timeout_s=0.05),
+        transport=httpx.MockTransport(slow),
+        clock=slow.time,
+    )
+    timed_out_result = slow.time.run(timed_out.run_async(schedule))
+    assert {(r.error_kind, r.status) for r in timed_out_result.records} == {("timeout", 0)}
+    # Each given up at its deadline on the run's clock, not at the router's answer 2 s later.
+    assert [r.latency_ms for r in timed_out_result.records] == pytest.approx(
+        [50.0] * len(schedule.arrivals)
+    )
 
     unfinished = LoadRunner(
         RunSettings("http://x", request_timeout_s=30, drain_timeout_s=0.05),
         transport=httpx.MockTransport(slow),
-    ).run(schedule)
-    assert len(unfinished.records) == len(schedule.arrivals)
-    assert {r.error_kind for r in unfinished.records} == {"cancelled"}
-    assert unfinished.elapsed_s < 2.0
+        clock=slow.time,
+    )
+    unfinished_result = slow.time.run(unfinished.run_async(schedule))
+    assert len(unfinished_result.records) == len(schedule.arrivals)
+    assert {r.error_kind for r in unfinished_result.records} == {"cancelled"}
+    # Cancelled when the drain timeout after the last send ran out (or at the schedule's end,
+    # if later), long before the router would have answered.
+    drained_s = max(schedule.arrivals[-1].at_s + 0.05, schedule.end_s)
+    assert unfinished_result.elapsed_s == pytest.approx(drained_s)
+    assert unfinished_result.elapsed_s < slow.delay_s
 
 
 def test_an_interrupted_run_keeps_its_records_and_clears_its_fault() -> None:
@@ -819,19 +848,26 @@ def test_an_interrupted_run_keeps_its_records_and_clears_its_fault() -> None:
                outage_start_s=0.05, outage_s=20)
     )  # fmt: skip
     runner = LoadRunner(
-        RunSettings("http://x", admin_key=ADMIN_KEY), transport=httpx.MockTransport(router)
+        RunSettings("http://x", admin_key=ADMIN_KEY),
+        transport=httpx.MockTransport(router),
+        clock=router.time,
     )
 
     async def interrupt_after_a_while() -> RunResult:
         run = asyncio.create_task(runner.run_async(schedule))
-        await asyncio.sleep(0.4)
+        await router.time.sleep(0.4)
         run.cancel()  # what asyncio.run does on Ctrl-C
         return await run
 
-    result = asyncio.run(interrupt_after_a_while())
-    assert result.interrupted and result.elapsed_s < 5
-    assert 0 < len(result.records) < len(schedule.arrivals)
-    assert [e.label for e in result.admin_events] == ["fault injected", "fault cleared (early)"]
+    result = router.time.run(interrupt_after_a_while())
+    # Cut short at 0.4 s of the run's 30 s, with a record for every request sent by then.
+    assert result.interrupted and result.elapsed_s == pytest.approx(0.4)
+    sent = [a for a in schedule.arrivals if a.at_s < 0.4]
+    assert 0 < len(result.records) == len(sent) < len(schedule.arrivals)
+    assert [(e.label, e.at_s) for e in result.admin_events] == [
+        ("fault injected", pytest.approx(0.05)),
+        ("fault cleared (early)", pytest.approx(0.4)),
+    ]
     assert router.admin_calls[-1] == ("DELETE", "FRA", None) and router.down == set()
     assert json.loads(json.dumps(summarize(result, {})))["interrupted"] is True
 

@@ -1,6 +1,7 @@
 """Unit tests wait on events and fake clocks, never on the wall clock: no `time.sleep` or
-`asyncio.sleep` but `sleep(0)` (one turn of the event loop) in tests/unit. A helper that polls a
-real server (a subprocess, a socket) lives outside tests/unit with its deadline."""
+`asyncio.sleep` but `sleep(0)` (one turn of the event loop) in tests/unit. A whole asyncio program
+runs on a fake clock with tests/unit/virtual_time.py; a helper that polls a real server (a
+subprocess, a socket) lives outside tests/unit with its deadline (tests/waiting.py)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,6 @@ from pathlib import Path
 
 UNIT = Path(__file__).resolve().parent
 SLEEPERS = {"time", "asyncio", "anyio", "trio"}
-# Files that still wait on the wall clock, each to be moved to an event or a fake clock; the
-# test fails once one no longer does, so the list only shrinks.
-NOT_YET = {
-    "test_loadtest.py",  # the fake router's delay and the runner's pacing: a fake-time loop
-    "test_state_store.py",  # load paced over a real PostgreSQL killed and restarted
-}
 
 
 def real_sleeps(source: str) -> list[int]:
@@ -63,5 +58,4 @@ def test_unit_tests_sleep_only_a_turn_of_the_event_loop() -> None:
         for path in sorted(UNIT.glob("*.py"))
         if (lines := real_sleeps(path.read_text(encoding="utf-8")))
     }
-    assert set(sleeping) - NOT_YET == set(), sleeping
-    assert NOT_YET - set(sleeping) == set(), "sleeps no more: take it off NOT_YET"
+    assert sleeping == {}

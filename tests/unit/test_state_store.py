@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -323,9 +322,11 @@ def test_routers_overshoot_a_budget_by_no_more_than_their_requests_in_flight(
 
 
 def test_postgres_killed_while_two_routers_write_loses_no_record(postgres_server: Any):
-    """Two routers' gateway state (their own pools) writing every 0.5 s while the server is
-    killed (SIGKILL) and restarted: every record offered is in the database afterwards, none
-    dropped. (A connection the server dropped mid-operation was once reused and its batch lost.)"""
+    """Two routers' gateway state (their own pools) offering records in rounds while the server
+    is up, killed (SIGKILL) and restarted; each round waits for what the writers do with it
+    (written, or a failed try while the server is down): every record offered is in the database
+    afterwards, none dropped. (A connection the server dropped mid-operation was once reused and
+    its batch lost.)"""
     config = StateConfig(connect_timeout_s=2, statement_timeout_s=2, ledger={"retry_max_s": 1.0})  # type: ignore[arg-type]
 
     async def main() -> tuple[int, int, list[int]]:
@@ -339,21 +340,43 @@ def test_postgres_killed_while_two_routers_write_loses_no_record(postgres_server
             state.start()
         offered = 0
 
-        async def produce(seconds: float) -> None:
+        def offer(per_router: int = 10) -> None:
             nonlocal offered
-            end = time.monotonic() + seconds
-            while time.monotonic() < end:
+            for _ in range(per_router):
                 for state in states:
                     offered += 1
                     assert state.writer.offer(record(request_id=f"r{offered}"))
-                await asyncio.sleep(0.02)
 
-        await produce(1.5)
+        async def round_written() -> None:
+            """The round's records (and any held before them) reach the database."""
+            offer()
+            await until(
+                lambda: not any(state.writer.held for state in states),
+                60,
+                "the round's records written",
+            )
+
+        def failures() -> list[int]:
+            return [state.writer.failed_batches for state in states]
+
+        async def round_refused() -> None:
+            """Each writer tries the dead server with the round's records, and fails."""
+            before = failures()
+            offer()
+            await until(
+                lambda: all(now > then for now, then in zip(failures(), before, strict=True)),
+                60,
+                "a failed write to the killed server",
+            )
+
+        for _ in range(3):
+            await round_written()
         postgres_server.kill()
-        await produce(3)
+        for _ in range(3):
+            await round_refused()
         await asyncio.to_thread(postgres_server.restart)
-        await produce(2)
-        await until(lambda: not any(s.writer.held for s in states), 60, "held records", every_s=0.2)
+        for _ in range(2):
+            await round_written()
         found = await states[0].database.fetch("SELECT COUNT(DISTINCT request_id) FROM request_log")
         for state in states:
             await state.close()
