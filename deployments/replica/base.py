@@ -7,7 +7,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from deployments.config import BatchingConfig
 from deployments.contracts.edge_control_deployment import EdgeControlClient
@@ -32,16 +32,17 @@ RuntimeFactory = Callable[[Path, SessionConfig], R]
 
 
 class ModelServer(Generic[R]):
-    """Base of the model deployments. The runtime class is a constructor argument, so tests can
-    serve a fake without Ray Serve knowing the difference."""
+    """Base of the model deployments. Each names its runtime (`RUNTIME`); a constructor argument
+    overrides it, so tests can serve a fake without Ray Serve knowing the difference."""
 
     TASK = "chat"
+    RUNTIME: ClassVar[type[Any]]  # called as RUNTIME(model_dir, session)
 
     def __init__(
         self,
         model_dir: str,
         session: SessionConfig,
-        runtime_factory: RuntimeFactory,
+        runtime_factory: RuntimeFactory | None = None,
         observability: dict[str, Any] | None = None,
         model_name: str | None = None,
         region: str | None = None,
@@ -53,7 +54,7 @@ class ModelServer(Generic[R]):
         started = time.perf_counter()
         self.model_dir = Path(model_dir)
         self.model_name = model_name or self.model_dir.name
-        self.runtime: R = runtime_factory(self.model_dir, session)
+        self.runtime: R = (runtime_factory or self.RUNTIME)(self.model_dir, session)
         self.load_s = time.perf_counter() - started
         self.ready_at = time.time()
         described = self.runtime.describe()

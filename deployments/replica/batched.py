@@ -22,15 +22,14 @@ from deployments.contracts.encoder_outputs import EmbeddingResult, ModerationRes
 from deployments.contracts.model_deployment import GroupedReplies
 from deployments.contracts.moderation_deployment import ClassifyRequest
 from deployments.contracts.replies import Reply
-from deployments.contracts.session_config import SessionConfig
 from deployments.errors import InvalidRequestError, ServingError
 from deployments.observability.model_telemetry import ModelCall
-from deployments.replica.base import ModelServer, RuntimeFactory, in_thread
+from deployments.replica.base import ModelServer, in_thread
 from deployments.replica.engine.embedding import EmbeddingRuntime
 from deployments.replica.engine.moderation import ModerationRuntime
 
 if TYPE_CHECKING:
-    from ray.serve.handle import DeploymentHandle
+    pass
 
 
 def check_dimensions(requested: int | None, dimension: int, model: str) -> None:
@@ -120,20 +119,7 @@ class EmbeddingServer(BatchedTextServer):
     """deployments.contracts.embedding_deployment.EmbeddingServerProtocol."""
 
     TASK = "embedding"
-
-    def __init__(
-        self,
-        model_dir: str,
-        session: SessionConfig,
-        runtime_factory: RuntimeFactory = EmbeddingRuntime,
-        observability: dict[str, Any] | None = None,
-        model_name: str | None = None,
-        region: str | None = None,
-        control: DeploymentHandle[Any] | None = None,
-    ):
-        super().__init__(
-            model_dir, session, runtime_factory, observability, model_name, region, control
-        )
+    RUNTIME = EmbeddingRuntime
 
     async def embed(self, request: EmbedRequest) -> Reply[EmbeddingResult]:
         with self._held(1):
@@ -167,20 +153,7 @@ class ModerationServer(BatchedTextServer):
     """deployments.contracts.moderation_deployment.ModerationServerProtocol."""
 
     TASK = "moderation"
-
-    def __init__(
-        self,
-        model_dir: str,
-        session: SessionConfig,
-        runtime_factory: RuntimeFactory = ModerationRuntime,
-        observability: dict[str, Any] | None = None,
-        model_name: str | None = None,
-        region: str | None = None,
-        control: DeploymentHandle[Any] | None = None,
-    ):
-        super().__init__(
-            model_dir, session, runtime_factory, observability, model_name, region, control
-        )
+    RUNTIME = ModerationRuntime
 
     async def classify(self, request: ClassifyRequest) -> Reply[list[ModerationResult]]:
         with self._held(1):

@@ -12,9 +12,8 @@ from deployments.contracts.chat_features import ChatFeatures
 from deployments.contracts.outputs import Completion, GenerationChunk
 from deployments.contracts.replies import Reply
 from deployments.contracts.sampling_params import GenerationOptions, SamplingParams
-from deployments.contracts.session_config import SessionConfig
 from deployments.observability.model_telemetry import ModelCall
-from deployments.replica.base import ModelServer, RuntimeFactory
+from deployments.replica.base import ModelServer
 from deployments.replica.engine.chat_features import (
     grammar_of,
     stream_with_tool_calls,
@@ -24,7 +23,7 @@ from deployments.replica.engine.llm import LLMRuntime
 from deployments.replica.engine.tool_calls import ToolCallFormat, tool_call_format
 
 if TYPE_CHECKING:
-    from ray.serve.handle import DeploymentHandle
+    pass
 
 
 class ChatServer(ModelServer[LLMRuntime]):
@@ -32,20 +31,7 @@ class ChatServer(ModelServer[LLMRuntime]):
     ChatRequest."""
 
     TASK = "chat"
-
-    def __init__(
-        self,
-        model_dir: str,
-        session: SessionConfig,
-        runtime_factory: RuntimeFactory = LLMRuntime,
-        observability: dict[str, Any] | None = None,
-        model_name: str | None = None,
-        region: str | None = None,
-        control: DeploymentHandle[Any] | None = None,
-    ):
-        super().__init__(
-            model_dir, session, runtime_factory, observability, model_name, region, control
-        )
+    RUNTIME = LLMRuntime
 
     def _apply_batching(self, batching: BatchingConfig) -> None:
         # The engine reads the limit before each step: new sequences wait for a free slot.
