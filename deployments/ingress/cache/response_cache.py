@@ -94,14 +94,14 @@ class ResponseCache:
             store, data = self.store, ENVELOPE.pack(expires_at) + encode_answer(answer)
             await self._ask("put", lambda: store.put(key, data, self._ttl_s))
 
-    async def claim(self, key: str, token: str, ttl_s: float) -> bool:
-        """Whether this replica makes the key's answer: the store's "being made" mark set for
-        `token`, or no store to share the work with, or one that failed (then each replica
-        makes its own, as without the mark). False: another replica holds the mark."""
+    async def claim(self, key: str, token: str, ttl_s: float) -> bool | None:
+        """Whether this replica makes the key's answer: True, the store's "being made" mark is
+        now `token`'s; False, another replica holds it; None, no store to share the work with,
+        or one that is down or failed (each replica makes its own, as without the mark)."""
         if self.store is None or self._clock() < self._retry_at:  # a store left alone: uncounted
-            return True
+            return None
         store = self.store
-        return await self._ask("claim", lambda: store.claim(key, token, ttl_s)) is not False
+        return await self._ask("claim", lambda: store.claim(key, token, ttl_s))
 
     async def release(self, key: str, token: str) -> None:
         """Remove the mark `claim` set (a failure is counted: the mark then ends by its TTL)."""

@@ -113,20 +113,27 @@ class SingleFlight:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._flights[key] = future
         token, ttl_s = secrets.token_hex(8), self._config.mark_ttl_s
+        pacer = PollPacer(self._config.poll_min_ms / 1000, self._config.poll_max_ms / 1000)
+        wait_s, waited = pacer.fast_s, False
         try:
-            pacer = PollPacer(self._config.poll_min_ms / 1000, self._config.poll_max_ms / 1000)
-            wait_s = pacer.fast_s
-            while not await self.cache.claim(key, token, ttl_s):
+            while (marked := await self.cache.claim(key, token, ttl_s)) is False:
                 left_s = deadline - self._clock()
                 if left_s <= 0:
-                    token = ""  # past the wait: made here too, without the mark
-                    break
+                    break  # past the wait: made here too, without the mark
                 await self._sleep(min(wait_s, left_s))
+                waited = True
                 answer = await self.cache.get(key)
                 if answer is not None:
                     self.end(key, future, answer)
                     return Found(answer, joined=True)
                 wait_s = pacer.after_read(busy=False)
+            if not marked:  # None: no backend to mark (or it failed); False: waited out
+                token = ""
+            elif (answer := await self.cache.get(key)) is not None:
+                # Made by another between our look and our claim: its mark goes once it is in.
+                self.end(key, future, answer)
+                await self.cache.release(key, token)
+                return Found(answer, joined=waited)
         except BaseException:
             self.end(key, future, None)
             raise
