@@ -220,16 +220,11 @@ def test_one_cut_choice_of_several_keeps_the_answer_out_of_the_cache():
 # ---- across router replicas: the backend's "being made" mark ----------------------------------
 
 
-def test_identical_chats_across_two_router_replicas_on_one_sqlite_file_make_one_call(
-    tmp_path: Path,
-):
+def test_identical_chats_across_two_router_replicas_on_one_backend_make_one_call(backend):
     glm = HeldChat()
     handles = fake_handles(glm=glm)
-    path = tmp_path / "response-cache.sqlite3"
     config = no_gate(cache={"timeout_ms": 10_000})  # far above what a loaded machine takes
-    replicas = [
-        services_for(config, handles, cache_store=SQLiteStore(path, 100, 10_000)) for _ in range(2)
-    ]
+    replicas = [services_for(config, handles, cache_store=backend()) for _ in range(2)]
 
     async def scenario() -> list[Any]:
         reads = [counting_lookups(services) for services in replicas]
