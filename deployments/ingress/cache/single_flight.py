@@ -114,7 +114,7 @@ class SingleFlight:
         self._flights[key] = future
         token, ttl_s = secrets.token_hex(8), self._config.mark_ttl_s
         pacer = PollPacer(self._config.poll_min_ms / 1000, self._config.poll_max_ms / 1000)
-        wait_s, waited = pacer.fast_s, False
+        wait_s, waited, marked = pacer.fast_s, False, None
         try:
             while (marked := await self.cache.claim(key, token, ttl_s)) is False:
                 left_s = deadline - self._clock()
@@ -134,7 +134,9 @@ class SingleFlight:
                 self.end(key, future, answer)
                 await self.cache.release(key, token)
                 return Found(answer, joined=waited)
-        except BaseException:
+        except BaseException:  # cancelled (the client left) or failed: let the waiters go
             self.end(key, future, None)
+            if marked:
+                await self.cache.release(key, token)
             raise
         return Found(None, lead=Lead(self, key, future, token))
