@@ -168,6 +168,25 @@ def test_a_failed_first_call_is_not_served_to_those_waiting_for_it():
     assert said[-1] == "MISS" and set(said[:-1]) <= {"HIT", "JOINED"}
 
 
+def test_a_first_request_whose_client_left_lets_its_waiters_go():
+    glm = HeldChat()
+    services = services_for(no_gate(), fake_handles(glm=glm))
+
+    async def scenario() -> list[Any]:
+        reads = counting_lookups(services)
+        tasks = [asyncio.ensure_future(services.chat.complete(chat(), context())) for _ in range(N)]
+        await until(lambda: len(reads) >= N, 10, "every request to look the cache up")
+        assert len(glm.complete.calls) == 1
+        tasks[0].cancel()  # the first, in the model call: the others wait for it
+        await until(lambda: len(glm.complete.calls) == 2, 10, "a waiter to make the answer")
+        glm.go.set()
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    first, *answers = asyncio.run(scenario())
+    assert isinstance(first, asyncio.CancelledError)
+    assert len(glm.complete.calls) == 2 and all(a.value == answers[0].value for a in answers)
+
+
 def test_a_waiter_past_its_wait_limit_calls_the_model_itself():
     glm = HeldChat()
     config = no_gate(cache={"single_flight": {"wait_s": 0.01}})
