@@ -90,6 +90,41 @@ class BatchingConfig(_Strict):
 CacheBackend = Literal["sqlite", "redis", "memory"]
 
 
+class SingleFlightConfig(_Strict):
+    """One miss, one model call (deployments.ingress.cache.single_flight): identical cacheable
+    requests that arrive while the first is being answered wait for its answer, on one router
+    replica through its memory, across the replicas that share the backend through a "being
+    made" mark in it (sqlite: a node's routers; redis: the cluster's)."""
+
+    enabled: bool = True
+    wait_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="the longest a request waits for an identical one's answer; past it, it "
+        "calls the model itself",
+    )
+    mark_ttl_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="the life of the backend's mark: a router that dies while making an answer "
+        "holds the others back no longer",
+    )
+    poll_min_ms: float = Field(default=5.0, gt=0, le=10_000, description="another replica's mark")
+    poll_max_ms: float = Field(
+        default=50.0, gt=0, le=10_000, description="the poll interval doubles up to this"
+    )
+
+    @model_validator(mode="after")
+    def _poll_interval_grows(self) -> SingleFlightConfig:
+        if self.poll_min_ms > self.poll_max_ms:
+            raise ValueError(
+                f"poll_min_ms ({self.poll_min_ms:g}) is above poll_max_ms ({self.poll_max_ms:g})"
+            )
+        return self
+
+
 class CacheConfig(_Strict):
     """Exact-match response cache for deterministic requests (embeddings, moderation, chat with
     temperature 0 or a seed), shared by the router replicas (docs/edge.md, "The response cache"):
@@ -121,6 +156,7 @@ class CacheConfig(_Strict):
     retry_after_s: float = Field(
         default=1.0, gt=0, le=300, description="a backend that failed is not asked for this long"
     )
+    single_flight: SingleFlightConfig = SingleFlightConfig()
 
     @field_validator("redis_url")
     @classmethod
@@ -183,6 +219,16 @@ class RouterConfig(_Strict):
     coalesce: CoalesceConfig = CoalesceConfig()
     listener: ListenerConfig = ListenerConfig()
     num_cpus: float = Field(default=0.1, gt=0, le=64)
+
+    @model_validator(mode="after")
+    def _single_flight_waits_within_a_request(self) -> RouterConfig:
+        wait_s = self.cache.single_flight.wait_s
+        if wait_s > self.request_timeout_s:
+            raise ValueError(
+                f"cache.single_flight.wait_s ({wait_s:g}) is above request_timeout_s "
+                f"({self.request_timeout_s:g}): a request would wait past its own end"
+            )
+        return self
 
 
 class AppConfig(_Strict):

@@ -25,7 +25,7 @@ class EdgeHeaders:
     rtt_ms: float | None = None
     route_reason: str = ""  # nearest | warm | spillover | failover
     failover: tuple[str, ...] = ()  # colos tried, in order
-    cache: str = ""  # HIT | MISS
+    cache: str = ""  # HIT | JOINED | MISS
     cold_start: bool = False
     cold_start_ms: float | None = None
     request_id: str = ""

@@ -33,7 +33,7 @@ def logged(t_s: float, **changes: object) -> RequestRecord:
     return record(ts=NOW + t_s + 0.2, latency_ms=200.0, request_id=None, **changes)
 
 
-# Written out of time order (a later batch can hold an earlier request); 5 of 11 are load.
+# Written out of time order (a later batch can hold an earlier request); 5 of 12 are load.
 LOG = [
     logged(5.0, colo="SIN", region="ap", model="embedding", input_tokens=3),
     logged(0.0),
@@ -43,6 +43,7 @@ LOG = [
     logged(3.5, colo=None, region=None, status=429, error_type="RateLimitedError"),
     logged(4.0, colo=None, region=None, status=503, error_type="QueueFullError"),
     logged(4.5, cache="HIT"),
+    logged(4.6, cache="JOINED"),  # waited for an identical request's answer: no model call
     logged(6.0, colo="XXX"),  # a colo this world does not have
     logged(7.0, model=None, colo=None, region=None, status=400),
     logged(8.0, colo="FRA", status=500, error_type="InternalServerError"),  # failed mid-stream
@@ -95,6 +96,7 @@ def test_request_log_replays_routed_requests_of_served_models_at_their_entry_col
     assert replay.skipped == {
         "client error (4xx)": 3,
         "cache hit": 1,
+        "joined an identical request": 1,
         "model not served: kimi": 1,
         "no entry colo (5xx: shed or failed)": 1,
         "colo not in the topology: XXX": 1,

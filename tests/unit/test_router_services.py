@@ -407,6 +407,12 @@ class DownStore:
     async def put(self, key: str, value: bytes, ttl_s: float) -> None:
         raise StoreUnavailable("redis: connection refused")
 
+    async def claim(self, key: str, token: str, ttl_s: float) -> bool:
+        raise StoreUnavailable("redis: connection refused")
+
+    async def release(self, key: str, token: str) -> None:
+        raise StoreUnavailable("redis: connection refused")
+
     async def close(self) -> None:
         pass
 

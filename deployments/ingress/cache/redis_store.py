@@ -32,6 +32,13 @@ if excess > 0 then
 end
 return excess
 """
+# KEYS: the mark. ARGV: its holder's token. Deletes the mark only if that holder still holds it.
+RELEASE_SCRIPT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
 # The entry format's version is in its keys: a new format never reads the old one's entries.
 FORMAT = "v1:"
 
@@ -57,6 +64,7 @@ class RedisStore:
             **options,
         )
         self._put_script = self._client.register_script(PUT_SCRIPT)
+        self._release_script = self._client.register_script(RELEASE_SCRIPT)
         self._prefix = key_prefix + FORMAT
         self._index = self._prefix + "index"
         self.max_entries = max_entries
@@ -76,6 +84,22 @@ class RedisStore:
             )
         except (RedisError, OSError) as error:
             raise StoreUnavailable(f"redis: {error}") from error
+
+    async def claim(self, key: str, token: str, ttl_s: float) -> bool:
+        ttl_ms = max(1, round(ttl_s * 1000))
+        try:  # SET NX PX: the mark's life is the server's clock, as an entry's is
+            return bool(await self._client.set(self._mark(key), token, nx=True, px=ttl_ms))
+        except (RedisError, OSError) as error:
+            raise StoreUnavailable(f"redis: {error}") from error
+
+    async def release(self, key: str, token: str) -> None:
+        try:
+            await self._release_script(keys=[self._mark(key)], args=[token])
+        except (RedisError, OSError) as error:
+            raise StoreUnavailable(f"redis: {error}") from error
+
+    def _mark(self, key: str) -> str:
+        return self._prefix + "mark:" + key  # keys are hex digests: never "mark:..." themselves
 
     async def close(self) -> None:
         await self._client.aclose()

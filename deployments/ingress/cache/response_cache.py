@@ -27,8 +27,8 @@ ENVELOPE = struct.Struct("<d")
 MAX_STORE_CALLS_IN_FLIGHT = 64
 
 FailureCounter = Callable[[str, str, str], None]
-"""Counts one failed store call: (backend, operation: get|put, reason: timeout|error|busy|down|
-corrupt)."""
+"""Counts one failed store call: (backend, operation: get|put|claim|release, reason: timeout|
+error|busy|down|corrupt)."""
 
 log = logging.getLogger("ray.serve")
 T = TypeVar("T")
@@ -93,6 +93,21 @@ class ResponseCache:
         if self.store is not None:
             store, data = self.store, ENVELOPE.pack(expires_at) + encode_answer(answer)
             await self._ask("put", lambda: store.put(key, data, self._ttl_s))
+
+    async def claim(self, key: str, token: str, ttl_s: float) -> bool | None:
+        """Whether this replica makes the key's answer: True, the store's "being made" mark is
+        now `token`'s; False, another replica holds it; None, no store to share the work with,
+        or one that is down or failed (each replica makes its own, as without the mark)."""
+        if self.store is None or self._clock() < self._retry_at:  # a store left alone: uncounted
+            return None
+        store = self.store
+        return await self._ask("claim", lambda: store.claim(key, token, ttl_s))
+
+    async def release(self, key: str, token: str) -> None:
+        """Remove the mark `claim` set (a failure is counted: the mark then ends by its TTL)."""
+        if self.store is not None and self._clock() >= self._retry_at:
+            store = self.store
+            await self._ask("release", lambda: store.release(key, token))
 
     async def close(self) -> None:
         if self.store is not None:

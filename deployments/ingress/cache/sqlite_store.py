@@ -18,10 +18,13 @@ from deployments.ingress.cache.store import StoreUnavailable
 # The table's name carries the entry format's version: a new format starts an empty table
 # instead of reading entries it cannot decode.
 TABLE = "response_cache_v1"
+MARKS = "response_cache_marks_v1"  # "being made" marks (single_flight.py): few, short-lived
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS {TABLE} (key TEXT PRIMARY KEY, value BLOB NOT NULL,
                                     expires_at REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS {TABLE}_expiry ON {TABLE} (expires_at);
+CREATE TABLE IF NOT EXISTS {MARKS} (key TEXT PRIMARY KEY, token TEXT NOT NULL,
+                                    expires_at REAL NOT NULL);
 """
 T = TypeVar("T")
 
@@ -49,6 +52,12 @@ class SQLiteStore:
 
     async def put(self, key: str, value: bytes, ttl_s: float) -> None:
         await self._on_thread(self._put, key, value, ttl_s)
+
+    async def claim(self, key: str, token: str, ttl_s: float) -> bool:
+        return await self._on_thread(self._claim, key, token, ttl_s)
+
+    async def release(self, key: str, token: str) -> None:
+        await self._on_thread(self._release, key, token)
 
     async def close(self) -> None:
         await self._on_thread(self._close)
@@ -102,6 +111,29 @@ class SQLiteStore:
                     "ORDER BY expires_at DESC LIMIT -1 OFFSET ?)",
                     (self.max_entries,),
                 )
+        except (sqlite3.Error, OSError) as error:
+            raise self._lost(error) from error
+
+    def _claim(self, key: str, token: str, ttl_s: float) -> bool:
+        now = self._clock()
+        try:
+            db = self._connection()
+            with db:
+                db.execute("BEGIN IMMEDIATE")
+                db.execute(f"DELETE FROM {MARKS} WHERE expires_at <= ?", (now,))
+                taken = db.execute(
+                    f"INSERT OR IGNORE INTO {MARKS} (key, token, expires_at) VALUES (?, ?, ?)",
+                    (key, token, now + ttl_s),
+                ).rowcount
+        except (sqlite3.Error, OSError) as error:
+            raise self._lost(error) from error
+        return taken == 1
+
+    def _release(self, key: str, token: str) -> None:
+        try:
+            self._connection().execute(
+                f"DELETE FROM {MARKS} WHERE key = ? AND token = ?", (key, token)
+            )
         except (sqlite3.Error, OSError) as error:
             raise self._lost(error) from error
 

@@ -20,4 +20,13 @@ class SharedStore(Protocol):
 
     async def put(self, key: str, value: bytes, ttl_s: float) -> None: ...
 
+    async def claim(self, key: str, token: str, ttl_s: float) -> bool:
+        """Set the key's "being made" mark, held by `token` for ttl_s, unless another holds one
+        still alive: True when this caller now holds it (single_flight.py)."""
+        ...
+
+    async def release(self, key: str, token: str) -> None:
+        """Remove the key's mark if `token` still holds it."""
+        ...
+
     async def close(self) -> None: ...

@@ -19,7 +19,7 @@ from deployments.ingress.protocol.models import Task
 from deployments.ingress.security import Reservation
 from deployments.ingress.serving.admission import Admission
 from deployments.ingress.serving.answer import Answer
-from deployments.ingress.serving.caching import CachedAnswers
+from deployments.ingress.serving.caching import NOT_CACHED, CachedAnswers
 from deployments.ingress.serving.context import RequestContext
 from deployments.ingress.serving.models import ModelCatalogue, ServedModel
 from deployments.observability import RequestTelemetry
@@ -64,19 +64,21 @@ class ModelService(Generic[Asked, Admits, T]):
         """The answer to an admitted request: cached if `cacheable` (and not a fallback's), else
         `call` through the edge; the key's tokens settled however it ends."""
         model, quota = admitted.model, admitted.quota
-        used_tokens = 0
+        used_tokens, cached = 0, NOT_CACHED
         try:
             cacheable = cacheable and not admitted.fallback
             cached = await self.cached.lookup(self.task, asked, ctx, cacheable=cacheable)
             if cached.hit is not None:
                 answer, trace = cached.hit, await self.edge.nearest(model.name, ctx)
+                cached.served(trace)
             else:
                 result, trace = await self._dispatch(admitted, ctx, call)
                 answer = await self._answer(asked, admitted, result.reply.value)
-                await cached.store(answer, trace)
+                await cached.store(answer, trace, whole=self._whole(answer))
             used_tokens = self._used_tokens(answer, quota)
         finally:
             quota.settle(used_tokens)
+            await cached.release()  # waiters for an answer it could not share look again
         self._report_usage(answer, ctx.telemetry)
         return Answer.of(answer, trace, quota)
 
@@ -89,6 +91,10 @@ class ModelService(Generic[Asked, Admits, T]):
     async def _answer(self, asked: Asked, admitted: Admits, reply: Any) -> T:
         """The model's reply as the answer the service returns and caches."""
         raise NotImplementedError
+
+    def _whole(self, answer: T) -> bool:
+        """Whether the answer is whole, so it may be cached and shared (not cut short)."""
+        return True
 
     def _used_tokens(self, answer: T, quota: Reservation) -> int:
         """The tokens the request really used, which its key's reservation is settled with."""

@@ -1,6 +1,7 @@
 """The response cache in front of a model call: a service looks its request up first; a hit is
-answered by the nearest colo, a miss is made and stored; `x-edge-cache` (on the trace) says
-which."""
+answered by the nearest colo, a miss is made and stored, and identical requests that arrive while
+it is being made wait for it (`cache/single_flight.py`); `x-edge-cache` (on the trace) says
+which: HIT, JOINED or MISS."""
 
 from __future__ import annotations
 
@@ -9,25 +10,47 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from deployments.ingress.cache import ResponseCache, cache_key
+from deployments.ingress.cache import cache_key
+from deployments.ingress.cache.single_flight import Lead, SingleFlight
 from deployments.ingress.edge.trace import EdgeTrace
 from deployments.ingress.serving.context import RequestContext
 
 
 @dataclass(frozen=True)
 class CacheLookup:
-    """One request's look into the cache: the answer found (`hit`), or where a new one goes."""
+    """One request's look into the cache: the answer found (`hit`, `joined` when an identical
+    request made it while this one waited), or where a new one goes."""
 
     hit: Any | None
-    _cache: ResponseCache | None = None
+    joined: bool = False
+    _flights: SingleFlight | None = None
     _key: str | None = None  # None: not cached (bypassed, or not cacheable)
+    _lead: Lead | None = None  # identical requests wait for this one's answer
 
-    async def store(self, answer: Any, trace: EdgeTrace) -> None:
-        """Keep the answer just made for the next same request, on every router replica; its
-        trace says MISS."""
-        if self._cache is not None and self._key is not None:
-            await self._cache.put(self._key, answer)
-            trace.cache = "MISS"
+    def served(self, trace: EdgeTrace) -> None:
+        """Say on a hit's trace whether it waited for an identical request's answer."""
+        if self.joined:
+            trace.cache = "JOINED"
+
+    async def store(self, answer: Any, trace: EdgeTrace, *, whole: bool = True) -> None:
+        """Keep the answer just made for the next same request, on every router replica, and
+        hand it to those waiting for it; its trace says MISS. An answer that is not `whole` (cut
+        by the moderation gate) is neither kept nor handed over."""
+        if self._flights is None or self._key is None:
+            return
+        trace.cache = "MISS"
+        if not whole:
+            await self.release()
+        elif self._lead is not None:
+            await self._lead.share(answer)
+        else:
+            await self._flights.cache.put(self._key, answer)
+
+    async def release(self) -> None:
+        """Let go of the requests waiting for this one's answer if it made none to share (it
+        failed, was refused or cut); nothing once `store` shared it."""
+        if self._lead is not None:
+            await self._lead.drop()
 
 
 NOT_CACHED = CacheLookup(None)
@@ -35,14 +58,16 @@ NOT_CACHED = CacheLookup(None)
 
 @dataclass(frozen=True)
 class CachedAnswers:
-    cache: ResponseCache
+    flights: SingleFlight  # the response cache, and the answers being made for it
 
     async def lookup(
         self, endpoint: str, request: BaseModel, ctx: RequestContext, cacheable: bool = True
     ) -> CacheLookup:
-        """The cached answer to `request` for this key, if any; neither looked up nor stored when
-        the client bypasses the cache or the request is not `cacheable`."""
-        if ctx.cache_bypass or not cacheable or not self.cache.enabled:
+        """The cached answer to `request` for this key, if any, or an identical request's once
+        made; neither looked up nor stored when the client bypasses the cache or the request is
+        not `cacheable`."""
+        if ctx.cache_bypass or not cacheable or not self.flights.cache.enabled:
             return NOT_CACHED
         key = cache_key(endpoint, request, ctx.key_id)
-        return CacheLookup(await self.cache.get(key), self.cache, key)
+        found = await self.flights.find(key)
+        return CacheLookup(found.answer, found.joined, self.flights, key, found.lead)

@@ -121,6 +121,10 @@ class ChatService(ModelService[ChatCompletionRequest, AdmittedChat, ChatCompleti
                 choices[i] = dataclasses.replace(done, text=text, finish_reason=finish)
         return chat_completion(asked_as, choices)
 
+    def _whole(self, answer: ChatCompletion) -> bool:
+        """An answer the output gate cut in any choice is never cached nor shared."""
+        return all(choice.finish_reason != "content_filter" for choice in answer.choices)
+
     def _used_tokens(self, answer: ChatCompletion, quota: Reservation) -> int:
         return answer.usage.total_tokens
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from deployments.config import AppConfig
 from deployments.contracts.edge_control_deployment import EdgeControlClient
 from deployments.contracts.warm_pool_deployment import WarmPoolClient
-from deployments.ingress.cache import ResponseCache, SharedStore
+from deployments.ingress.cache import ResponseCache, SharedStore, SingleFlight
 from deployments.ingress.edge.clients import model_clients
 from deployments.ingress.edge.dispatch import EdgeDispatcher
 from deployments.ingress.edge.pools import RegionPools
@@ -141,13 +141,12 @@ def build_services(
         max_extra_rtt_ms=edge_config.routing.max_extra_rtt_ms,
     )
     metrics = observability.metrics if observability is not None else None
-    cached = CachedAnswers(
-        ResponseCache(
-            router.cache,
-            cache_store,
-            on_failure=metrics.cache_backend_failure if metrics is not None else None,
-        )
+    cache = ResponseCache(
+        router.cache,
+        cache_store,
+        on_failure=metrics.cache_backend_failure if metrics is not None else None,
     )
+    cached = CachedAnswers(SingleFlight(cache, router.cache.single_flight))
     security = config.security
     admission = Admission(
         RateLimiter(clock=clock, share=rate_limit_share),

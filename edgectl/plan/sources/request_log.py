@@ -53,15 +53,18 @@ def not_replayed(
     """Why a row is not replayed (the first reason that applies), or None: it is load.
 
     Load is a row for a model the config serves that the router routed (it names an entry colo
-    of the world) and that was neither a client error nor answered from a colo's cache. A 4xx is
-    refused before any model (auth, limits, budgets, validation) or is the client's mistake, and
-    the dispatcher never counts one against a backend either; 499 (the client left) is load, a
+    of the world) and that was neither a client error nor answered without a model call of its
+    own (a colo's cache, or an identical request's answer it waited for). A 4xx is refused
+    before any model (auth, limits, budgets, validation) or is the client's mistake, and the
+    dispatcher never counts one against a backend either; 499 (the client left) is load, a
     model was working on it. The router records the entry colo only for requests it routed to
     an answer, so a 5xx it shed or failed has none: counted, not replayed (docs/plan.md)."""
     if 400 <= status < 500 and status != CLIENT_CLOSED_REQUEST:
         return "client error (4xx)"
     if cache == "HIT":
         return "cache hit"
+    if cache == "JOINED":  # waited for an identical request's answer: no model call of its own
+        return "joined an identical request"
     if model is None:
         return "no model"
     if model not in served:
