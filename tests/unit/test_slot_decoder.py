@@ -79,3 +79,26 @@ def test_full_slots_and_wrong_calls_are_refused(graph):
     with pytest.raises(ValueError, match="max_len"):
         decoder.extend(0, list(range(70)))
     assert decoder.release(0) is None and decoder.active == 0
+
+
+def test_swap_more_slots_and_a_partial_step_keep_each_sequence_its_own(graph):
+    expected = [_alone(graph, p) for p in PROMPTS]
+    decoder = _decoder(graph, slots=1)
+    decoder.prefill(PROMPTS[0])
+    decoder.ensure_slots(3)  # grown with a sequence in it: slot 0 keeps its positions
+    assert decoder.slots == 3
+    decoder.prefill(PROMPTS[1])
+    decoder.swap(0, 1)  # now PROMPTS[1] in slot 0, PROMPTS[0] in slot 1
+    decoder.prefill(PROMPTS[2][:5])  # being prefilled in chunks: sits out the next step
+    logits = decoder.step(CONTINUATION[:1] * 2)
+    assert logits.shape[0] == 2 and decoder.lengths[2] == 5
+    np.testing.assert_allclose(logits[0], expected[1][1], atol=ATOL)
+    np.testing.assert_allclose(logits[1], expected[0][1], atol=ATOL)
+    np.testing.assert_allclose(decoder.extend(2, PROMPTS[2][5:]), expected[2][0], atol=ATOL)
+
+
+def test_a_failed_prefill_leaves_no_slot_taken(graph):
+    decoder = _decoder(graph, slots=2)
+    with pytest.raises(ValueError, match="max_len"):
+        decoder.prefill(list(range(70)))
+    assert decoder.active == 0

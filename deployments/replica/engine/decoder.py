@@ -41,6 +41,11 @@ class DecoderGraph:
     """Runs a KV-cache decoder graph; knows nothing of requests, sampling or text."""
 
     def __init__(self, session: OnnxSession, layout: KVCacheLayout):
+        if layout.layout != "concat":
+            raise ValueError(
+                f"DecoderGraph runs a 'concat' cache graph, not a {layout.layout!r} one: a "
+                "'slots' graph (--attention fused) runs on slot_decoder.SlotDecoder"
+            )
         self.session = session
         self.layout = layout
         # Named once: formatting them was a few microseconds of every step.

@@ -2,8 +2,10 @@
 the request API, what a caller (`replica/chat.py`) sees.
 
 Each request becomes a sequence per choice. The `scheduler` admits waiting sequences and the
-`step_runner` prefills them and advances every running sequence by one token in a single batched
-forward pass, so concurrent streams share each step; sequences join and leave between steps.
+step runner prefills them and advances every running sequence by one token in a single batched
+forward pass, so concurrent streams share each step; sequences join and leave between steps. The
+manifest picks the runner: `step_runner` for the plain graph, `slot_step_runner` for a slot-cache
+graph (`kv_cache.layout == "slots"`, which has no prefix cache yet).
 What a generation is asked is in `sampling_params`, what it returns in `outputs`, one
 sequence's state in `sequence`, where the engine's time goes in `step_profile`.
 """
@@ -13,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,15 +38,19 @@ from deployments.observability.timings import InferenceTimings
 from deployments.replica.engine.allocator import keep_freed_memory
 from deployments.replica.engine.decoder import DecoderGraph
 from deployments.replica.engine.grammar import GrammarCompiler
-from deployments.replica.engine.next_token_graph import next_token_only
 from deployments.replica.engine.prefix_cache import DEFAULT_MAX_BYTES as PREFIX_CACHE_BYTES
 from deployments.replica.engine.prefix_cache import PrefixCache
 from deployments.replica.engine.sampling import SamplingState, log_softmax
 from deployments.replica.engine.scheduler import Scheduler
 from deployments.replica.engine.sequence import SequenceState, coalesced
-from deployments.replica.engine.session import SessionConfig, open_session
+from deployments.replica.engine.session import SessionConfig
+from deployments.replica.engine.slot_step_runner import (
+    DEFAULT_PREFILL_CHUNK_TOKENS,
+    PREFIX_CACHE_OFF,
+    SlotStepRunner,
+)
 from deployments.replica.engine.step_profile import StepProfile
-from deployments.replica.engine.step_runner import DecoderStepRunner
+from deployments.replica.engine.step_runner import DecoderStepRunner, EngineThread
 from deployments.replica.engine.tokenizer import ChatTokenizer
 
 DEFAULT_MAX_CHOICES = 8
@@ -63,7 +68,10 @@ class LLMRuntime:
         default_max_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         max_choices: int = DEFAULT_MAX_CHOICES,
         prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
+        prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
     ):
+        """`prefill_chunk_tokens`: a slot-cache model's long prompts are prefilled in chunks of
+        this many tokens, the running streams decoding between two (`slot_step_runner`)."""
         if max_batch_size < 1:  # before the model loads
             raise ValueError("max_batch_size must be at least 1")
         keep_freed_memory()  # a decode step's temporaries are reused, not re-mapped, each step
@@ -85,21 +93,21 @@ class LLMRuntime:
         # Built on first use: a model that never sees a grammar never pays for one.
         self._grammar_compiler: GrammarCompiler | None = None
         self.vocab_size = self.manifest.vocab_size or self.tokenizer.vocab_size
-        started = time.perf_counter()
-        graph_path = self.model_dir / self.manifest.graph
-        next_token_graph = next_token_only(graph_path)
-        self.session = open_session(
-            next_token_graph or graph_path, session_config, external_data_dir=graph_path.parent
-        )
-        self.session.load_s = time.perf_counter() - started  # the rewrite is part of loading
-        self.graph = DecoderGraph(self.session, spec.kv_cache)
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
-        start = time.perf_counter()
-        _, cache = self.graph.prefill([spec.pad_token_id] * 4)
-        self.graph.decode([spec.pad_token_id], [cache])
-        self.session.warmup_s = time.perf_counter() - start
-
-        self.runner = DecoderStepRunner(self.graph, self.prefix_cache)
+        self.runner: EngineThread
+        if spec.kv_cache.layout == "slots":
+            self.runner = SlotStepRunner.open(
+                self.model_dir,
+                self.manifest,
+                session_config,
+                slots=max_batch_size,
+                prefill_chunk_tokens=prefill_chunk_tokens,
+            )
+        else:
+            self.runner = DecoderStepRunner.open(
+                self.model_dir, self.manifest, session_config, self.prefix_cache
+            )
+        self.session = self.runner.session
         self.scheduler: Scheduler[SequenceState] = Scheduler(self.runner, max_batch_size)
 
     # ---- request side -------------------------------------------------------------------
@@ -270,7 +278,7 @@ class LLMRuntime:
     def _score_prompt(self, prompt: Sequence[int], top: int) -> tuple[PromptTokenLogprob, ...]:
         rows: Sequence[np.ndarray] | np.ndarray = []
         if len(prompt) > 1:
-            rows = self.graph.cached_logits(prompt[:1], prompt[1:-1])
+            rows = self.runner.cached_logits(prompt[:1], prompt[1:-1])
         first = self._token_text(prompt[0])
         scored = [PromptTokenLogprob(first.token, first.token_bytes, None)]
         for token, logits in zip(prompt[1:], rows, strict=True):
@@ -303,8 +311,19 @@ class LLMRuntime:
             "max_batch_size": self.max_batch_size,
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),
-            "prefix_cache": self.prefix_cache.describe(),
+            "prefix_cache": (
+                self.prefix_cache.describe()
+                if isinstance(self.runner, DecoderStepRunner)
+                else {"enabled": False, "why": PREFIX_CACHE_OFF}
+            ),
         }
+
+    @property
+    def graph(self) -> DecoderGraph:
+        """The plain graph (benchmarks and parity checks run it directly)."""
+        if not isinstance(self.runner, DecoderStepRunner):
+            raise ValueError(f"{self.model_dir} is a slot-cache model: it runs on SlotDecoder")
+        return self.runner.graph
 
     # ---- counters the benchmarks and tests read and reset ------------------------------
 

@@ -38,8 +38,9 @@ S = TypeVar("S", bound=ScheduledSequence)
 
 
 class StepRunner(Protocol[S]):
-    """Runs the batch's steps (`step_runner.DecoderStepRunner`): the seam between deciding who
-    is in the batch and computing their next tokens."""
+    """Runs the batch's steps (`step_runner.DecoderStepRunner` for the plain graph,
+    `slot_step_runner.SlotStepRunner` for the slot-cache one): the seam between deciding who is
+    in the batch and computing their next tokens."""
 
     async def run(
         self, admitted: list[S], running: list[S], keeps_batch: Callable[[list[S]], bool]

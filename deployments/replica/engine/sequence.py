@@ -19,7 +19,12 @@ from deployments.errors import ServingError
 from deployments.observability.timings import InferenceTimings
 from deployments.replica.engine.decoder import KVCache
 from deployments.replica.engine.grammar import GrammarConstraint
-from deployments.replica.engine.sampling import SampledToken, SamplingState, StopStringMatcher
+from deployments.replica.engine.sampling import (
+    SampledToken,
+    SamplingState,
+    StopStringMatcher,
+    sample_batch,
+)
 from deployments.replica.engine.tokenizer import ChatTokenizer, IncrementalDetokenizer
 
 
@@ -123,6 +128,21 @@ class SequenceState:
     def _describe(self, token: int, logprob: float) -> TokenLogprob:
         raw = self.tokenizer.token_bytes(token, skip_special_tokens=False)
         return TokenLogprob(raw.decode("utf-8", errors="replace"), raw, logprob)
+
+
+def next_tokens(batch: Sequence[SequenceState], logits: np.ndarray) -> list[GenerationChunk]:
+    """Each sequence's next token from its row of `logits` [batch, vocab], sampled for the whole
+    batch in one pass (grammar masks, sampling, logprobs), then taken by each sequence (stop
+    strings, detokenising, finish): what every step runner does with a step's logits."""
+    allowed = None
+    if any(seq.constraint is not None for seq in batch):
+        allowed = np.ones(logits.shape, bool)
+        for i, mask in enumerate(seq.allowed() for seq in batch):
+            if mask is not None:
+                allowed[i, : len(mask)] = mask
+                allowed[i, len(mask) :] = False
+    sampled = sample_batch(logits, [s.sampling for s in batch], allowed)
+    return [seq.accept(token) for seq, token in zip(batch, sampled, strict=True)]
 
 
 def coalesced(

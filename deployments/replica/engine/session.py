@@ -28,8 +28,13 @@ def cuda_available() -> bool:
     return "CUDAExecutionProvider" in ort.get_available_providers()
 
 
+def uses_cuda(config: SessionConfig) -> bool:
+    """Whether a session opened with `config` runs on CUDA (`auto` takes it where it is)."""
+    return config.provider == "cuda" or (config.provider == "auto" and cuda_available())
+
+
 def _providers(config: SessionConfig) -> list[str | tuple[str, dict[str, object]]]:
-    want_cuda = config.provider == "cuda" or (config.provider == "auto" and cuda_available())
+    want_cuda = uses_cuda(config)
     if config.provider == "cuda" and not cuda_available():
         raise RuntimeError(
             "provider 'cuda' requested but this onnxruntime has no CUDAExecutionProvider "

@@ -18,6 +18,8 @@ and rebinds only when the number of active rows or the capacity changed.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import onnxruntime as ort
 
@@ -42,7 +44,7 @@ class SlotDecoder:
     ):
         if cache.layout != "slots":
             raise ValueError(f"SlotDecoder runs a 'slots' cache graph, not {cache.layout!r}")
-        self.session, self.cache = session, cache
+        self.session, self.cache, self.vocab_size = session, cache, vocab_size
         self.slots, self.max_len, self.grow_by = slots, max_len, grow_by
         self.capacity = min(grow_by, max_len)
         self.keys = [self._buffer(self.capacity) for _ in range(cache.num_layers)]
@@ -55,6 +57,7 @@ class SlotDecoder:
         self._logits = np.zeros((slots, vocab_size), np.float32)
         self._binding: ort.IOBinding | None = None
         self._bound_rows = -1
+        self.run_s = 0.0  # seconds inside the graph, summed (the step profile's "graph" share)
 
     def _buffer(self, capacity: int) -> np.ndarray:
         c = self.cache
@@ -67,14 +70,28 @@ class SlotDecoder:
             return
         if needed > self.max_len:
             raise ValueError(f"{needed} positions exceed max_len {self.max_len}")
-        capacity = min(self.max_len, -(-needed // self.grow_by) * self.grow_by)
+        self._reallocate(self.slots, min(self.max_len, -(-needed // self.grow_by) * self.grow_by))
+
+    def ensure_slots(self, needed: int) -> None:
+        """Room for `needed` sequences (the batch limit can be raised while serving): every
+        buffer reallocated with that many slots, the active ones copied."""
+        if needed > self.slots:
+            self._reallocate(needed, self.capacity)
+
+    def _reallocate(self, slots: int, capacity: int) -> None:
         keep = int(self.lengths[: self.active].max(initial=0))
+        grown_slots = slots - self.slots
+        self.slots, self.capacity = slots, capacity
         for buffers in (self.keys, self.values):
             for i, old in enumerate(buffers):
                 grown = self._buffer(capacity)
                 grown[: self.active, :, :keep] = old[: self.active, :, :keep]
                 buffers[i] = grown
-        self.capacity = capacity
+        if grown_slots > 0:
+            self.lengths = np.concatenate([self.lengths, np.zeros(grown_slots, np.int64)])
+            self._ids = np.zeros((slots, 1), np.int64)
+            self._seqlens = np.zeros(slots, np.int32)
+            self._logits = np.zeros((slots, self.vocab_size), np.float32)
         self._binding = None  # the bound views point at the old buffers
 
     def _bind(
@@ -110,7 +127,11 @@ class SlotDecoder:
             raise NoFreeSlot(f"all {self.slots} slots hold sequences")
         slot = self.active
         self.active += 1
-        return slot, self.extend(slot, prompt)
+        try:
+            return slot, self.extend(slot, prompt)
+        except BaseException:
+            self.release(slot)  # the slot is free again: active counts only sequences
+            raise
 
     def extend(self, slot: int, tokens: list[int] | np.ndarray) -> np.ndarray:
         """Tokens appended to a slot's sequence in one run (batch 1: GroupQueryAttention takes
@@ -128,17 +149,18 @@ class SlotDecoder:
             np.array(past + n, np.int32),
             logits,
         )
-        self.session.run_with_iobinding(binding)
+        self._run(binding)
         self.lengths[slot] = past + n
         return logits[0]
 
     def step(self, tokens: list[int] | np.ndarray) -> np.ndarray:
-        """One decode step of every active slot, `tokens[i]` appended to slot i. Returns the
-        next-token logits [active, vocab]: a view of the bound output, overwritten by the next
-        step (copy what must outlive it)."""
-        n = self.active
-        if len(tokens) != n:
-            raise ValueError(f"{len(tokens)} tokens for {n} active slots")
+        """One decode step of the first len(tokens) slots (every active slot, usually; a prompt
+        being prefilled in chunks into the last slot sits out), `tokens[i]` appended to slot i.
+        Returns the next-token logits [len(tokens), vocab]: a view of the bound output,
+        overwritten by the next step (copy what must outlive it)."""
+        n = len(tokens)
+        if not 0 < n <= self.active:
+            raise ValueError(f"{n} tokens for {self.active} active slots")
         longest = int(self.lengths[:n].max()) + 1
         self.ensure_capacity(longest)
         if self._binding is None or self._bound_rows != n:
@@ -149,9 +171,24 @@ class SlotDecoder:
         self._ids[:n, 0] = tokens
         self._seqlens[:n] = self.lengths[:n]  # the new token's position
         self._total[...] = longest
-        self.session.run_with_iobinding(self._binding)
+        self._run(self._binding)
         self.lengths[:n] += 1
         return self._logits[:n]
+
+    def _run(self, binding: ort.IOBinding) -> None:
+        started = time.perf_counter()
+        self.session.run_with_iobinding(binding)
+        self.run_s += time.perf_counter() - started
+
+    def swap(self, a: int, b: int) -> None:
+        """Exchange the sequences of two active slots (their valid positions and lengths)."""
+        if not (0 <= a < self.active and 0 <= b < self.active):
+            raise IndexError(f"slots {a} and {b}: {self.active} active")
+        n = int(self.lengths[[a, b]].max())
+        for buffers in (self.keys, self.values):
+            for buffer in buffers:
+                buffer[[a, b], :, :n] = buffer[[b, a], :, :n]  # the right side is a copy
+        self.lengths[[a, b]] = self.lengths[[b, a]]
 
     def release(self, slot: int) -> int | None:
         """Free `slot`; the last active sequence moves into it (its valid positions only).

@@ -1,44 +1,70 @@
-"""The chat engine's step runner: one thread that runs the decoder graph, a step at a time, for
-the batch the scheduler hands it: prefill newcomers (on their cached prefix where there is one),
-one batched decode step for the rest, sampling, and the padded batch kept between steps. Where
-its time goes is in `profile` (`step_profile`).
+"""The chat engine's step runners: one thread that runs the decoder graph, a step at a time, for
+the batch the scheduler hands it. `EngineThread` is what every runner shares (the thread, one hop
+to it per batch change, the counters and the profile: `step_profile`); `DecoderStepRunner` runs
+the plain (`concat` cache) graph: prefill newcomers (on their cached prefix where there is one),
+one batched decode step for the rest, sampling, and the padded batch kept between steps. The
+slot-cache graph has its own runner (`slot_step_runner`).
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
 
+from deployments.contracts.manifest import ModelManifest
 from deployments.contracts.outputs import GenerationChunk
+from deployments.contracts.session_config import SessionConfig
 from deployments.replica.engine.decoder import DecoderGraph, PaddedBatch
+from deployments.replica.engine.next_token_graph import next_token_only
 from deployments.replica.engine.prefix_cache import PrefixCache
-from deployments.replica.engine.sampling import sample_batch
 from deployments.replica.engine.scheduler import prefill_runs
-from deployments.replica.engine.sequence import SequenceState, hand_over
+from deployments.replica.engine.sequence import SequenceState, hand_over, next_tokens
+from deployments.replica.engine.session import OnnxSession, open_session
 from deployments.replica.engine.step_profile import StepProfile
 
 R = TypeVar("R")
 
 
-class DecoderStepRunner:
-    """Steps a `DecoderGraph` for the scheduler (its `StepRunner`), on its own thread so the
-    event loop keeps serving while a step computes."""
+class EngineThread(abc.ABC):
+    """What every step runner shares: its one thread, so the event loop keeps serving while a
+    step computes (the graph is not shared), one executor round trip per batch change, the
+    counters the benchmarks read and the step profile."""
 
-    def __init__(self, graph: DecoderGraph, prefix_cache: PrefixCache):
-        self.graph = graph
-        self.prefix_cache = prefix_cache
+    def __init__(self, session: OnnxSession):
+        self.session = session
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-step")
-        self._batch: PaddedBatch | None = None
-        self._batch_members: list[SequenceState] = []
         self.steps = 0
         self.max_batch_seen = 0
         self.profile = StepProfile()
         self._closing = False  # read by the engine thread between back-to-back steps
+
+    @property
+    @abc.abstractmethod
+    def graph_s(self) -> float:
+        """Seconds inside the graph so far (the profile's "graph" share)."""
+
+    @abc.abstractmethod
+    def cached_logits(self, prompt: Sequence[int], continuation: Sequence[int]) -> np.ndarray:
+        """Logits predicting each continuation token and the one after, via the KV cache (on the
+        engine's thread, between steps: prompt logprobs)."""
+
+    @abc.abstractmethod
+    def _steps_until_change(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        admitted: list[SequenceState],
+        running: list[SequenceState],
+        keeps_batch: Callable[[list[SequenceState]], bool],
+    ) -> None:
+        """Runs in the executor thread: `run`'s work, each step's chunks handed to the event
+        loop (`hand_over`) without waiting for it."""
 
     async def in_thread(self, work: Callable[[], R]) -> R:
         """Run `work` on the engine's thread, between its steps (the graph is not shared)."""
@@ -50,6 +76,8 @@ class DecoderStepRunner:
         running: list[SequenceState],
         keeps_batch: Callable[[list[SequenceState]], bool],
     ) -> None:
+        """The scheduler's `StepRunner.run`, in one executor round trip: on a busy machine each
+        round trip is a thread wake-up that waits for a core."""
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
         try:
@@ -60,6 +88,61 @@ class DecoderStepRunner:
             self.profile.wall_s += time.perf_counter() - started
             self.profile.hops += 1
 
+    def _profiled(self, step: Callable[[], list[GenerationChunk]]) -> list[GenerationChunk]:
+        started, graph_before = time.perf_counter(), self.graph_s
+        chunks = step()
+        self.profile.steps += 1
+        self.profile.tokens += len(chunks)
+        self.profile.graph_s += self.graph_s - graph_before
+        self.profile.step_s += time.perf_counter() - started
+        return chunks
+
+    def close(self) -> None:
+        self._closing = True
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class DecoderStepRunner(EngineThread):
+    """Steps a `DecoderGraph` for the scheduler (its `StepRunner`)."""
+
+    def __init__(self, session: OnnxSession, graph: DecoderGraph, prefix_cache: PrefixCache):
+        super().__init__(session)
+        self.graph = graph
+        self.prefix_cache = prefix_cache
+        self._batch: PaddedBatch | None = None
+        self._batch_members: list[SequenceState] = []
+
+    @classmethod
+    def open(
+        cls,
+        model_dir: Path,
+        manifest: ModelManifest,
+        config: SessionConfig | None,
+        prefix_cache: PrefixCache,
+    ) -> DecoderStepRunner:
+        """The model directory's graph opened (rewritten to compute the last position's logits
+        only, where it can be) and warmed up."""
+        assert manifest.llm is not None
+        started = time.perf_counter()
+        graph_path = model_dir / manifest.graph
+        rewritten = next_token_only(graph_path)
+        session = open_session(rewritten or graph_path, config, external_data_dir=graph_path.parent)
+        session.load_s = time.perf_counter() - started  # the rewrite is part of loading
+        graph = DecoderGraph(session, manifest.llm.kv_cache)
+        started = time.perf_counter()
+        pad = manifest.llm.pad_token_id
+        _, cache = graph.prefill([pad] * 4)
+        graph.decode([pad], [cache])
+        session.warmup_s = time.perf_counter() - started
+        return cls(session, graph, prefix_cache)
+
+    @property
+    def graph_s(self) -> float:
+        return self.graph.run_s
+
+    def cached_logits(self, prompt: Sequence[int], continuation: Sequence[int]) -> np.ndarray:
+        return self.graph.cached_logits(prompt, continuation)
+
     def _steps_until_change(
         self,
         loop: asyncio.AbstractEventLoop,
@@ -67,25 +150,11 @@ class DecoderStepRunner:
         running: list[SequenceState],
         keeps_batch: Callable[[list[SequenceState]], bool],
     ) -> None:
-        """Runs in the executor thread: steps back to back while the batch stays as it is
-        (`keeps_batch`), handing each step's chunks to the event loop without waiting for it.
-        One executor round trip per batch change instead of one per token: on a busy machine
-        each round trip is a thread wake-up that waits for a core."""
+        """Steps back to back while the batch stays as it is (`keeps_batch`)."""
         batch = running + admitted
-        hand_over(loop, batch, self._profiled_step(admitted, running))
+        hand_over(loop, batch, self._profiled(lambda: self.step(admitted, running)))
         while not self._closing and keeps_batch(batch):
-            hand_over(loop, batch, self._profiled_step([], batch))
-
-    def _profiled_step(
-        self, admitted: list[SequenceState], running: list[SequenceState]
-    ) -> list[GenerationChunk]:
-        started, graph_before = time.perf_counter(), self.graph.run_s
-        chunks = self.step(admitted, running)
-        self.profile.steps += 1
-        self.profile.tokens += len(chunks)
-        self.profile.graph_s += self.graph.run_s - graph_before
-        self.profile.step_s += time.perf_counter() - started
-        return chunks
+            hand_over(loop, batch, self._profiled(lambda: self.step([], batch)))
 
     def step(
         self, admitted: list[SequenceState], running: list[SequenceState]
@@ -103,17 +172,8 @@ class DecoderStepRunner:
                 seq.timings.decoded(seconds, size)
         if admitted:
             blocks.append(self._prefill(admitted, size, batch_is_new=not running))
-        batch_seqs = running + admitted
         logits = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
-        allowed = None
-        if any(seq.constraint is not None for seq in batch_seqs):
-            allowed = np.ones(logits.shape, bool)
-            for i, mask in enumerate(seq.allowed() for seq in batch_seqs):
-                if mask is not None:
-                    allowed[i, : len(mask)] = mask
-                    allowed[i, len(mask) :] = False
-        sampled = sample_batch(logits, [s.sampling for s in batch_seqs], allowed)
-        chunks = [seq.accept(token) for seq, token in zip(batch_seqs, sampled, strict=True)]
+        chunks = next_tokens(running + admitted, logits)
         self.steps += 1
         self.max_batch_seen = max(self.max_batch_seen, len(running))
         return chunks
@@ -170,7 +230,3 @@ class DecoderStepRunner:
         self._batch = PaddedBatch.of(self.graph, [s.cache for s in running])  # type: ignore[misc]
         self._batch_members = list(running)
         return self._batch
-
-    def close(self) -> None:
-        self._closing = True
-        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,206 @@
+"""The step runner of a slot-cache graph (`--attention fused`, manifest `kv_cache.layout ==
+"slots"`): the scheduler's `StepRunner` over a `SlotDecoder`, one slot per running sequence.
+
+A newcomer is prefilled alone into the next free slot; a prompt longer than
+`prefill_chunk_tokens` goes in chunks (`SlotDecoder.extend`), and between two chunks the sequences
+already decoding take one decode step, so a long prompt does not stall them for its whole
+prefill. While its chunks go in, the newcomer holds the last slot and the decode steps step the
+slots before it. Decode steps every running sequence in slot order; a sequence that finished or
+whose consumer left gives its slot back (`release`: the last slot's sequence moves into the
+hole, and its owner is re-mapped; a newcomer being prefilled is swapped back to the last slot).
+Sampling, logprobs, grammars and stop strings are the plain runner's (`sequence.next_tokens`).
+
+The prefix cache is not served here: its entries are per-sequence caches of the plain layout. A
+later change can copy a cached prefix into a slot, then `extend` the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from deployments.contracts.manifest import ModelManifest
+from deployments.contracts.outputs import GenerationChunk
+from deployments.contracts.session_config import SessionConfig
+from deployments.replica.engine.sequence import SequenceState, hand_over, next_tokens
+from deployments.replica.engine.session import OnnxSession, open_session, uses_cuda
+from deployments.replica.engine.slot_decoder import SlotDecoder
+from deployments.replica.engine.step_runner import EngineThread
+
+# Tokens per prefill chunk. A chunk's cost grows with its length times the bound capacity (the
+# fused graph materialises chunk x 16 x capacity scores per KV head); in the prototype, at size
+# (fp32, 2 threads), 1,500 tokens took 16.5 s unchunked and 7.9 s in chunks of 512, so a chunk
+# of 256 costs a running stream about one second between two of its tokens.
+DEFAULT_PREFILL_CHUNK_TOKENS = 256
+PREFIX_CACHE_OFF = (
+    "not served for slot-cache models yet: its entries are plain-layout caches, "
+    "and a slot would need the prefix copied in"
+)
+
+
+class SlotStepRunner(EngineThread):
+    """Steps a `SlotDecoder` for the scheduler: `_owners[slot]` is the sequence in that slot."""
+
+    def __init__(
+        self,
+        session: OnnxSession,
+        decoder: SlotDecoder,
+        prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
+    ):
+        if prefill_chunk_tokens < 1:
+            raise ValueError("prefill_chunk_tokens must be at least 1")
+        super().__init__(session)
+        self.decoder = decoder
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self._owners: list[SequenceState] = []
+        self._filling: SequenceState | None = None  # in the last slot while its chunks go in
+        self._filling_s = 0.0  # seconds its chunks took so far
+
+    @classmethod
+    def open(
+        cls,
+        model_dir: Path,
+        manifest: ModelManifest,
+        config: SessionConfig | None,
+        *,
+        slots: int,
+        prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
+    ) -> SlotStepRunner:
+        """The model directory's slot-cache graph opened and warmed up: on the CPU its prepacked
+        copy (`cpu_prepacked_graph`) where the export saved one."""
+        spec, vocab = manifest.llm, manifest.vocab_size
+        if spec is None or vocab is None:
+            raise ValueError(f"{model_dir}: a slot-cache model's manifest names its vocab_size")
+        config = config or SessionConfig()
+        graph = model_dir / manifest.graph
+        if manifest.cpu_prepacked_graph and not uses_cuda(config):
+            # Optimised at export with its weights prepacked into its data file: optimising
+            # again would pack them into this process's memory instead of mapping them.
+            graph = model_dir / manifest.cpu_prepacked_graph
+            config = config.model_copy(update={"graph_optimization": "disable"})
+        session = open_session(graph, config)
+        decoder = SlotDecoder(session.session, spec.kv_cache, vocab, slots, spec.context_length)
+        started = time.perf_counter()
+        slot, _ = decoder.prefill([spec.pad_token_id] * 4)
+        decoder.step([spec.pad_token_id])
+        decoder.release(slot)
+        session.warmup_s = time.perf_counter() - started
+        return cls(session, decoder, prefill_chunk_tokens)
+
+    @property
+    def graph_s(self) -> float:
+        return self.decoder.run_s
+
+    @property
+    def active_slots(self) -> int:
+        return self.decoder.active
+
+    def cached_logits(self, prompt: Sequence[int], continuation: Sequence[int]) -> np.ndarray:
+        """On a one-slot decoder of its own over the same graph: the running sequences keep
+        their slots, and this thread is the graph's only caller."""
+        d = self.decoder
+        scratch = SlotDecoder(d.session, d.cache, d.vocab_size, 1, d.max_len, d.grow_by)
+        _, first = scratch.prefill(list(prompt))
+        return np.stack([first] + [scratch.step([t])[0].copy() for t in continuation])
+
+    async def run(
+        self,
+        admitted: list[SequenceState],
+        running: list[SequenceState],
+        keeps_batch: Callable[[list[SequenceState]], bool],
+    ) -> None:
+        await super().run(admitted, running, keeps_batch)
+        # A consumer can leave after the thread's last look and before the scheduler reads the
+        # batch, which then may not run again for a while: its slot is given back now. Read on
+        # the event loop, where `cancelled` is set, so nothing changes it between look and hop.
+        while any(seq.cancelled for seq in self._owners):
+            await self.in_thread(self._release_gone)
+
+    def _steps_until_change(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        admitted: list[SequenceState],
+        running: list[SequenceState],
+        keeps_batch: Callable[[list[SequenceState]], bool],
+    ) -> None:
+        """One decode step of the running sequences and the newcomers' prefills (each gets one
+        token), then decode steps back to back while the batch stays as it is."""
+        batch = running + admitted
+        self._decode(loop)
+        for seq in admitted:
+            self._prefill(loop, seq, len(batch))
+        while not self._closing and keeps_batch(batch):
+            self._decode(loop)
+        self._release_gone()
+
+    def _decode(self, loop: asyncio.AbstractEventLoop) -> None:
+        """One decode step of the sequences in slots, in slot order (but a newcomer being
+        prefilled in chunks, last); their chunks to the event loop."""
+        self._release_gone()
+        decoding = self._owners[:-1] if self._filling is not None else list(self._owners)
+        if decoding:
+            hand_over(loop, decoding, self._profiled(lambda: self._step(decoding)))
+
+    def _step(self, decoding: list[SequenceState]) -> list[GenerationChunk]:
+        started = time.perf_counter()
+        logits = self.decoder.step([seq.generated[-1] for seq in decoding])
+        seconds = time.perf_counter() - started
+        for seq in decoding:
+            seq.timings.decoded(seconds, len(decoding))
+        self.steps += 1
+        self.max_batch_seen = max(self.max_batch_seen, len(decoding))
+        return next_tokens(decoding, logits)
+
+    def _prefill(self, loop: asyncio.AbstractEventLoop, seq: SequenceState, size: int) -> None:
+        """A newcomer's prompt into a new slot, in chunks with a decode step of the others
+        between two, then its first token. Each chunk counts as a step of the profile."""
+        chunk = self.prefill_chunk_tokens
+        pieces = [seq.prompt[i : i + chunk] for i in range(0, len(seq.prompt), chunk)]
+        self.decoder.ensure_slots(self.decoder.active + 1)  # the batch limit may have grown
+        self._filling, self._filling_s = seq, 0.0
+        try:
+            for i, piece in enumerate(pieces[:-1]):
+                self._profiled(functools.partial(self._put, seq, piece, opens=i == 0))
+                self._decode(loop)
+            last = functools.partial(self._put, seq, pieces[-1], opens=len(pieces) == 1)
+            chunks = self._profiled(last)
+        finally:
+            self._filling = None
+        seq.timings.prefilled(self._filling_s, size)
+        self.steps += 1
+        hand_over(loop, [seq], chunks)
+
+    def _put(self, seq: SequenceState, piece: list[int], *, opens: bool) -> list[GenerationChunk]:
+        """One piece of a newcomer's prompt into its slot (the first piece opens the slot);
+        after the prompt's last piece, its first token."""
+        started = time.perf_counter()
+        if opens:
+            _, logits = self.decoder.prefill(piece)
+            self._owners.append(seq)
+        else:
+            logits = self.decoder.extend(self.decoder.active - 1, piece)
+        self._filling_s += time.perf_counter() - started
+        if self.decoder.lengths[self.decoder.active - 1] < len(seq.prompt):
+            return []
+        return next_tokens([seq], logits[None])
+
+    def _release_gone(self) -> None:
+        """Give back the slots of sequences that finished or whose consumer left. From the last
+        slot down, so the sequence a release moves in was already looked at."""
+        for slot in reversed(range(len(self._owners))):
+            seq = self._owners[slot]
+            if seq is self._filling or not (seq.finished or seq.cancelled):
+                continue
+            last = self._owners.pop()
+            if self.decoder.release(slot) is not None:
+                self._owners[slot] = last
+            end = len(self._owners) - 1
+            if last is self._filling and slot != end:
+                # The decode steps between its chunks step the slots before the last one.
+                self.decoder.swap(slot, end)
+                self._owners[slot], self._owners[end] = self._owners[end], self._owners[slot]

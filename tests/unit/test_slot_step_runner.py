@@ -1,0 +1,161 @@
+"""LLMRuntime on a slot-cache model (a tiny fused GLM, `SlotStepRunner`): the same greedy tokens as
+the plain graph of the same checkpoint, alone and in a batch whose sequences leave mid-run (a
+slot moves), while a long prompt is prefilled in chunks, after a stream is abandoned; and the
+plain graph's runner refuses a slot-cache graph."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from fused_glm_fixtures import export_fused, tiny_glm_checkpoint
+
+from deployments.contracts.sampling_params import SamplingParams
+from deployments.export.llm import export_llm
+from deployments.replica.engine.decoder import DecoderGraph
+from deployments.replica.engine.llm import LLMRuntime
+from deployments.replica.engine.session import SessionConfig, open_session
+from deployments.replica.engine.slot_step_runner import SlotStepRunner
+from tests.waiting import until
+
+CHUNK = 16  # tokens per prefill chunk: the chat prompts below are longer, the raw ones shorter
+SHORT = "Paris and 北京"
+LONG = [{"role": "user", "content": "Tell me everything about the rivers of Beijing " * 3}]
+MEDIUM = [{"role": "user", "content": "hi there"}]
+
+
+def greedy(max_tokens: int, **kwargs) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    _, checkpoint = tiny_glm_checkpoint(tmp_path_factory.mktemp("tiny-glm"))
+    root = tmp_path_factory.mktemp("models")
+    export_fused(checkpoint, root / "fused")
+    export_llm("glm", str(checkpoint), root / "plain")
+    return root / "fused", root / "plain"
+
+
+@pytest.fixture(scope="module")
+def slots(model_dirs):
+    rt = LLMRuntime(model_dirs[0], max_batch_size=2, prefill_chunk_tokens=CHUNK)
+    rt.max_batch_size = 4  # raised after load, as a config change does: the slots grow
+    yield rt
+    rt.close()
+
+
+@pytest.fixture(scope="module")
+def plain(model_dirs):
+    rt = LLMRuntime(model_dirs[1], max_batch_size=4)
+    yield rt
+    rt.close()
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def collect(stream) -> str:
+    return "".join([chunk.text async for chunk in stream])
+
+
+def slots_in_use(rt: LLMRuntime) -> int:
+    """Once the scheduler is idle, read on the engine's thread after its last work: a finished
+    sequence's last chunk reaches its consumer before its slot is given back."""
+
+    async def settled() -> int:
+        await until(lambda: rt.scheduler.idle, 30, "an idle runtime")
+        return await rt.runner.in_thread(lambda: rt.runner.active_slots)
+
+    return run(settled())
+
+
+def test_the_manifest_picks_the_slot_runner_and_the_prefix_cache_is_off(slots, plain):
+    assert isinstance(slots.runner, SlotStepRunner)
+    assert slots.describe()["prefix_cache"]["enabled"] is False
+    assert plain.describe()["prefix_cache"]["max_bytes"] > 0
+    with pytest.raises(ValueError, match="slot-cache model"):
+        slots.graph  # noqa: B018 - the property raises
+
+
+def test_greedy_completions_equal_the_plain_graphs(slots, plain):
+    assert len(slots.tokenizer.encode_text(SHORT)) < CHUNK
+    assert len(slots.tokenizer.encode_chat(LONG)) > 3 * CHUNK  # several chunks
+    for prompt in (SHORT, MEDIUM, LONG):
+        got = run(slots.complete(prompt, greedy(24)))
+        expected = run(plain.complete(prompt, greedy(24)))
+        assert (got.text, got.completion_tokens, got.finish_reason) == (
+            expected.text,
+            expected.completion_tokens,
+            expected.finish_reason,
+        )
+        assert got.cached_tokens == 0
+    assert slots_in_use(slots) == 0
+
+
+def test_concurrent_streams_leaving_mid_run_decode_as_each_alone(slots, monkeypatch):
+    # The first leaves after 2 tokens while the long prompt is still going in (a slot move and
+    # a swap), the second after 6 (a move), a fifth waits for a slot and is prefilled in
+    # chunks while the others decode.
+    requests = [
+        (SHORT, greedy(2)),
+        (MEDIUM, greedy(6)),
+        (LONG, greedy(20)),
+        ("Beijing", greedy(16)),
+        (LONG, greedy(9, stop=("zzz",))),
+    ]
+    alone = [run(slots.complete(p, params)).text for p, params in requests]
+    decoder = slots.runner.decoder
+    moves: list[str] = []
+    release, swap = decoder.release, decoder.swap
+
+    def recorded_release(slot):
+        moved = release(slot)
+        moves.append("move" if moved is not None else "last")
+        return moved
+
+    def recorded_swap(a, b):
+        moves.append("swap")
+        swap(a, b)
+
+    monkeypatch.setattr(decoder, "release", recorded_release)
+    monkeypatch.setattr(decoder, "swap", recorded_swap)
+
+    async def together():
+        slots.max_batch_seen = 0
+        return await asyncio.gather(*(collect(slots.stream(p, params)) for p, params in requests))
+
+    assert run(together()) == alone
+    assert "swap" in moves and moves.count("move") >= 2
+    assert slots.max_batch_seen >= 3
+    assert slots.runner.decoder.slots >= 4 and slots_in_use(slots) == 0
+
+
+def test_an_abandoned_stream_gives_its_slot_back(slots):
+    async def take_two():
+        stream = slots.stream(LONG, greedy(200))
+        got = [await stream.__anext__(), await stream.__anext__()]
+        await stream.aclose()
+        return got
+
+    run(take_two())
+    assert slots_in_use(slots) == 0
+    expected = run(slots.complete(MEDIUM, greedy(8))).text
+    assert run(slots.complete(MEDIUM, greedy(8))).text == expected
+
+
+def test_prompt_logprobs_equal_the_plain_graphs(slots, plain):
+    params = greedy(2, prompt_logprobs=2)
+    got = run(slots.complete(SHORT, params)).prompt_logprobs
+    expected = run(plain.complete(SHORT, params)).prompt_logprobs
+    assert got is not None and expected is not None and len(got) == len(expected)
+    for mine, theirs in zip(got[1:], expected[1:], strict=True):
+        assert mine.logprob == pytest.approx(theirs.logprob, abs=1e-4)
+        assert [t.token for t in mine.top_logprobs] == [t.token for t in theirs.top_logprobs]
+
+
+def test_the_plain_decoder_refuses_a_slot_cache_graph(slots):
+    session = open_session(slots.model_dir / slots.manifest.graph, SessionConfig(provider="cpu"))
+    with pytest.raises(ValueError, match="'slots'.*SlotDecoder"):
+        DecoderGraph(session, slots.manifest.llm.kv_cache)
