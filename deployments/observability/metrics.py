@@ -108,7 +108,7 @@ ROUTER_METRICS: Mapping[str, MetricSpec] = {
               "Attempts that failed and passed the request on: a region that failed (colo = the "
               "entry colo), or a drilled entry colo (region = none)", _BY_PLACE),
         _spec("counter", PREFIX + "cache_lookups_total",
-              "Response-cache lookups by result (hit, miss)", (*_BY_PLACE, "result")),
+              "Response-cache lookups by result (hit, joined, miss)", (*_BY_PLACE, "result")),
         _spec("counter", PREFIX + "cache_backend_failures_total",
               "Response-cache backend calls that failed and became a miss (or an unsaved entry), "
               "by reason (timeout, error, busy, down, corrupt)",
