@@ -274,6 +274,13 @@ class ControlUnavailableError(OverloadedError):
     default_code = "control_unavailable"
 
 
+class ModerationUnavailableError(OverloadedError):
+    """The moderation gate's classifier failed on a direction that fails closed
+    (security.moderation_gate.on_classifier_failure): the text could not be checked."""
+
+    default_code = "moderation_unavailable"
+
+
 class InternalServerError(ServingError):
     """A bug or an unexpected failure on our side; the message never carries a stack trace."""
 
@@ -321,6 +328,7 @@ ENVELOPE_CODES: Mapping[type[ServingError], int] = MappingProxyType(
         WaitBudgetExceededError: 9504,
         StateUnavailableError: 9505,
         ControlUnavailableError: 9506,
+        ModerationUnavailableError: 9507,
     }
 )
 

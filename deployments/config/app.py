@@ -108,8 +108,8 @@ class SingleFlightConfig(_Strict):
         default=30.0,
         gt=0,
         le=3600,
-        description="the life of the backend's mark: a router that dies while making an answer "
-        "holds the others back no longer",
+        description="the life of the backend's mark, renewed every third of it while the answer "
+        "is made: a router that dies while making an answer holds the others back no longer",
     )
     poll_min_ms: float = Field(default=5.0, gt=0, le=10_000, description="another replica's mark")
     poll_max_ms: float = Field(

@@ -79,6 +79,29 @@ class RequestLimits(_Strict):
 GateClassifier = Literal["in_router_if_embedded", "deployment"]
 
 
+# What the gate does with a text when its classifier fails (raises or times out in the
+# deployment, or the router's own copy breaks): refuse the request (503 with Retry-After), or let
+# the text through unchecked and say so (x-moderation-skipped, a metric, a warning).
+GateFailureMode = Literal["fail_closed", "fail_open"]
+
+
+class GateFailureModes(_Strict):
+    """Per direction, what a classifier failure does. Both fail closed by default: an operator
+    who put a model behind the gate asked for its text to be checked, and a gate that waves text
+    through while its classifier is down is a bypass nobody sees (Cloudflare's blocking rules
+    answer 503 when their scanner is down). Failing open is a choice made per direction, e.g. an
+    output that may stream unchecked rather than be cut while the input is still refused."""
+
+    input: GateFailureMode = "fail_closed"
+    output: GateFailureMode = "fail_closed"
+    retry_after_s: int = Field(
+        default=5,
+        ge=1,
+        le=3600,
+        description="Retry-After of the 503 a closed gate answers while its classifier fails",
+    )
+
+
 class ModerationGateConfig(_Strict):
     """Which chat models have their input and output checked by the moderation model."""
 
@@ -107,6 +130,7 @@ class ModerationGateConfig(_Strict):
     refusal_text: str = Field(
         default="I can't help with that.", description="replaces a flagged non-streamed answer"
     )
+    on_classifier_failure: GateFailureModes = GateFailureModes()
 
     @model_validator(mode="after")
     def _overlap_smaller_than_window(self) -> Self:

@@ -256,8 +256,18 @@ ROWS: tuple[Row, ...] = (
                 "reqps",
             ),
             Panel(
-                "Cache hit ratio per model",
-                (Query(_share("ray_edge_cache_lookups_total", 'result="hit"'), "{{model}}"),),
+                "Cache hit ratio per model (joined: an identical request's answer, waited for)",
+                (
+                    # Both answered with no model call of their own: both are hits.
+                    Query(
+                        _share("ray_edge_cache_lookups_total", 'result=~"hit|joined"'),
+                        "{{model}}",
+                    ),
+                    Query(
+                        _share("ray_edge_cache_lookups_total", 'result="joined"'),
+                        "{{model}} joined",
+                    ),
+                ),
                 "percentunit",
             ),
         ),

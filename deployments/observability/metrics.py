@@ -108,7 +108,7 @@ ROUTER_METRICS: Mapping[str, MetricSpec] = {
               "Attempts that failed and passed the request on: a region that failed (colo = the "
               "entry colo), or a drilled entry colo (region = none)", _BY_PLACE),
         _spec("counter", PREFIX + "cache_lookups_total",
-              "Response-cache lookups by result (hit, miss)", (*_BY_PLACE, "result")),
+              "Response-cache lookups by result (hit, joined, miss)", (*_BY_PLACE, "result")),
         _spec("counter", PREFIX + "cache_backend_failures_total",
               "Response-cache backend calls that failed and became a miss (or an unsaved entry), "
               "by reason (timeout, error, busy, down, corrupt)",
@@ -116,6 +116,10 @@ ROUTER_METRICS: Mapping[str, MetricSpec] = {
         _spec("counter", PREFIX + "rate_limited_total", "Requests rejected with 429", _BY_PLACE),
         _spec("counter", PREFIX + "moderation_flags_total",
               "Moderation inputs flagged, by category", (*_BY_PLACE, "category")),
+        _spec("counter", PREFIX + "moderation_gate_failures_total",
+              "Moderation gate checks whose classifier failed, by direction (input, output) "
+              "and mode (fail_closed: refused with 503; fail_open: passed unchecked)",
+              ("direction", "mode")),
         # Usage and cost per authenticated key: key ids are the configured keys', so bounded.
         _spec("counter", PREFIX + "key_requests_total", "Requests per key and model", _BY_KEY),
         _spec("counter", PREFIX + "key_input_tokens_total", "Input tokens per key and model",
@@ -271,6 +275,10 @@ class RouterMetrics(_Instruments):
             1,
             {"backend": backend, "operation": operation, "reason": reason},
         )
+
+    def moderation_gate_failure(self, direction: str, mode: str) -> None:
+        """A moderation gate check whose classifier failed; `mode` says what the request got."""
+        self._inc("edge_moderation_gate_failures_total", 1, {"direction": direction, "mode": mode})
 
     def _record_cold_start(self, outcome: RequestOutcome, model: str, tags: dict[str, str]) -> None:
         if outcome.cold_start_ms is None:

@@ -917,3 +917,10 @@ def test_a_held_streams_edge_comment_gives_the_record_its_headers() -> None:
     edge = EdgeHeaders.parse(httpx.Headers(headers))
     assert (edge.colo, edge.cold_start, edge.cold_start_ms) == ("NRT", True, 812.5)
     assert [e.data for e in events] == ['{"response": "Hel"}', "[DONE]"]
+
+
+def test_an_answer_joined_while_it_was_made_counts_as_a_cache_hit() -> None:
+    caches = ["HIT", "JOINED", "JOINED", "MISS", ""]  # "": not cacheable
+    records = [record(i, 10.0, edge=EdgeHeaders("FRA", cache=c)) for i, c in enumerate(caches)]
+    glm = summarize(result_of(records), {"seed": 0})["by_model"]["glm"]
+    assert (glm["cache_hits"], glm["cache_joined"]) == (3, 2)

@@ -410,6 +410,9 @@ class DownStore:
     async def claim(self, key: str, token: str, ttl_s: float) -> bool:
         raise StoreUnavailable("redis: connection refused")
 
+    async def renew(self, key: str, token: str, ttl_s: float) -> bool:
+        raise StoreUnavailable("redis: connection refused")
+
     async def release(self, key: str, token: str) -> None:
         raise StoreUnavailable("redis: connection refused")
 

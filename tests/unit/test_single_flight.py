@@ -297,17 +297,99 @@ def test_a_mark_is_held_by_one_token_until_its_holder_releases_it(backend):
     assert asyncio.run(scenario()) == [True, False, False, True, True]
 
 
-def flights(store: SharedStore, clock: ManualClock, **config: Any) -> SingleFlight:
+def test_only_the_holder_of_a_mark_renews_it(backend):
+    async def scenario() -> list[bool]:
+        store = backend()
+        try:
+            await store.claim("k", "a", 60)
+            renewed = [await store.renew("k", "a", 60), await store.renew("k", "b", 60)]
+            await store.release("k", "a")
+            return [*renewed, await store.renew("k", "a", 60)]
+        finally:
+            await store.close()
+
+    assert asyncio.run(scenario()) == [True, False, False]  # ended: not brought back
+
+
+async def renewed_for(ticks: Ticks, renewals: int) -> None:
+    """Let the lead renew `renewals` times, each once it asked to sleep until the next."""
+    for done in range(renewals):
+        await until(lambda: len(ticks.asked) > done, 10, f"renewal {done + 1} to be due")  # noqa: B023
+        ticks.step()
+    await until(lambda: len(ticks.asked) > renewals, 10, "the last renewal")
+
+
+@pytest.mark.parametrize("ends", ["share", "drop"])
+def test_a_lead_renews_its_mark_while_its_call_lasts_and_stops_once_it_ends(
+    tmp_path: Path, ends: str
+):
+    clock = ManualClock(1000.0)
+    path = tmp_path / "cache.sqlite3"
+
+    async def scenario() -> list[bool]:
+        ticks = Ticks(clock)
+        lead_replica = flights(
+            SQLiteStore(path, 100, 10_000, clock=clock), clock, ticks, mark_ttl_s=3
+        )
+        other = SQLiteStore(path, 100, 10_000, clock=clock)
+        try:
+            made = await lead_replica.find("k")
+            assert made.lead is not None
+            await renewed_for(ticks, 6)  # 6 s: twice the mark's life
+            taken = [await other.claim("k", "other", 3)]
+            await (made.lead.share(ANSWER) if ends == "share" else made.lead.drop())
+            await until(lambda: ticks.cancelled == 1, 10, "the renewals to stop")
+            taken.append(await other.claim("k", "other", 3))
+            return taken
+        finally:
+            await lead_replica.cache.close()
+            await other.close()
+
+    assert asyncio.run(scenario()) == [False, True]  # renewed while made; released once ended
+    assert clock() == 1006.0
+
+
+class Ticks:
+    """A Sleep that ends only when the test steps it, then moves `clock` on by what it was
+    asked to sleep: a lead's renewals, one at a time. Never stepped, it is a lead that never
+    renews (its process died) or whose renewals do not come within the test."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+        self.asked: list[float] = []
+        self._steps: asyncio.Queue[None] = asyncio.Queue()
+
+        self.cancelled = 0  # sleeps cut short: the lead ended its renewals
+
+    async def sleep(self, seconds: float) -> None:
+        self.asked.append(seconds)
+        try:
+            await self._steps.get()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        self.clock.advance(seconds)
+
+    def step(self) -> None:
+        self._steps.put_nowait(None)
+
+
+def flights(
+    store: SharedStore, clock: ManualClock, ticks: Ticks | None = None, **config: Any
+) -> SingleFlight:
+    """A replica's single flight on `store`; it sleeps on `ticks` if given (a lead: its
+    renewals wait for the test), else on `clock` (a waiter: its polls move the clock)."""
     cache = ResponseCache(CacheConfig(timeout_ms=10_000), store)
     settings = SingleFlightConfig(**{"wait_s": 3600, "mark_ttl_s": 3600, **config})
-    return SingleFlight(cache, settings, clock=clock, sleep=clock.sleep)
+    sleep = ticks.sleep if ticks is not None else clock.sleep
+    return SingleFlight(cache, settings, clock=clock, sleep=sleep)
 
 
 def test_a_replica_waits_for_the_answer_another_makes(backend):
     clock = ManualClock()
 
     async def scenario() -> Any:
-        one, other = flights(backend(), clock), flights(backend(), clock)
+        one, other = flights(backend(), clock, Ticks(clock)), flights(backend(), clock)
         try:
             made = await one.find("k")
             assert made.answer is None and made.lead is not None
@@ -327,7 +409,7 @@ def test_a_replica_makes_the_answer_once_the_others_lead_drops_it(backend):
     clock = ManualClock()
 
     async def scenario() -> Any:
-        one, other = flights(backend(), clock), flights(backend(), clock)
+        one, other = flights(backend(), clock, Ticks(clock)), flights(backend(), clock)
         try:
             made = await one.find("k")
             waiting = asyncio.ensure_future(other.find("k"))
@@ -355,7 +437,8 @@ def test_a_replica_waits_on_a_mark_whose_maker_died_until_it_ends_or_the_wait_do
     path = tmp_path / "cache.sqlite3"
 
     async def scenario() -> Any:
-        dead = flights(SQLiteStore(path, 100, 10_000, clock=clock), clock, **settings)
+        store = SQLiteStore(path, 100, 10_000, clock=clock)
+        dead = flights(store, clock, Ticks(clock), **settings)  # its renewals never come
         other = flights(SQLiteStore(path, 100, 10_000, clock=clock), clock, **settings)
         try:
             assert (await dead.find("k")).lead is not None  # ...and never ends it

@@ -39,6 +39,14 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+# KEYS: the mark. ARGV: its holder's token, its new time to live (ms). Extends the mark only if
+# that holder still holds it.
+RENEW_SCRIPT = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
 # The entry format's version is in its keys: a new format never reads the old one's entries.
 FORMAT = "v1:"
 
@@ -65,6 +73,7 @@ class RedisStore:
         )
         self._put_script = self._client.register_script(PUT_SCRIPT)
         self._release_script = self._client.register_script(RELEASE_SCRIPT)
+        self._renew_script = self._client.register_script(RENEW_SCRIPT)
         self._prefix = key_prefix + FORMAT
         self._index = self._prefix + "index"
         self.max_entries = max_entries
@@ -91,6 +100,14 @@ class RedisStore:
             return bool(await self._client.set(self._mark(key), token, nx=True, px=ttl_ms))
         except (RedisError, OSError) as error:
             raise StoreUnavailable(f"redis: {error}") from error
+
+    async def renew(self, key: str, token: str, ttl_s: float) -> bool:
+        ttl_ms = max(1, round(ttl_s * 1000))
+        try:
+            renewed = await self._renew_script(keys=[self._mark(key)], args=[token, ttl_ms])
+        except (RedisError, OSError) as error:
+            raise StoreUnavailable(f"redis: {error}") from error
+        return bool(renewed)
 
     async def release(self, key: str, token: str) -> None:
         try:

@@ -27,7 +27,7 @@ ENVELOPE = struct.Struct("<d")
 MAX_STORE_CALLS_IN_FLIGHT = 64
 
 FailureCounter = Callable[[str, str, str], None]
-"""Counts one failed store call: (backend, operation: get|put|claim|release, reason: timeout|
+"""Counts one failed store call: (backend, operation: get|put|claim|renew|release, reason: timeout|
 error|busy|down|corrupt)."""
 
 log = logging.getLogger("ray.serve")
@@ -102,6 +102,14 @@ class ResponseCache:
             return None
         store = self.store
         return await self._ask("claim", lambda: store.claim(key, token, ttl_s))
+
+    async def renew(self, key: str, token: str, ttl_s: float) -> bool | None:
+        """Extend the mark `claim` set: True, still `token`'s; False, it is not any more; None,
+        the store is down or failed (the mark may still end by its TTL)."""
+        if self.store is None or self._clock() < self._retry_at:
+            return None
+        store = self.store
+        return await self._ask("renew", lambda: store.renew(key, token, ttl_s))
 
     async def release(self, key: str, token: str) -> None:
         """Remove the mark `claim` set (a failure is counted: the mark then ends by its TTL)."""

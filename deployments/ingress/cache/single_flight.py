@@ -4,8 +4,11 @@ future per key in its memory; across the replicas that share the cache's backend
 SQLite, the cluster's with Redis), through the backend's short "being made" mark: the replica that
 holds it makes the answer, the first waiter of each other replica polls the backend for the
 answer or the mark's end, and the others on that replica wait for that waiter. A waiter never
-waits past `wait_s`: then it calls the model itself. Only a whole answer is shared: an error, a
-refusal or a cut answer lets the waiters go, and one of them makes the answer again."""
+waits past `wait_s`: then it calls the model itself. The lead renews its mark every third of
+`mark_ttl_s` while its model call lasts (a long generation does not let the mark lapse and the
+other replicas call the model too), and stops once it shares or drops the answer; a lead that
+dies stops renewing, so its mark still ends by its TTL. Only a whole answer is shared: an error,
+a refusal or a cut answer lets the waiters go, and one of them makes the answer again."""
 
 from __future__ import annotations
 
@@ -32,13 +35,22 @@ class Found:
     lead: Lead | None = None
 
 
+# How many times per mark_ttl_s a lead renews its mark: a renewal may fail or be slow twice
+# before the mark would lapse.
+RENEWALS_PER_TTL = 3
+
+
 class Lead:
     """The request that makes a key's answer while identical ones wait: ended once, by `share`
-    (a whole answer, stored and handed to the waiters) or `drop` (none to share)."""
+    (a whole answer, stored and handed to the waiters) or `drop` (none to share). While it
+    holds the backend's mark, a task renews it."""
 
     def __init__(self, flights: SingleFlight, key: str, future: asyncio.Future[Any], token: str):
         self._flights, self._key, self._future = flights, key, future
         self._token = token  # the backend's mark this lead holds ("": none)
+        self._renewing: asyncio.Task[None] | None = (
+            asyncio.ensure_future(flights.keep_marked(key, token)) if token else None
+        )
 
     async def share(self, answer: Any) -> None:
         """Hand `answer` to this replica's waiters, store it for the others, end the mark."""
@@ -47,8 +59,10 @@ class Lead:
         # No await between the hand-over and the write's start: `put` keeps the local copy
         # before it waits on the backend, so a request arriving now finds the answer.
         self._flights.end(self._key, self._future, answer)
-        await self._flights.cache.put(self._key, answer)
-        await self._release()
+        try:
+            await self._flights.cache.put(self._key, answer)
+        finally:  # even if the put is cancelled: the renewals stop, drop() would not run again
+            await self._release()
 
     async def drop(self) -> None:
         """Let the waiters go without an answer (they look again, one of them leads); idempotent."""
@@ -58,6 +72,8 @@ class Lead:
         await self._release()
 
     async def _release(self) -> None:
+        if self._renewing is not None:  # before any await: however the release below ends
+            self._renewing.cancel()
         if self._token:
             await self._flights.cache.release(self._key, self._token)
 
@@ -99,6 +115,16 @@ class SingleFlight:
             if shared is not None:
                 return Found(shared, joined=True)
             # The leader had nothing to share (an error, a cut answer): look again.
+
+    async def keep_marked(self, key: str, token: str) -> None:
+        """Renew `token`'s mark on `key` every mark_ttl_s / RENEWALS_PER_TTL until cancelled
+        (the lead ended) or the mark is no longer ours; a store that failed is asked again at
+        the next turn."""
+        ttl_s = self._config.mark_ttl_s
+        while True:
+            await self._sleep(ttl_s / RENEWALS_PER_TTL)
+            if await self.cache.renew(key, token, ttl_s) is False:
+                return
 
     def end(self, key: str, future: asyncio.Future[Any], answer: Any | None) -> None:
         if self._flights.get(key) is future:

@@ -56,6 +56,9 @@ class SQLiteStore:
     async def claim(self, key: str, token: str, ttl_s: float) -> bool:
         return await self._on_thread(self._claim, key, token, ttl_s)
 
+    async def renew(self, key: str, token: str, ttl_s: float) -> bool:
+        return await self._on_thread(self._renew, key, token, ttl_s)
+
     async def release(self, key: str, token: str) -> None:
         await self._on_thread(self._release, key, token)
 
@@ -128,6 +131,22 @@ class SQLiteStore:
         except (sqlite3.Error, OSError) as error:
             raise self._lost(error) from error
         return taken == 1
+
+    def _renew(self, key: str, token: str, ttl_s: float) -> bool:
+        now = self._clock()
+        try:
+            renewed = (
+                self._connection()
+                .execute(
+                    f"UPDATE {MARKS} SET expires_at = ? "
+                    "WHERE key = ? AND token = ? AND expires_at > ?",
+                    (now + ttl_s, key, token, now),
+                )
+                .rowcount
+            )
+        except (sqlite3.Error, OSError) as error:
+            raise self._lost(error) from error
+        return renewed == 1
 
     def _release(self, key: str, token: str) -> None:
         try:

@@ -25,6 +25,11 @@ class SharedStore(Protocol):
         still alive: True when this caller now holds it (single_flight.py)."""
         ...
 
+    async def renew(self, key: str, token: str, ttl_s: float) -> bool:
+        """Give the key's mark ttl_s more from now if `token` still holds it: False when it
+        does not (it ended, and maybe another took it)."""
+        ...
+
     async def release(self, key: str, token: str) -> None:
         """Remove the key's mark if `token` still holds it."""
         ...

@@ -3,7 +3,8 @@ is released before its verdict), a whole answer in fixed windows, and a stream p
 to its last word boundary, each piece classified with the tail before it and released only once
 checked, so text a client has seen is never taken back and a word cut between chunks is classified
 whole. Chinese and Japanese, written without spaces, flow a character behind the model instead of
-a sentence."""
+a sentence. When the classifier fails, `gate_failures.py` decides per direction: refuse (503) or
+let the text through unchecked, marked."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any, Final
 from deployments.config.security import ModerationGateConfig
 from deployments.contracts.outputs import FinishReason, GenerationChunk
 from deployments.errors import ContentPolicyViolationError
+from deployments.ingress.security.gate_failures import Direction, GateFailures, OnFailure, OnSkip
 
 # One verdict per text, in order: True when the moderation model flags it.
 Classify = Callable[[list[str]], Awaitable[list[bool]]]
@@ -95,13 +97,20 @@ def _filtered(last: GenerationChunk) -> GenerationChunk:
 
 class ModerationGate:
     """Checks the chat models named in the config with `classify` (the router passes its own
-    copy of an embedded classifier, or a call of the moderation deployment). A moderation
-    failure propagates: the gate fails closed."""
+    copy of an embedded classifier, or a call of the moderation deployment). A failure of
+    `classify` goes to the config's `on_classifier_failure` (`on_failure` counts it); each
+    check's `on_skip` hears of a direction that went unchecked."""
 
-    def __init__(self, config: ModerationGateConfig, classify: Classify):
+    def __init__(
+        self,
+        config: ModerationGateConfig,
+        classify: Classify,
+        on_failure: OnFailure | None = None,
+    ):
         self.config = config
         self._classify = classify
         self._models = frozenset(config.models)
+        self._failures = GateFailures(config.on_classifier_failure, on_failure)
 
     def applies_to(self, model: str) -> bool:
         return model in self._models
@@ -112,6 +121,16 @@ class ModerationGate:
             raise ValueError(f"moderation returned {len(flags)} verdicts for {len(texts)} texts")
         return [bool(flag) for flag in flags]
 
+    async def _checked_flags(
+        self, direction: Direction, texts: list[str], on_skip: OnSkip | None
+    ) -> list[bool] | None:
+        """The verdicts, or None when the classifier failed and `direction` fails open."""
+        try:
+            return await self._flags(texts)
+        except Exception as error:  # noqa: BLE001 - whatever broke it, the config decides; logged
+            self._failures.handle(direction, error, on_skip)
+            return None
+
     def _classified_windows(self, text: str) -> list[str]:
         texts, context = [], ""
         for window in split_windows(text, self.config.window_chars):
@@ -119,7 +138,9 @@ class ModerationGate:
             texts.append(classified)
         return texts
 
-    async def check_input(self, messages: Sequence[Mapping[str, Any]]) -> None:
+    async def check_input(
+        self, messages: Sequence[Mapping[str, Any]], on_skip: OnSkip | None = None
+    ) -> None:
         """ContentPolicyViolationError (400) if any message's content is flagged. Every role is
         checked: a client can write the assistant's turns too."""
         if not self.config.check_input:
@@ -130,7 +151,9 @@ class ModerationGate:
         indexed = [(index, text) for index, text in indexed if text]
         if not indexed:
             return
-        flags = await self._flags([text for _, text in indexed])
+        flags = await self._checked_flags("input", [text for _, text in indexed], on_skip)
+        if flags is None:
+            return
         flagged = [index for (index, _), flag in zip(indexed, flags, strict=True) if flag]
         if flagged:
             raise ContentPolicyViolationError(
@@ -139,26 +162,32 @@ class ModerationGate:
             )
 
     async def filter_output(
-        self, text: str, finish_reason: FinishReason
+        self, text: str, finish_reason: FinishReason, on_skip: OnSkip | None = None
     ) -> tuple[str, FinishReason]:
         """A whole answer, checked in windows of `window_chars`, each with the tail before it
         (nobody waits for a piece of it): the refusal text and "content_filter" if any window
         is flagged, else the answer unchanged."""
         if not self.config.check_output or not text:
             return text, finish_reason
-        if any(await self._flags(self._classified_windows(text))):
+        flags = await self._checked_flags("output", self._classified_windows(text), on_skip)
+        if flags is not None and any(flags):
             return self.config.refusal_text, CONTENT_FILTER
         return text, finish_reason
 
     async def guard_stream(
-        self, chunks: AsyncIterator[GenerationChunk], choices: int = 1
+        self,
+        chunks: AsyncIterator[GenerationChunk],
+        choices: int = 1,
+        on_skip: OnSkip | None = None,
     ) -> AsyncIterator[GenerationChunk]:
         """Re-chunk a generation into checked pieces, each choice (`index`) on its own: each
         chunk's text up to its last word boundary (`releasable_length`) is classified with the
         tail released before it and then released; the rest is held. A flagged piece is never
         released and that choice ends with finish_reason "content_filter"; once every choice
         ended, the generation upstream is closed (freeing the model's slot). Logprobs and tool
-        calls ride along with the piece that releases their text."""
+        calls ride along with the piece that releases their text. Once the classifier failed
+        and the output fails open, the rest of the stream flows unchecked (one failure, not a
+        stalled call per piece while it is down)."""
         if not self.config.check_output:
             async for chunk in chunks:
                 yield chunk
@@ -169,6 +198,7 @@ class ModerationGate:
         held_logprobs: dict[int, tuple[Any, ...]] = {}
         held_calls: dict[int, tuple[Any, ...]] = {}
         ended: set[int] = set()
+        unchecked = False
         try:
             async for chunk in chunks:
                 index = chunk.index
@@ -178,13 +208,19 @@ class ModerationGate:
                 held_logprobs[index] = held_logprobs.get(index, ()) + chunk.logprobs
                 held_calls[index] = held_calls.get(index, ()) + chunk.tool_calls
                 done = chunk.finish_reason is not None
-                cut = len(text) if done else releasable_length(text, size)
+                cut = len(text) if done or unchecked else releasable_length(text, size)
                 piece, pending[index] = text[:cut], text[cut:]
-                if piece:
+                if piece and not unchecked:
                     classified, context[index] = with_context(
                         context.get(index, ""), piece, overlap
                     )
-                    if (await self._flags([classified + held_unspaced(pending[index])]))[0]:
+                    flags = await self._checked_flags(
+                        "output", [classified + held_unspaced(pending[index])], on_skip
+                    )
+                    if flags is None:
+                        unchecked = True
+                        piece, pending[index] = text, ""
+                    elif flags[0]:
                         ended.add(index)
                         yield _filtered(chunk)
                         if len(ended) == choices:

@@ -19,3 +19,7 @@ class Answer(Generic[T]):
     @classmethod
     def of(cls, value: T, trace: EdgeTrace, quota: Reservation) -> Answer[T]:
         return cls(value, {**trace.headers(), **quota.headers})
+
+    def with_headers(self, headers: dict[str, str]) -> Answer[T]:
+        """This answer with `headers` added (the same answer when there are none)."""
+        return Answer(self.value, {**self.headers, **headers}) if headers else self

@@ -73,8 +73,8 @@ class ModelService(Generic[Asked, Admits, T]):
                 cached.served(trace)
             else:
                 result, trace = await self._dispatch(admitted, ctx, call)
-                answer = await self._answer(asked, admitted, result.reply.value)
-                await cached.store(answer, trace, whole=self._whole(answer))
+                answer = await self._answer(asked, admitted, result.reply.value, ctx)
+                await cached.store(answer, trace, whole=self._whole(answer, ctx))
             used_tokens = self._used_tokens(answer, quota)
         finally:
             quota.settle(used_tokens)
@@ -88,12 +88,13 @@ class ModelService(Generic[Asked, Admits, T]):
         """`call` through the edge to the admitted model."""
         return await self.edge.dispatch(admitted.model.name, ctx, call)
 
-    async def _answer(self, asked: Asked, admitted: Admits, reply: Any) -> T:
+    async def _answer(self, asked: Asked, admitted: Admits, reply: Any, ctx: RequestContext) -> T:
         """The model's reply as the answer the service returns and caches."""
         raise NotImplementedError
 
-    def _whole(self, answer: T) -> bool:
-        """Whether the answer is whole, so it may be cached and shared (not cut short)."""
+    def _whole(self, answer: T, ctx: RequestContext) -> bool:
+        """Whether the answer is whole, so it may be cached and shared (not cut short, nor
+        unchecked where a check was due)."""
         return True
 
     def _used_tokens(self, answer: T, quota: Reservation) -> int:

@@ -28,6 +28,7 @@ from deployments.ingress.protocol import (
     created_timestamp,
 )
 from deployments.ingress.security import ModerationGate, Reservation, metered_stream
+from deployments.ingress.security.gate_failures import skipped_header
 from deployments.ingress.serving.admission import AdmittedChat, chat_features
 from deployments.ingress.serving.answer import Answer
 from deployments.ingress.serving.base import ModelService
@@ -104,10 +105,15 @@ class ChatService(ModelService[ChatCompletionRequest, AdmittedChat, ChatCompleti
             session=ctx.session,
         )
         cacheable = use_cache and is_deterministic(chat)
-        return await self.serve(chat, ctx, admitted, call, cacheable=cacheable)
+        answer = await self.serve(chat, ctx, admitted, call, cacheable=cacheable)
+        return answer.with_headers(skipped_header(ctx.moderation_skipped))
 
     async def _answer(
-        self, chat: ChatCompletionRequest, admitted: AdmittedChat, reply: list[Completion]
+        self,
+        chat: ChatCompletionRequest,
+        admitted: AdmittedChat,
+        reply: list[Completion],
+        ctx: RequestContext,
     ) -> ChatCompletion:
         """The answer of the model's choices, each passed through the output gate if it applies,
         named as the client asked for the model (its name or an alias), as a stream's chunks are;
@@ -117,12 +123,17 @@ class ChatService(ModelService[ChatCompletionRequest, AdmittedChat, ChatCompleti
         choices = list(reply)
         if self.gate.applies_to(model.name):
             for i, done in enumerate(choices):
-                text, finish = await self.gate.filter_output(done.text, done.finish_reason)
+                text, finish = await self.gate.filter_output(
+                    done.text, done.finish_reason, ctx.moderation_skipped.add
+                )
                 choices[i] = dataclasses.replace(done, text=text, finish_reason=finish)
         return chat_completion(asked_as, choices)
 
-    def _whole(self, answer: ChatCompletion) -> bool:
-        """An answer the output gate cut in any choice is never cached nor shared."""
+    def _whole(self, answer: ChatCompletion, ctx: RequestContext) -> bool:
+        """An answer the output gate cut in any choice, or that went unchecked on a side (its
+        classifier failed open), is never cached nor shared: a later hit would not say so."""
+        if ctx.moderation_skipped:
+            return False
         return all(choice.finish_reason != "content_filter" for choice in answer.choices)
 
     def _used_tokens(self, answer: ChatCompletion, quota: Reservation) -> int:
@@ -161,8 +172,10 @@ class ChatService(ModelService[ChatCompletionRequest, AdmittedChat, ChatCompleti
             raise
         chunks = _rest(opened, features.n)
         if self.gate.applies_to(model.name):
-            chunks = self.gate.guard_stream(chunks, features.n)
-        return Answer.of(metered_stream(_observed(chunks, ctx.telemetry), quota), trace, quota)
+            # the output's skip comes after the headers: the metric and the warning tell it
+            chunks = self.gate.guard_stream(chunks, features.n, ctx.moderation_skipped.add)
+        answer = Answer.of(metered_stream(_observed(chunks, ctx.telemetry), quota), trace, quota)
+        return answer.with_headers(skipped_header(ctx.moderation_skipped))
 
     async def _dispatch(
         self,
@@ -184,7 +197,7 @@ class ChatService(ModelService[ChatCompletionRequest, AdmittedChat, ChatCompleti
             # One turn of the loop: the dispatch sends the call before the check starts. The
             # router's own classifier never yields, so without it the call left only after it.
             await asyncio.sleep(0)
-            await self.gate.check_input(admitted.messages)
+            await self.gate.check_input(admitted.messages, ctx.moderation_skipped.add)
             notice.release()
         except BaseException:
             if not started.done():

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from deployments.errors import BadHeaderValueError
 from deployments.ingress.edge.waiting import ColdStartNotice, WaitLimits
 from deployments.ingress.security import Principal
+from deployments.ingress.security.gate_failures import Direction
 from deployments.observability import RequestTelemetry
 from edge_sim.geo import COUNTRY_HEADER, GEO_HEADER
 
@@ -37,6 +38,9 @@ class RequestContext:
     # an event the edge sets when an attempt waits for a cold region's first replica: a held
     # stream (api.streaming) starts at once and says so, instead of looking hung
     warming: ColdStartNotice = field(default_factory=ColdStartNotice)
+    # the moderation gate's directions that went unchecked (its classifier failed, fail_open):
+    # the answer says so (x-moderation-skipped) and is not cached
+    moderation_skipped: set[Direction] = field(default_factory=set)
 
     @property
     def key_id(self) -> str:

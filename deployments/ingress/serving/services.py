@@ -166,6 +166,7 @@ def build_services(
 
     # the gate's classifier: the router's own copy of a small enough model, else its deployment
     classify = in_router or ModerationDeployment(pools, gate_config.moderation_model)
+    on_gate_failure = metrics.moderation_gate_failure if metrics is not None else None
 
     drills = FaultDrills(network, control_client, edge_config.region_names)
     if regions is None and control_client is not None and edge_config.regions is not None:
@@ -182,7 +183,7 @@ def build_services(
     path = (catalogue, admission, cached, edge)  # what every service's request path goes through
     workers = WorkersRun(
         catalogue,
-        ChatService(*path, gate=ModerationGate(gate_config, classify)),
+        ChatService(*path, gate=ModerationGate(gate_config, classify, on_gate_failure)),
         EmbeddingService(*path),
         ModerationService(*path),
     )

@@ -63,7 +63,11 @@ class EmbeddingService(TextService[EmbeddingRequest, EmbeddingList]):
         return await self.serve(asked, ctx, admitted, call, cacheable=False)
 
     async def _answer(
-        self, asked: EmbeddingRequest, admitted: AdmittedTexts, reply: EmbeddingResult
+        self,
+        asked: EmbeddingRequest,
+        admitted: AdmittedTexts,
+        reply: EmbeddingResult,
+        ctx: RequestContext,
     ) -> EmbeddingList:
         return EmbeddingList(
             reply.vectors, admitted.model.name, reply.total_tokens, asked.encoding_format
@@ -100,7 +104,11 @@ class ModerationService(TextService[ModerationRequest, ModerationCreateResponse]
         return await self.serve(asked, ctx, admitted, call, cacheable=False)
 
     async def _answer(
-        self, asked: ModerationRequest, admitted: AdmittedTexts, reply: list[Any]
+        self,
+        asked: ModerationRequest,
+        admitted: AdmittedTexts,
+        reply: list[Any],
+        ctx: RequestContext,
     ) -> ModerationCreateResponse:
         return ModerationCreateResponse(
             id=moderation_id(), model=admitted.model.name, results=verdicts(reply)
