@@ -194,7 +194,8 @@ class EdgeDispatcher:
                     region, partial(self.pools.expected_ready_s, model, region)
                 )
             try:
-                result = await self._watched(model, region, candidate.rtt_ms, call, attempt_s)
+                with request.telemetry.overhead.away():  # the RTT and the replica's time
+                    result = await self._watched(model, region, candidate.rtt_ms, call, attempt_s)
             except QueueFullError as error:
                 self.pools.report(model, region, "saturated")  # back-pressure: not a failure
                 spilled, last_error = True, error
