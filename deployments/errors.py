@@ -342,8 +342,12 @@ def envelope_code(kind: type[ServingError]) -> int:
 
 
 def retry_after(seconds: float) -> dict[str, str]:
-    """Retry-After in whole seconds, at least 1 (a client reads 0 as "now")."""
-    return {"retry-after": str(max(1, math.ceil(seconds)))}
+    """Retry-After in whole seconds, as HTTP has it, at least 1 (a client reads 0 as "now"), and
+    retry-after-ms, the same estimate to the millisecond (OpenAI's SDKs read it first)."""
+    return {
+        "retry-after": str(max(1, math.ceil(seconds))),
+        "retry-after-ms": str(max(1, math.ceil(seconds * 1000))),
+    }
 
 
 def _restore(cls: type[ServingError], message: str, state: dict[str, Any]) -> ServingError:

@@ -105,6 +105,11 @@ ROWS: tuple[Row, ...] = (
                 "s",
             ),
             Panel(
+                "Router overhead per model (x-edge-overhead-ms)",
+                _quantiles("ray_edge_overhead_seconds", "model"),
+                "s",
+            ),
+            Panel(
                 "p99 request duration per colo",
                 (
                     Query(

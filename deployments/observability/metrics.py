@@ -33,6 +33,8 @@ COLD_START_PHASES = ("process", "model_load", "warmup", "init")
 
 # Buckets: upper bounds, in the unit the name ends with (seconds unless it says otherwise).
 LATENCY_S_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+# The router's own time per request (x-edge-overhead-ms): sub-millisecond when all is well
+OVERHEAD_S_BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
 COLD_START_S_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120)
 TOKENS_PER_S_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
 QUEUE_WAIT_S_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -114,6 +116,9 @@ ROUTER_METRICS: Mapping[str, MetricSpec] = {
               "by reason (timeout, error, busy, down, corrupt)",
               ("backend", "operation", "reason")),
         _spec("counter", PREFIX + "rate_limited_total", "Requests rejected with 429", _BY_PLACE),
+        _spec("histogram", PREFIX + "overhead_seconds",
+              "x-edge-overhead-ms: the router's time outside the model replica and its RTT, "
+              "until the response started", _BY_PLACE, OVERHEAD_S_BUCKETS),
         _spec("counter", PREFIX + "moderation_flags_total",
               "Moderation inputs flagged, by category", (*_BY_PLACE, "category")),
         _spec("counter", PREFIX + "moderation_gate_failures_total",
@@ -244,6 +249,8 @@ class RouterMetrics(_Instruments):
         self._histogram("edge_request_duration_seconds").observe(outcome.latency_s, tags)
         if outcome.status == 429:
             self._inc("edge_rate_limited_total", 1, tags)
+        if outcome.overhead_ms is not None:
+            self._histogram("edge_overhead_seconds").observe(outcome.overhead_ms / 1000.0, tags)
         if outcome.ttft_s is not None and outcome.stream:
             self._histogram("edge_time_to_first_token_seconds").observe(outcome.ttft_s, tags)
         if outcome.output_tokens:

@@ -1,5 +1,6 @@
 """ASGI middleware that gives every router request its RequestTelemetry and finishes it after
-the last byte (streams included), whatever the endpoint returned or raised."""
+the last byte (streams included), whatever the endpoint returned or raised; an answer that
+reached a model starts with the router's own time in it, `x-edge-overhead-ms`."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from deployments.observability.edge_overhead import OVERHEAD_HEADER
 from deployments.observability.outcome import CLIENT_CLOSED_REQUEST
 from deployments.observability.router_telemetry import RequestTelemetry, RouterObservability
 
@@ -55,6 +57,11 @@ class TelemetryMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                overhead_ms = telemetry.overhead.ms()  # until now: a stream's first byte
+                if overhead_ms is not None:
+                    telemetry.overhead_ms = overhead_ms
+                    header = (OVERHEAD_HEADER.encode(), f"{overhead_ms:.3f}".encode())
+                    message = {**message, "headers": [*message.get("headers", ()), header]}
             elif message["type"] == "http.response.body" and message.get("body"):
                 telemetry.first_token()  # a stream's first event carries its first token
             await send(message)

@@ -44,6 +44,7 @@ class RequestOutcome:
     key_id: str | None = None  # the authenticated key's id; None before authentication
     operation: str | None = None  # gen_ai.operation.name; None for a request of no model
     cold_start_phases: tuple[tuple[str, float], ...] = ()  # (phase, seconds) of the replica start
+    overhead_ms: float | None = None  # x-edge-overhead-ms as sent; None: no model was called
 
     @property
     def failover(self) -> bool:

@@ -29,6 +29,7 @@ from deployments.observability.attributes import (
     usage_attributes,
 )
 from deployments.observability.config import ObservabilityConfig
+from deployments.observability.edge_overhead import EdgeOverhead
 from deployments.observability.metrics import RouterMetrics
 from deployments.observability.metrics_backend import MetricsBackend, RayServeMetricsBackend
 from deployments.observability.outcome import CLIENT_CLOSED_REQUEST, RequestOutcome, error_status
@@ -179,6 +180,7 @@ class RequestTelemetry:
         self._clock = clock
         self._on_finish = on_finish
         self._started = clock()
+        self.overhead = EdgeOverhead(clock)  # the router's own time (x-edge-overhead-ms)
         self._first_token_at: float | None = None
         self._model: str | None = None
         self._operation: str | None = None
@@ -190,6 +192,7 @@ class RequestTelemetry:
         self._flagged: list[str] = []
         self._error: BaseException | None = None
         self.outcome: RequestOutcome | None = None
+        self.overhead_ms: float | None = None  # as sent when the response started
         self._payload_opt_in = payload_opt_in
         self._key_collects_payloads = False
         # What a key's budget decided (deployments.ingress.state.budgets), for its ledger record.
@@ -324,6 +327,7 @@ class RequestTelemetry:
             key_id=self._authenticated_key,
             operation=self._operation,
             cold_start_phases=_phases(route.cold_start_phases) if route else (),
+            overhead_ms=self.overhead_ms,
         )
         self.outcome = outcome
         self._end_span(outcome)

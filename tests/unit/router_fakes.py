@@ -3,8 +3,9 @@ themselves live in benchmarks.lib.fake_handles, shared with the router_cpu suite
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from benchmarks.lib.fake_handles import (
     BAD_WORD,
@@ -45,7 +46,21 @@ __all__ = [
     "in_every_region",
     "reply",
     "services_for",
+    "starting",
 ]
+HandleT = TypeVar("HandleT")
+
+
+def starting(handle: HandleT) -> HandleT:
+    """`handle` with a wake that never answers: its pool's first replica is still starting, as
+    the cold snapshot says (a fake's wake otherwise answers at once: a replica up all along)."""
+    handle.wake = Method(_never_up)  # type: ignore[attr-defined]
+    return handle
+
+
+async def _never_up() -> float:
+    await asyncio.Event().wait()
+    raise AssertionError("an Event nobody sets was set")
 
 
 class ScriptedChatHandle(FakeChatHandle):

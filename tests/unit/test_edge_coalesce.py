@@ -18,7 +18,7 @@ from deployments.contracts.embedding_deployment import EmbeddingClient, EmbedReq
 from deployments.contracts.moderation_deployment import ClassifyRequest, ModerationClient
 from deployments.errors import InvalidRequestError, QueueFullError
 from deployments.ingress.edge.clients import model_clients
-from deployments.ingress.edge.coalesce import coalescer
+from deployments.ingress.edge.coalesce import CallGroups, coalescer
 
 
 class GroupedHandle:
@@ -188,3 +188,35 @@ def test_past_the_waiting_bound_a_request_meets_back_pressure_not_a_queue() -> N
     assert answers[:3] == ["A", "B", "C"] and answers[4] == "E"
     assert isinstance(answers[3], QueueFullError) and answers[3].retry_after_s == 1
     assert groups == [["a"], ["b", "c"], ["e"]]
+
+
+def test_a_refusal_retries_after_a_grouped_calls_time_as_lately_measured() -> None:
+    """The queue drains one group per call back: a refused request retries about one call's
+    time later (an EWMA of the calls timed), not a fixed second."""
+    now = [0.0]
+
+    async def scenario() -> list[float]:
+        release = asyncio.Event()
+
+        async def send_group(requests: list[str]) -> list[Any]:
+            await release.wait()
+            now[0] += 0.3  # each grouped call takes 0.3 s on the clock
+            return list(requests)
+
+        groups: CallGroups[str, Any] = CallGroups(
+            send_group,
+            CoalesceConfig(max_calls_in_flight=1, max_waiting_requests=1),
+            lambda: now[0],
+        )
+        hints = []
+        for _ in range(2):
+            release.clear()
+            first, second, refused = (groups.submit(text) for text in ("a", "b", "c"))
+            with pytest.raises(QueueFullError) as caught:
+                await refused
+            hints.append(caught.value.retry_after_s)
+            release.set()
+            await asyncio.gather(first, second)
+        return hints
+
+    assert asyncio.run(scenario()) == pytest.approx([1.0, 0.3])  # untimed yet; then measured

@@ -79,7 +79,10 @@ class FakeRegion:
         self.name = name
         self.calls: list[str] = []
         self.options_asked: list[dict[str, Any]] = []  # handle.options(...) made of this one
-        self.behaviour: Callable[[str], Any] = lambda method: _ok(name)
+        # A wake answers with its replica's ready_at: one up since long before (no cold start)
+        self.behaviour: Callable[[str], Any] = lambda method: (
+            _ready_at(0.0) if method == "wake" else _ok(name)
+        )
 
     def options(self, **options: Any) -> FakeRegion:
         self.options_asked.append(options)
@@ -107,6 +110,10 @@ class FakeStream:
 
 async def _ok(region: str, ready_at: float = 0.0) -> Reply[str]:
     return Reply(region, replica_ready_at=ready_at, replica_load_s=0.1)
+
+
+async def _ready_at(ready_at: float) -> float:
+    return ready_at
 
 
 async def _raise(error: BaseException) -> Any:
@@ -138,6 +145,7 @@ class Rig:
         max_attempts: int = 3,
         deadline_s: float = 5.0,
         control: Any = None,
+        busy_probe_s: float = 0.0,  # rejectIfBusy refuses at once unless a wake answered already
     ):
         config = EdgeConfig.from_mapping({"regions": REGIONS, "latency": {"real_delay_scale": 0}})
         self.clock = ManualEdgeClock()
@@ -166,6 +174,7 @@ class Rig:
             max_attempts=max_attempts,
             deadline_s=deadline_s,
             clock=self.clock,
+            busy_probe_s=busy_probe_s,
         )
         self.reported: list[Outcome] = []
         original = self.pools.report
@@ -495,7 +504,8 @@ def test_reject_if_busy_with_no_free_region_is_a_429_at_once_with_the_expected_w
         asyncio.run(rig.send(TOKYO, limits=REJECT_IF_BUSY))
     assert caught.value.status == 429 and caught.value.code == "capacity_exceeded"
     assert caught.value.message == "Capacity temporarily exceeded, please try again."
-    assert caught.value.response_headers() == {"retry-after": "3"}
+    # 3 s (the shared mean) and a quarter: no cold start measured here yet
+    assert caught.value.response_headers() == {"retry-after": "4", "retry-after-ms": "3750"}
     assert all(handle.calls in ([], ["wake"]) for handle in rig.handles.values())
     # Without the option the same request waits for the cold start instead.
     rig.handles["ap"].behaviour = lambda method: _ok("ap", ready_at=rig.clock.unix() + 1)
@@ -510,6 +520,63 @@ def test_reject_if_busy_when_every_free_region_pushes_back_is_a_429_not_a_503() 
         asyncio.run(rig.send(TOKYO, limits=REJECT_IF_BUSY))
     assert caught.value.retry_after_s == 2
     assert {o.kind for o in rig.reported} == {"saturated"}
+
+
+def test_a_retry_at_retry_after_ms_after_a_cold_start_refusal_is_served() -> None:
+    rig = Rig({}, busy_probe_s=0.2)  # all cold; ap's replica comes up 3 s after its wake
+
+    async def go() -> tuple[float, CallResult, EdgeTrace]:
+        up = asyncio.Event()
+
+        async def wake() -> float:
+            await up.wait()
+            return rig.clock.unix()  # the replica became ready now: a cold start
+
+        rig.handles["ap"].behaviour = lambda method: wake() if method == "wake" else _ok("ap")
+        refusing = asyncio.ensure_future(rig.send(TOKYO, limits=REJECT_IF_BUSY))
+        await turns_until(lambda: rig.handles["ap"].calls)
+        rig.clock.advance(0.2)  # the wake has its probe's time to answer, and does not
+        with pytest.raises(BusyError) as refused:
+            await refusing
+        retry_s = int(refused.value.response_headers()["retry-after-ms"]) / 1000
+        rig.clock.advance(2.8)
+        up.set()
+        await turns_until(lambda: rig.pools.pools(MODEL)["ap"].warm)
+        rig.clock.advance(retry_s - 3.0)  # edge-control's snapshot still says ap is cold
+        result, trace = await rig.send(TOKYO, limits=REJECT_IF_BUSY)
+        return retry_s, result, trace
+
+    retry_s, result, trace = asyncio.run(go())
+    assert retry_s == pytest.approx(3.55)  # the 3.75 s estimate, less the probe's 0.2 s
+    assert result.reply.value == "ap" and trace.region == "ap"
+    assert rig.handles["ap"].calls[0] == "wake" and len(rig.handles["ap"].calls) == 2
+    assert rig.pools.estimate.cold_start_s(MODEL, 3.0) == pytest.approx(3.75)  # 1 of 5 samples
+
+
+def test_reject_if_busy_is_served_by_a_replica_another_router_woke() -> None:
+    """This router's snapshot says cold, but a replica is up (an earlier refusal's wake, sent by
+    another router): its wake answers within the probe, so the retry is served, not refused."""
+    rig = Rig({}, busy_probe_s=0.2)
+    result, trace = asyncio.run(rig.send(TOKYO, limits=REJECT_IF_BUSY))
+    assert result.reply.value == "ap" and trace.cold_start_ms is None
+    assert rig.handles["ap"].calls[0] == "wake"
+    assert rig.pools.estimate.cold_start_s(MODEL, 3.0) == pytest.approx(3.75)  # none measured
+
+
+def test_a_429_for_back_pressure_retries_when_the_pools_mark_ends() -> None:
+    rig = Rig(ALL_WARM)
+    for handle in rig.handles.values():
+        handle.behaviour = lambda method: _raise(QueueFullError("full", retry_after_s=0.4))
+
+    async def go() -> BusyError:
+        with pytest.raises(BusyError):  # every pool pushes back: each is marked full for 1 s
+            await rig.send(TOKYO, limits=REJECT_IF_BUSY)
+        rig.clock.advance(0.25)
+        with pytest.raises(BusyError) as second:  # refused before any call: the marks' rest
+            await rig.send(TOKYO, limits=REJECT_IF_BUSY)
+        return second.value
+
+    assert asyncio.run(go()).retry_after_s == pytest.approx(0.75)
 
 
 def test_a_background_call_is_served_by_a_warm_region_and_wakes_no_cold_one() -> None:
@@ -546,8 +613,11 @@ def test_a_wait_budget_shorter_than_the_expected_wake_up_is_a_503_at_once() -> N
         return first.value, second.value
 
     first, second = asyncio.run(go())
-    assert first.status == 503 and first.response_headers() == {"retry-after": "3"}
-    assert second.retry_after_s == pytest.approx(2.0)
+    assert first.status == 503 and first.response_headers() == {
+        "retry-after": "4",
+        "retry-after-ms": "3750",
+    }
+    assert second.retry_after_s == pytest.approx(2.75)
     assert rig.handles["ap"].calls == ["wake"]  # woken all the same (once): a retry finds it warm
 
 
@@ -563,7 +633,8 @@ def test_a_wait_budget_that_runs_out_mid_attempt_is_a_503_not_a_region_failure()
 
     with pytest.raises(WaitBudgetExceededError) as caught:
         asyncio.run(go())
-    assert caught.value.response_headers() == {"retry-after": "1"}  # warm: no wake-up to wait
+    # warm: no wake-up to wait
+    assert caught.value.response_headers() == {"retry-after": "1", "retry-after-ms": "1"}
     assert rig.reported == [] and rig.handles["eu"].calls == []  # the client's budget, not ap's
 
 
@@ -582,6 +653,8 @@ def test_the_notice_hears_of_a_wait_for_a_cold_replica_and_only_of_that() -> Non
     rig2 = Rig({})
     asyncio.run(rig2.send(TOKYO, notice=cold_notice))
     assert cold_notice.region == "ap"
+    # with the estimate a refusal's Retry-After gives (3 s shared mean, and a quarter)
+    assert cold_notice.describe() == "warming region=ap ready-in-ms=3750"
 
 
 class RecordingControl:

@@ -191,19 +191,20 @@ def test_bad_header_error_names_the_header_in_param_and_message():
 
 
 # The headers each class adds to its response; every other class adds none.
+RETRY = {"retry-after", "retry-after-ms"}
 EXPECTED_HEADER_NAMES: dict[type[ServingError], set[str]] = {
-    errors.RateLimitedError: {"retry-after", "x-ratelimit-remaining-requests"},
-    errors.OverloadedError: {"retry-after"},
-    errors.ModelNotReadyError: {"retry-after"},
-    errors.QueueFullError: {"retry-after"},
-    errors.RegionFaultError: {"retry-after"},
-    errors.WaitBudgetExceededError: {"retry-after"},
-    errors.BusyError: {"retry-after"},
-    errors.ControlUnavailableError: {"retry-after"},
-    errors.ModerationUnavailableError: {"retry-after"},
+    errors.RateLimitedError: {*RETRY, "x-ratelimit-remaining-requests"},
+    errors.OverloadedError: RETRY,
+    errors.ModelNotReadyError: RETRY,
+    errors.QueueFullError: RETRY,
+    errors.RegionFaultError: RETRY,
+    errors.WaitBudgetExceededError: RETRY,
+    errors.BusyError: RETRY,
+    errors.ControlUnavailableError: RETRY,
+    errors.ModerationUnavailableError: RETRY,
     errors.MethodNotAllowedError: {"allow"},
-    errors.BudgetExceededError: {"retry-after", "x-ratelimit-remaining-requests"},
-    errors.StateUnavailableError: {"retry-after"},
+    errors.BudgetExceededError: {*RETRY, "x-ratelimit-remaining-requests"},
+    errors.StateUnavailableError: RETRY,
 }
 
 
@@ -218,12 +219,22 @@ def test_each_error_carries_its_own_response_headers(cls: type[ServingError]):
     assert set(headers) == EXPECTED_HEADER_NAMES.get(cls, set())
     if "retry-after" in headers:
         assert headers["retry-after"] == "8"  # 7.5 s, rounded up to whole seconds
+        assert headers["retry-after-ms"] == "7500"  # the same estimate, to the millisecond
     # ... and they survive the trip from a replica.
     assert pickle.loads(pickle.dumps(error)).response_headers() == headers
 
 
-def test_a_subsecond_retry_hint_is_one_second():
-    assert OverloadedError("busy", retry_after_s=0.2).response_headers() == {"retry-after": "1"}
+def test_a_subsecond_retry_hint_is_one_second_and_its_milliseconds():
+    assert OverloadedError("busy", retry_after_s=0.2).response_headers() == {
+        "retry-after": "1",
+        "retry-after-ms": "200",
+    }
+    # Never 0 ("now"), however small; a fraction of a millisecond is rounded up.
+    assert OverloadedError("busy", retry_after_s=0.0).response_headers()["retry-after-ms"] == "1"
+    assert OverloadedError("x", retry_after_s=2.0001).response_headers() == {
+        "retry-after": "3",
+        "retry-after-ms": "2001",
+    }
 
 
 def test_not_found_errors_share_a_base_and_differ_by_code():

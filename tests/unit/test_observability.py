@@ -861,3 +861,36 @@ def test_the_authenticated_key_id_replaces_the_header_fingerprint(tracing: Traci
     telemetry.authenticated("team-search")
     telemetry.finish(200)
     assert json.loads(stream.getvalue())["key_id"] == "team-search"
+
+
+def test_an_answer_that_reached_a_model_tells_the_routers_own_time(tracing: Tracing):
+    """x-edge-overhead-ms: the router's time less the model call, when the response starts;
+    recorded as edge_overhead_seconds. An answer that reached no model carries none."""
+    backend, clock = InMemoryMetricsBackend(), FakeClock()
+    app = FastAPI()
+    app.add_middleware(
+        TelemetryMiddleware, observability=make_router(tracing, backend, clock=clock)
+    )
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> dict[str, Any]:
+        telemetry = request_telemetry(request)
+        telemetry.request(task="embedding", model="embedding")
+        clock.advance(0.0004)
+        with telemetry.overhead.away():
+            clock.advance(0.25)  # the RTT and the replica
+        clock.advance(0.0003)
+        return {}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        clock.advance(0.001)
+        return {}
+
+    with TestClient(app) as client:
+        served = client.post("/v1/embeddings", json={})
+        listed = client.get("/v1/models")
+    assert served.headers["x-edge-overhead-ms"] == "0.700"
+    assert "x-edge-overhead-ms" not in listed.headers
+    assert backend.values("edge_overhead_seconds", model="embedding") == [pytest.approx(0.0007)]
+    assert len(backend.values("edge_overhead_seconds")) == 1

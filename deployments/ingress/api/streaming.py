@@ -48,10 +48,11 @@ async def held_event_stream(
     """The stream `opening` gives. If its first chunk comes (or it fails) before the edge waits
     for a cold replica (the request's `warming` event): the usual response, with its real
     status and headers. Once the edge waits on a cold region, the response starts at once and
-    sends `: warming region=<region>` comment lines until the first chunk, so a client can tell
-    a cold start from a hang; the `x-edge-*` headers it could not carry (where it was served was
-    not known yet) follow in one comment, `: edge x-edge-region=ap x-edge-cold-start=1 ...`, and
-    an error that comes after is the stream's last event."""
+    sends `: warming region=<region> ready-in-ms=<estimate>` comment lines until the first chunk,
+    so a client can tell a cold start from a hang and when it should end; the `x-edge-*` headers
+    it could not carry (where it was served was not known yet) follow in one comment,
+    `: edge x-edge-region=ap x-edge-cold-start=1 ...`, and an error that comes after is the
+    stream's last event."""
     opened = asyncio.ensure_future(opening)
     warmed = asyncio.ensure_future(warming.wait())
     try:
@@ -68,7 +69,7 @@ async def held_event_stream(
     async def held() -> AsyncIterator[Any]:
         try:
             while not opened.done():
-                yield ServerSentEvent(comment=f"warming region={warming.region}")
+                yield ServerSentEvent(comment=warming.describe())
                 await asyncio.wait({opened}, timeout=WARMING_COMMENT_S)
         finally:
             opened.cancel()  # the client left while it waited: the dispatch stops (no-op once done)

@@ -14,6 +14,7 @@ until their deadline. The replica still counts every request for its autoscaler
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
@@ -24,6 +25,10 @@ from deployments.errors import QueueFullError, ServingError
 
 RequestT = TypeVar("RequestT")
 T = TypeVar("T")
+# A refused request retries when the queue drains enough: the next grouped call back sends up to
+# max_requests_per_call of the waiting ones. Until a call was timed, this.
+UNTIMED_RETRY_S = 1.0
+_CALL_TIME_WEIGHT = 0.3  # an EWMA of the grouped calls' durations
 
 
 class CallGroups(Generic[RequestT, T]):
@@ -35,18 +40,28 @@ class CallGroups(Generic[RequestT, T]):
         self,
         send_group: Callable[[list[RequestT]], Awaitable[GroupedReplies[T]]],
         config: CoalesceConfig,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._send_group = send_group
         self._config = config
+        self._clock = clock
         self._queue: list[tuple[RequestT, asyncio.Future[Reply[T]]]] = []
         self._in_flight = 0
+        self._call_s: float | None = None  # how long a grouped call takes lately
+
+    def drain_s(self) -> float:
+        """When a refused request is expected to find room: one grouped call's time, as the
+        queue drains a group per call back (calls in flight end about that far apart or less)."""
+        return UNTIMED_RETRY_S if self._call_s is None else self._call_s
 
     def submit(self, request: RequestT) -> asyncio.Future[Reply[T]]:
         future: asyncio.Future[Reply[T]] = asyncio.get_running_loop().create_future()
         all_out = self._in_flight >= self._config.max_calls_in_flight
         if all_out and len(self._queue) >= self._config.max_waiting_requests:
             future.set_exception(
-                QueueFullError("the model's queue is full; retry shortly", retry_after_s=1)
+                QueueFullError(
+                    "the model's queue is full; retry shortly", retry_after_s=self.drain_s()
+                )
             )
             return future
         self._queue.append((request, future))
@@ -65,8 +80,10 @@ class CallGroups(Generic[RequestT, T]):
             asyncio.get_running_loop().create_task(self._send(group))
 
     async def _send(self, group: list[tuple[RequestT, asyncio.Future[Reply[T]]]]) -> None:
+        started_at = self._clock()
         try:
             answers = await self._send_group([request for request, _ in group])
+            self._timed(self._clock() - started_at)
         except BaseException as exc:  # noqa: BLE001 - each request's caller maps it (ModelCall.run)
             for _, future in group:
                 if not future.done():
@@ -84,6 +101,14 @@ class CallGroups(Generic[RequestT, T]):
         finally:
             self._in_flight -= 1
             self._send_what_fits()
+
+    def _timed(self, call_s: float) -> None:
+        previous = self._call_s
+        self._call_s = (
+            call_s
+            if previous is None
+            else (1 - _CALL_TIME_WEIGHT) * previous + _CALL_TIME_WEIGHT * call_s
+        )
 
 
 def coalescer(config: CoalesceConfig) -> Coalescer:

@@ -33,6 +33,9 @@ from edge_sim.regions import RegionCandidate, RegionMap, RegionPlan, plan_region
 from edge_sim.routing import NoColoAvailableError, RouteCandidate
 
 LOST_CHECK_S = 0.25  # how often a running attempt looks whether its region is still there
+# How long a rejectIfBusy request with no warm region waits for its nearest region's wake: a
+# replica already up answers in a Serve call's milliseconds; a cold start takes seconds.
+BUSY_PROBE_S = 0.2
 BUSY_MESSAGE = "Capacity temporarily exceeded, please try again."  # Workers AI's own words
 
 
@@ -80,6 +83,7 @@ class EdgeDispatcher:
         deadline_s: float,
         max_extra_rtt_ms: float | None = None,
         clock: EdgeClock | None = None,
+        busy_probe_s: float = BUSY_PROBE_S,
     ):
         """`deadline_s`: per request, across failovers and cold starts."""
         self.network = network
@@ -89,6 +93,7 @@ class EdgeDispatcher:
         self.deadline_s = deadline_s
         self.max_extra_rtt_ms = max_extra_rtt_ms
         self.clock = clock or SystemClock()
+        self.busy_probe_s = busy_probe_s
 
     def plan(
         self, model: str, origin: ClientOrigin
@@ -160,7 +165,7 @@ class EdgeDispatcher:
             self.pools.note_demand(model, self.regions.home(entry.colo_id))
             if plan.wake is not None:
                 self.pools.wake(model, plan.wake)
-        allowed = self._within_limits(model, plan.candidates, limits)
+        allowed = await self._within_limits(model, plan.candidates, limits)
         arrived_at = self.clock.unix()
         deadline = self.clock.now() + self.deadline_s
         budget_end = None if limits.max_wait_s is None else self.clock.now() + limits.max_wait_s
@@ -185,9 +190,12 @@ class EdgeDispatcher:
             attempt_s = min(attempt_s, budget_left_s) if budget_left_s is not None else attempt_s
             tried.append(region)
             if not self.pools.pools(model)[region].warm:
-                request.warming.waiting_on(region)
+                request.warming.waiting_on(
+                    region, partial(self.pools.expected_ready_s, model, region)
+                )
             try:
-                result = await self._watched(model, region, candidate.rtt_ms, call, attempt_s)
+                with request.telemetry.overhead.away():  # the RTT and the replica's time
+                    result = await self._watched(model, region, candidate.rtt_ms, call, attempt_s)
             except QueueFullError as error:
                 self.pools.report(model, region, "saturated")  # back-pressure: not a failure
                 spilled, last_error = True, error
@@ -249,24 +257,31 @@ class EdgeDispatcher:
             raise last_error
         raise OverloadedError(f"no region could take a {model} request in time", retry_after_s=1)
 
-    def _within_limits(
+    async def _within_limits(
         self, model: str, candidates: tuple[RegionCandidate, ...], limits: WaitLimits
     ) -> tuple[RegionCandidate, ...]:
         """The candidates the request's wait limits allow. `reject_if_busy`: only regions with a
-        warm replica and no back-pressure now; none is a 429 at once (Workers AI's answer), not
-        a wait. A wait budget shorter than the first region's expected wake-up is a 503 at once,
-        not a wait that can only end in one. Either way the region it would have waited on is
-        woken, so a retry after the Retry-After finds it warm; `warm_only` wakes nothing."""
+        warm replica and no back-pressure now; none is a 429 (Workers AI's answer), not a wait,
+        once the nearest region's wake has had `busy_probe_s` to answer (it has a replica this
+        router's snapshot does not show yet: the retry of an earlier refusal, on another router).
+        A wait budget shorter than the first region's expected wake-up is a 503 at once, not a
+        wait that can only end in one. Either way the region it would have waited on is woken,
+        so a retry after the Retry-After finds it warm; `warm_only` wakes nothing."""
         pools = self.pools.pools(model)
         if limits.reject_if_busy:
             free = tuple(
                 c for c in candidates if pools[c.region].warm and not pools[c.region].saturated
             )
+            nearest = candidates[0].region
+            if (
+                not free
+                and not limits.warm_only
+                and not pools[nearest].warm
+                and await self.pools.wake_answers(model, nearest, self.busy_probe_s)
+            ):
+                free = (candidates[0],)
             if not free:
-                if not limits.warm_only:
-                    self._wake_if_cold(model, candidates[0].region)
-                ready_in_s = min(self.pools.expected_ready_s(model, c.region) for c in candidates)
-                raise BusyError(BUSY_MESSAGE, retry_after_s=ready_in_s)
+                raise BusyError(BUSY_MESSAGE, retry_after_s=self._retry_after_s(model, candidates))
             candidates = free
         first = candidates[0].region
         if limits.max_wait_s is not None and (
@@ -275,6 +290,19 @@ class EdgeDispatcher:
             self._wake_if_cold(model, first)
             raise self._past_budget(model, first, limits)
         return candidates
+
+    def _retry_after_s(self, model: str, candidates: tuple[RegionCandidate, ...]) -> float:
+        """When the first of `candidates` that will take a request is expected to: a warm one
+        when its back-pressure mark ends, a cold one woken (only those) when its replica is up."""
+        pools = self.pools.pools(model)
+        ready = [
+            self.pools.expected_ready_s(model, c.region)
+            for c in candidates
+            if pools[c.region].warm or self.pools.waking(model, c.region)
+        ]
+        if not ready:  # nothing warm, nothing woken (background work): the cold start
+            ready = [self.pools.expected_ready_s(model, candidates[0].region)]
+        return min(ready)
 
     def _wake_if_cold(self, model: str, region: str) -> None:
         if not self.pools.pools(model)[region].warm:

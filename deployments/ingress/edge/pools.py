@@ -8,12 +8,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Mapping
+from functools import partial
 from typing import Any
 
 from deployments.contracts.edge_control_deployment import EdgeControlClient
 from deployments.contracts.model_deployment import ModelClient
 from deployments.contracts.warm_pool_deployment import WarmPoolClient
 from deployments.ingress.edge.clock import EdgeClock, SystemClock
+from deployments.ingress.edge.ready_estimate import ReadyEstimator
 from deployments.pacing import PollPacer
 from edge_sim.region_board import BoardSnapshot, Outcome, OutcomeKind
 from edge_sim.regions import PoolView, RegionPolicy
@@ -55,7 +57,7 @@ class RegionPools:
         self._outcomes: list[Outcome] = []
         self._demand: dict[tuple[str, str], int] = {}
         self._wakes: dict[tuple[str, str], asyncio.Task[Any]] = {}
-        self._woken_at: dict[tuple[str, str], float] = {}  # when each pool's wake was sent
+        self.estimate = ReadyEstimator(self._clock)  # when a cold pool is expected up
         self._syncer: asyncio.Task[None] | None = None
         self.sync_pacer = PollPacer(SYNC_INTERVAL_S, IDLE_SYNC_INTERVAL_S)
         self._sync_now = asyncio.Event()
@@ -73,33 +75,38 @@ class RegionPools:
         return regions[warm[0] if warm else next(iter(regions))]
 
     def pools(self, model: str) -> dict[str, PoolView]:
-        now = self._clock.now()
-        views = {}
-        for region in self.clients[model]:
-            view = self.snapshot.pool(model, region)
-            if self._full_until.get((model, region), 0.0) > now and not view.saturated:
-                view = PoolView(view.running, view.ejected, saturated=True)
-            views[region] = view
-        return views
+        return {region: self._view(model, region) for region in self.clients[model]}
+
+    def _view(self, model: str, region: str) -> PoolView:
+        """The snapshot's view of a pool, with what this replica saw since: its own
+        back-pressure answers, and a wake that answered (a replica is up before the snapshot
+        says so)."""
+        view = self.snapshot.pool(model, region)
+        saturated = view.saturated or self._full_until.get((model, region), 0.0) > self._clock.now()
+        running = view.running or int(self.estimate.up(model, region))
+        if (running, saturated) != (view.running, view.saturated):
+            view = PoolView(running, view.ejected, saturated)
+        return view
 
     def lost(self, model: str, region: str, was_warm: bool) -> bool:
         """Has the region become unusable since an attempt started there?"""
-        view = self.snapshot.pool(model, region)
+        view = self._view(model, region)
         return view.ejected or (was_warm and not view.warm)
 
     def cold_start_ms(self, model: str) -> float:
         return self.snapshot.cold_start_ms.get(model, self._default_cold_start_ms)
 
     def expected_ready_s(self, model: str, region: str) -> float:
-        """How long until the pool is expected to have a replica: none when it is warm; else
-        the model's cold-start estimate, less what a wake in flight has already waited."""
-        if self.snapshot.pool(model, region).warm:
-            return 0.0
-        estimate_s = self.cold_start_ms(model) / 1000.0
-        key = (model, region)
-        if key not in self._wakes or self._wakes[key].done():
-            return estimate_s
-        return max(0.0, estimate_s - (self._clock.now() - self._woken_at[key]))
+        """How long until the pool is expected to take a request: a warm one at once, or once
+        its back-pressure mark ends; a cold one when its replica is expected up (ReadyEstimator:
+        the measured cold starts, less what a wake in flight already waited)."""
+        if self._view(model, region).warm:
+            return max(0.0, self._full_until.get((model, region), 0.0) - self._clock.now())
+        return self.estimate.ready_in_s(model, region, self.cold_start_ms(model) / 1000.0)
+
+    def waking(self, model: str, region: str) -> bool:
+        """Is a wake of this pool in flight?"""
+        return self.estimate.waking(model, region)
 
     def report(
         self, model: str, region: str, kind: OutcomeKind, cold_ms: float | None = None
@@ -133,15 +140,35 @@ class RegionPools:
         task = asyncio.get_running_loop().create_task(
             asyncio.wait_for(_await(self.client(model, region).wake()), self.policy.wake_timeout_s)
         )
-        task.add_done_callback(self._woken)
+        task.add_done_callback(partial(self._woken, model, region))
         self._wakes[key] = task
-        self._woken_at[key] = self._clock.now()
+        self.estimate.wake_sent(model, region)
 
-    def _woken(self, task: asyncio.Task[Any]) -> None:
+    async def wake_answers(self, model: str, region: str, within_s: float) -> bool:
+        """Wake the pool (unless a wake is in flight) and wait up to `within_s` for it to
+        answer: True when a replica is up. A pool the snapshot shows cold may have one already
+        (another router woke it; edge-control has not read Serve since); its wake then answers
+        in a Serve call's time. The wake goes on after a False."""
+        self.wake(model, region)
+        task = self._wakes[(model, region)]
+        if not task.done() and within_s > 0:
+            timed_out = asyncio.get_running_loop().create_future()
+            timer = self._clock.call_later(within_s, partial(_settle, timed_out))
+            try:
+                await asyncio.wait([task, timed_out], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                timer.cancel()
+                timed_out.cancel()
+        return task.done() and not task.cancelled() and task.exception() is None
+
+    def _woken(self, model: str, region: str, task: asyncio.Task[Any]) -> None:
         """A wake answered: its replica has started (on a warm pool worker, which to replace)."""
         _quietly(task)
         if not task.cancelled() and task.exception() is None:
+            self.estimate.wake_answered(model, region, replica_ready_at=task.result())
             self._replace_taken_worker()
+        else:
+            self.estimate.wake_failed(model, region)
 
     def _replace_taken_worker(self) -> None:
         """A replica started on a warm pool worker: the pool tops itself up (fire and forget)."""
@@ -211,6 +238,11 @@ class RegionPools:
 
 async def _await(response: Awaitable[Any]) -> Any:
     return await response
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _quietly(task: asyncio.Task[Any]) -> None:

@@ -5,7 +5,8 @@ the notice the dispatcher gives when an attempt must wait for a cold replica (`C
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from deployments.errors import BadHeaderValueError
@@ -52,11 +53,22 @@ class ColdStartNotice:
         self.region: str | None = None
         self._waiting = asyncio.Event()
         self._held = False
+        self._ready_in_s: Callable[[], float] | None = None
 
-    def waiting_on(self, region: str) -> None:
+    def waiting_on(self, region: str, ready_in_s: Callable[[], float] | None = None) -> None:
+        """`ready_in_s`: the edge's estimate, asked anew each time, of when the region's replica
+        is up (the one a refusal's Retry-After gives)."""
         self.region = region
+        self._ready_in_s = ready_in_s
         if not self._held:
             self._waiting.set()
+
+    def describe(self) -> str:
+        """`warming region=<region> ready-in-ms=<estimate now>`: a held stream's comment text."""
+        text = f"warming region={self.region}"
+        if self._ready_in_s is not None:
+            text += f" ready-in-ms={math.ceil(self._ready_in_s() * 1000)}"
+        return text
 
     def hold(self) -> None:
         self._held = True
