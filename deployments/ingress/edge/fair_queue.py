@@ -94,7 +94,8 @@ class _SlotStream:
 
     def __init__(self, stream: Any, slot: Slot):
         self._stream, self._slot = stream, slot
-        weakref.finalize(self, slot.release)
+        # not at exit: the event loop its waiters belong to is gone by then
+        weakref.finalize(self, slot.release).atexit = False
 
     def __aiter__(self) -> _SlotStream:
         return self
