@@ -192,6 +192,41 @@ class CoalesceConfig(_Strict):
     )
 
 
+class FairQueueConfig(_Strict):
+    """Fair queueing between keys in front of each model (deployments.ingress.edge.fair_queue):
+    per model and router replica, at most `in_flight_per_replica` x its running replicas are
+    sent at once; past that, requests wait per key and are let in by weighted fair sharing
+    (`security.per_key.<id>.weight`, a virtual key's `weight`), not in arrival order."""
+
+    enabled: bool = True
+    tasks: tuple[Task, ...] = Field(
+        default=("chat",),
+        min_length=1,
+        description="the tasks whose models are gated (embeddings and moderation are coalesced)",
+    )
+    in_flight_per_replica: int = Field(
+        default=16,
+        ge=1,
+        le=65536,
+        description="requests this router sends to one running replica at once: the model's "
+        "max_ongoing_requests (a cold model: one replica's worth, so its wake goes out)",
+    )
+    max_in_flight_per_key: int | None = Field(
+        default=None,
+        ge=1,
+        le=65536,
+        description="per model and router; null: up to the model's whole limit",
+    )
+    max_waiting: int = Field(
+        default=256,
+        ge=0,
+        le=65536,
+        description="requests held per model while it is full; one more refuses the newest "
+        "waiter of the key holding the most of the queue by weight (503 queue_full + "
+        "Retry-After)",
+    )
+
+
 class ListenerConfig(_Strict):
     """The router replicas' own HTTP port (deployments/ingress/api/listener.py): one process fewer
     per request than through Serve's proxy, without the proxy's health checks and placement."""
@@ -217,6 +252,7 @@ class RouterConfig(_Strict):
     )
     cache: CacheConfig = CacheConfig()
     coalesce: CoalesceConfig = CoalesceConfig()
+    fair_queue: FairQueueConfig = FairQueueConfig()
     listener: ListenerConfig = ListenerConfig()
     num_cpus: float = Field(default=0.1, gt=0, le=64)
 

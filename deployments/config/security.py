@@ -17,10 +17,18 @@ class _Strict(BaseModel):
 
 
 class RateLimits(_Strict):
-    """One API key's budget, each refilled continuously; null means unlimited."""
+    """One API key's budget, each refilled continuously (null means unlimited), and its share
+    of a full model against other keys'."""
 
     requests_per_minute: int | None = Field(default=None, ge=1, le=10_000_000)
     tokens_per_minute: int | None = Field(default=None, ge=1, le=10_000_000_000)
+    weight: float = Field(
+        default=1.0,
+        gt=0,
+        le=1000,
+        description="while a model is full, keys waiting for it are let in in proportion to "
+        "their weights (router.fair_queue)",
+    )
 
 
 BudgetPeriod = Literal["day", "month"]

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from deployments.config import FairQueueConfig
 from deployments.contracts.chat_deployment import ChatClient, ChatRequest
 from deployments.contracts.edge_control_deployment import EdgeControlClient
 from deployments.contracts.replies import Reply
@@ -28,6 +29,7 @@ from deployments.errors import (
 from deployments.ingress.edge.calls import AnyCall, CallResult, ModelCall, StreamCall
 from deployments.ingress.edge.clock import ManualEdgeClock
 from deployments.ingress.edge.dispatch import LOST_CHECK_S, EdgeDispatcher
+from deployments.ingress.edge.fair_queue import FairGates
 from deployments.ingress.edge.pools import RegionPools
 from deployments.ingress.edge.trace import EdgeTrace
 from deployments.ingress.edge.waiting import BACKGROUND, ColdStartNotice, WaitLimits
@@ -61,6 +63,8 @@ class Origin:
     wait_limits: WaitLimits = field(default_factory=WaitLimits)
     telemetry: RequestTelemetry = field(default_factory=RequestTelemetry.disabled)
     warming: ColdStartNotice = field(default_factory=ColdStartNotice)
+    key_id: str = "anonymous"
+    key_weight: float = 1.0
 
 
 class FakeMethod:
@@ -459,6 +463,39 @@ def test_a_stream_failing_before_its_first_reply_is_cancelled_and_failed_over() 
     assert broken.cancelled  # its slot freed
     assert result.reply.value == "from eu" and trace.reason == "failover"
     assert rig.reported[0] == Outcome(MODEL, "ap", "failed")
+
+
+def test_a_gated_model_holds_a_stream_s_slot_until_it_is_closed_and_a_unary_s_until_it_answers():
+    async def scenario() -> None:
+        rig = Rig({"eu": 1})  # one replica: the gate lets one request in at a time
+        gates = FairGates(FairQueueConfig(in_flight_per_replica=1), [MODEL], rig.pools.pools)
+        rig.dispatcher.gate = gates
+        queue = gates.queues[MODEL]
+        rig.handles["eu"].behaviour = lambda method: FakeStream("chunk")
+        opened, _ = await rig.send(FRANKFURT, STREAM)
+        assert queue.in_flight == 1
+        rig.handles["eu"].behaviour = lambda method: _ok("eu")
+        waiting = asyncio.ensure_future(rig.send(FRANKFURT))
+        await let_run()
+        assert not waiting.done() and queue.waiting == 1
+        opened.close()  # the stream ends: the next request goes out
+        _, trace = await waiting
+        assert trace.region == "eu" and (queue.in_flight, queue.waiting) == (0, 0)
+
+    asyncio.run(scenario())
+
+
+def test_a_gated_request_that_fails_gives_its_slot_back() -> None:
+    async def scenario() -> None:
+        rig = Rig({"eu": 1}, max_attempts=1)
+        gates = FairGates(FairQueueConfig(in_flight_per_replica=1), [MODEL], rig.pools.pools)
+        rig.dispatcher.gate = gates
+        rig.handles["eu"].behaviour = lambda method: _raise(InvalidRequestError("bad"))
+        with pytest.raises(InvalidRequestError):
+            await rig.send(FRANKFURT)
+        assert gates.queues[MODEL].in_flight == 0
+
+    asyncio.run(scenario())
 
 
 # ---- the manual clock ---------------------------------------------------------------------------

@@ -17,10 +17,12 @@ from deployments.config.security import KeyBudget
 from deployments.config.state import StateConfig
 from deployments.errors import BudgetExceededError
 from deployments.ingress.security import Principal, RateLimits, SecurityConfig
+from deployments.ingress.security.keys import key_digest
 from deployments.ingress.state.batch_jobs import BatchItem, BatchJobs
 from deployments.ingress.state.budgets import BudgetGuard, SpendAdmission
 from deployments.ingress.state.database import Database, StoreUnavailable
 from deployments.ingress.state.gateway import GatewayState
+from deployments.ingress.state.key_follower import KeyFollower
 from deployments.ingress.state.migrations import MIGRATIONS, Migration, migrate
 from deployments.ingress.state.postgres import PostgresDatabase, numbered_placeholders
 from deployments.ingress.state.request_log import LogFilter, RequestLog
@@ -189,6 +191,28 @@ def test_virtual_keys_store_only_a_digest_and_follow_a_version(open_db: Callable
         assert [k.id for k in await keys.all()] == [key.id]
 
     run(open_db, scenario)
+
+
+def test_a_virtual_key_s_weight_is_stored_and_a_null_one_keeps_the_default(
+    open_db: Callable[[], Database],
+):
+    async def scenario(db: Database) -> tuple[float, float]:
+        keys = VirtualKeys(db)
+        heavy, heavy_secret = await keys.create(NewKey(name="heavy", weight=4.0), NOW)
+        _, plain_secret = await keys.create(NewKey(name="plain"), NOW)
+        assert heavy.public(NOW)["weight"] == 4.0
+        follower = KeyFollower(keys, SecurityConfig(default_limits=RateLimits(weight=0.5)))
+        await follower.refresh()
+        weights = []
+        for secret in (heavy_secret, plain_secret):
+            principal = follower.principal(key_digest(secret))
+            assert principal is not None
+            weights.append(principal.limits.weight)
+        return weights[0], weights[1]
+
+    assert run(open_db, scenario) == (4.0, 0.5)
+    with pytest.raises(ValueError, match="greater than 0"):
+        NewKey(name="none", weight=0)
 
 
 def test_a_budget_is_reserved_atomically_and_settled_with_the_records(

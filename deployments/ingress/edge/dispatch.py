@@ -23,9 +23,10 @@ from deployments.errors import (
 )
 from deployments.ingress.edge.calls import AnyCall, CallResult
 from deployments.ingress.edge.clock import EdgeClock, SystemClock, Timer
+from deployments.ingress.edge.fair_queue import FairGates, KeyedRequest
 from deployments.ingress.edge.pools import RegionPools
 from deployments.ingress.edge.trace import EdgeTrace
-from deployments.ingress.edge.waiting import ColdStartNotice, WaitLimits
+from deployments.ingress.edge.waiting import BUSY_MESSAGE, ColdStartNotice, WaitLimits
 from deployments.observability import RequestTelemetry
 from edge_sim.geo import BadHeaderError, ClientLocation
 from edge_sim.network import EdgeNetwork
@@ -36,7 +37,6 @@ LOST_CHECK_S = 0.25  # how often a running attempt looks whether its region is s
 # How long a rejectIfBusy request with no warm region waits for its nearest region's wake: a
 # replica already up answers in a Serve call's milliseconds; a cold start takes seconds.
 BUSY_PROBE_S = 0.2
-BUSY_MESSAGE = "Capacity temporarily exceeded, please try again."  # Workers AI's own words
 
 
 class RegionLostError(Exception):
@@ -56,8 +56,9 @@ class ClientOrigin(Protocol):
     def wait_limits(self) -> WaitLimits: ...
 
 
-class EdgeRequest(ClientOrigin, Protocol):
-    """All the edge reads of a request's scope, as one object: its origin, the telemetry told
+class EdgeRequest(ClientOrigin, KeyedRequest, Protocol):
+    """All the edge reads of a request's scope, as one object: its origin, its key (for the
+    fair queue), the telemetry told
     where the request went, and the notice told when an attempt waits for a cold replica. The
     router's RequestContext (deployments.ingress.serving.context) is one; the edge does not
     import it, as it imports nothing of the services above it."""
@@ -84,8 +85,10 @@ class EdgeDispatcher:
         max_extra_rtt_ms: float | None = None,
         clock: EdgeClock | None = None,
         busy_probe_s: float = BUSY_PROBE_S,
+        gate: FairGates | None = None,
     ):
-        """`deadline_s`: per request, across failovers and cold starts."""
+        """`deadline_s`: per request, across failovers and cold starts. `gate`: the fair queue
+        between keys a request of a gated model waits in while the model is full (None: none)."""
         self.network = network
         self.regions = regions
         self.pools = pools
@@ -94,6 +97,7 @@ class EdgeDispatcher:
         self.max_extra_rtt_ms = max_extra_rtt_ms
         self.clock = clock or SystemClock()
         self.busy_probe_s = busy_probe_s
+        self.gate = gate
 
     def plan(
         self, model: str, origin: ClientOrigin
@@ -154,10 +158,28 @@ class EdgeDispatcher:
         request: EdgeRequest,
         call: AnyCall,
     ) -> tuple[CallResult, EdgeTrace]:
+        """Run `call` through the regions once the fair queue lets the request in, if its model
+        is gated; its slot is held until the reply came, or a stream's end."""
+        await self.pools.ready()
+        slot = None if self.gate is None else await self.gate.enter(model, request)
+        if slot is None:
+            return await self._through_regions(model, request, call)
+        try:
+            result, trace = await self._through_regions(model, request, call)
+        except BaseException:
+            slot.release()
+            raise
+        return slot.hold_until_closed(result), trace
+
+    async def _through_regions(
+        self,
+        model: str,
+        request: EdgeRequest,
+        call: AnyCall,
+    ) -> tuple[CallResult, EdgeTrace]:
         """Run `call` on the client of the region the plan picks, failing over on 5xx, within
         the request's wait limits; its `warming` notice hears when an attempt waits for a cold
         replica, its telemetry where the call went."""
-        await self.pools.ready()
         entry, skipped, client, plan = self.plan(model, request)
         limits = request.wait_limits
         if not limits.warm_only:  # background work (a batch item) neither wakes a region nor

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from deployments.errors import BadHeaderValueError
 
 MAX_WAIT_HEADER = "x-edge-max-wait-ms"
+BUSY_MESSAGE = "Capacity temporarily exceeded, please try again."  # Workers AI's own words
 
 
 @dataclass(frozen=True)

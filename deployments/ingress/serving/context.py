@@ -46,6 +46,11 @@ class RequestContext:
     def key_id(self) -> str:
         return self.principal.key_id
 
+    @property
+    def key_weight(self) -> float:
+        """The key's share of a full model against other keys' (the edge's fair queue)."""
+        return self.principal.limits.weight
+
     def rejecting_if_busy(self, reject: bool) -> RequestContext:
         """This context, with Workers AI's `rejectIfBusy` (from the request body) if `reject`."""
         if not reject:

@@ -13,6 +13,7 @@ from deployments.contracts.warm_pool_deployment import WarmPoolClient
 from deployments.ingress.cache import ResponseCache, SharedStore, SingleFlight
 from deployments.ingress.edge.clients import model_clients
 from deployments.ingress.edge.dispatch import EdgeDispatcher
+from deployments.ingress.edge.fair_queue import FairGates
 from deployments.ingress.edge.pools import RegionPools
 from deployments.ingress.security import KeyStore, ModerationGate, RateLimiter
 from deployments.ingress.security.gate_classifier import (
@@ -139,6 +140,7 @@ def build_services(
         max_attempts=router.failover_attempts,
         deadline_s=router.request_timeout_s,
         max_extra_rtt_ms=edge_config.routing.max_extra_rtt_ms,
+        gate=fair_gates(config, pools),
     )
     metrics = observability.metrics if observability is not None else None
     cache = ResponseCache(
@@ -217,3 +219,12 @@ def build_services(
         batch=BatchService(workers, state, wall_clock=state.wall_clock if state else time.time),
         batch_runner=runner,
     )
+
+
+def fair_gates(config: AppConfig, pools: RegionPools) -> FairGates | None:
+    """The fair queue in front of each model of `router.fair_queue.tasks`; None when it is off."""
+    fair = config.router.fair_queue
+    if not fair.enabled:
+        return None
+    gated = [name for name, model in config.models.items() if model.task in fair.tasks]
+    return FairGates(fair, gated, pools.pools)

@@ -86,6 +86,7 @@ class KeyFollower:
             for name, value in (
                 ("requests_per_minute", key.requests_per_minute),
                 ("tokens_per_minute", key.tokens_per_minute),
+                ("weight", key.weight),
             )
             if value is not None
         }

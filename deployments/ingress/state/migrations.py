@@ -130,6 +130,11 @@ MIGRATIONS: tuple[Migration, ...] = (
             )""",
         ),
     ),
+    Migration(
+        5,
+        "a virtual key's weight in a full model's fair queue (null: security.default_limits')",
+        ("ALTER TABLE api_keys ADD COLUMN weight DOUBLE PRECISION",),
+    ),
 )
 
 

@@ -23,7 +23,7 @@ ID_HEX_CHARS = 12
 KEYS_VERSION = "api_keys"
 _COLUMNS = (
     "id, name, digest, models, requests_per_minute, tokens_per_minute, budget_cost_units, "
-    "budget_period, fallback_model, collect_payloads, expires_at, created_at, revoked_at"
+    "budget_period, fallback_model, collect_payloads, expires_at, created_at, revoked_at, weight"
 )
 
 
@@ -36,6 +36,9 @@ class NewKey(BaseModel):
     models: list[str] | None = Field(default=None, description="allowed models; null: all")
     requests_per_minute: int | None = Field(default=None, ge=1, le=10_000_000)
     tokens_per_minute: int | None = Field(default=None, ge=1, le=10_000_000_000)
+    weight: float | None = Field(
+        default=None, gt=0, le=1000, description="its share of a full model against other keys'"
+    )
     budget: KeyBudget | None = None
     expires_at: float | None = Field(default=None, gt=0, description="unix seconds")
     collect_payloads: bool = Field(
@@ -64,14 +67,15 @@ class VirtualKey:
     expires_at: float | None
     created_at: float
     revoked_at: float | None
+    weight: float | None = None
 
     @classmethod
     def from_row(cls, row: Row) -> VirtualKey:
         (key_id, name, digest, models, rpm, tpm, budget, period, fallback, payloads, expires,
-         created, revoked) = row  # fmt: skip
+         created, revoked, weight) = row  # fmt: skip
         return cls(
             key_id, name, digest, None if models is None else tuple(json.loads(models)),
-            rpm, tpm, budget, period, fallback, bool(payloads), expires, created, revoked,
+            rpm, tpm, budget, period, fallback, bool(payloads), expires, created, revoked, weight,
         )  # fmt: skip
 
     @property
@@ -98,6 +102,7 @@ class VirtualKey:
             "models": None if self.models is None else list(self.models),
             "requests_per_minute": self.requests_per_minute,
             "tokens_per_minute": self.tokens_per_minute,
+            "weight": self.weight,
             "budget": None if budget is None else budget.model_dump(),
             "collect_payloads": self.collect_payloads,
             "expires_at": self.expires_at,
@@ -135,6 +140,7 @@ class VirtualKeys:
             spec.expires_at,
             now_s,
             None,
+            spec.weight,
         )
         async with self._db.transaction() as tx:
             await tx.execute(
