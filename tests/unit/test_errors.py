@@ -49,6 +49,7 @@ EXPECTED_STATUS: dict[type[ServingError], int] = {
     errors.BudgetExceededError: 429,
     errors.KeyNotFoundError: 404,
     errors.StateUnavailableError: 503,
+    errors.BudgetUnverifiableError: 503,
     errors.BatchNotFoundError: 404,
     errors.BatchExpiredError: 410,
 }
@@ -202,6 +203,7 @@ EXPECTED_HEADER_NAMES: dict[type[ServingError], set[str]] = {
     errors.MethodNotAllowedError: {"allow"},
     errors.BudgetExceededError: {"retry-after", "x-ratelimit-remaining-requests"},
     errors.StateUnavailableError: {"retry-after"},
+    errors.BudgetUnverifiableError: {"retry-after"},
 }
 
 
