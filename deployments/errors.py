@@ -267,6 +267,13 @@ class StateUnavailableError(OverloadedError):
     default_code = "state_unavailable"
 
 
+class BudgetUnverifiableError(StateUnavailableError):
+    """A key with a budget whose request this router replica's lease of it cannot hold, while
+    the database that could grant more does not answer: refused rather than overspent."""
+
+    default_code = "budget_unverifiable"
+
+
 class ControlUnavailableError(OverloadedError):
     """edge-control (the admin API's drills and region view) did not answer: it is restarting,
     or its node is gone. Serving requests never depends on it."""
@@ -329,6 +336,7 @@ ENVELOPE_CODES: Mapping[type[ServingError], int] = MappingProxyType(
         StateUnavailableError: 9505,
         ControlUnavailableError: 9506,
         ModerationUnavailableError: 9507,
+        BudgetUnverifiableError: 9508,
     }
 )
 

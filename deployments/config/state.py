@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # The database URL, when set, wins over `state.database_url`: on Kubernetes it comes from a
 # Secret, and a password never belongs in serve_config.yaml.
 DATABASE_URL_ENV = "EDGE_DATABASE_URL"
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
-BudgetWhenStoreDown = Literal["admit", "refuse"]
+BudgetWhenStoreDown = Literal["lease", "admit", "refuse"]
 
 
 class _Strict(BaseModel):
@@ -41,6 +41,52 @@ class LedgerConfig(_Strict):
         default=30.0, gt=0, le=3650, description="rows older than this are pruned"
     )
     prune_interval_s: float = Field(default=3600.0, gt=0, le=86_400)
+
+
+class BudgetLeaseConfig(_Strict):
+    """Budget leases (`budget_when_store_down: lease`): each router replica holds, per active key,
+    a slice of the key's remaining budget reserved in the database ahead of need, admits the
+    key's requests from it in memory, and spends only it while the database does not answer."""
+
+    fraction: float = Field(
+        default=0.1,
+        gt=0,
+        le=1,
+        description="a slice is this share of the key's remaining budget (then min/max), and "
+        "never less than the request that asks for it",
+    )
+    min_cost_units: float = Field(default=0.0, ge=0, description="the smallest slice")
+    max_cost_units: float | None = Field(
+        default=None, gt=0, description="the largest slice (none: no cap but the fraction)"
+    )
+    refill_below: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="a lease below this share of its last slice is topped up in the background",
+    )
+    idle_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=86_400,
+        description="a lease no request used for this long goes back to the database",
+    )
+    refresh_interval_s: float = Field(
+        default=1.0,
+        gt=0,
+        le=60,
+        description="how often leases are topped up and idle ones returned; after a failed "
+        "top-up, how long a request past its lease is refused without asking the database",
+    )
+
+    @model_validator(mode="after")
+    def _min_below_max(self) -> BudgetLeaseConfig:
+        if self.max_cost_units is not None and self.max_cost_units < self.min_cost_units:
+            raise ValueError(
+                f"budget_leases.max_cost_units ({self.max_cost_units:g}) is below "
+                f"min_cost_units ({self.min_cost_units:g})"
+            )
+        return self
 
 
 class BatchConfig(_Strict):
@@ -109,10 +155,13 @@ class StateConfig(_Strict):
         description="the longest a request of a key with a budget waits for its reservation",
     )
     budget_when_store_down: BudgetWhenStoreDown = Field(
-        default="admit",
-        description="a key with a budget while the database does not answer: admit (served, "
-        "spend counted once it is back) or refuse (503)",
+        default="lease",
+        description="a key with a budget while the database does not answer: lease (served "
+        "from this replica's lease of its budget, then 503; the lease also spares each "
+        "request the database's round trip), admit (served, spend counted once it is back: "
+        "unbounded) or refuse (503)",
     )
+    budget_leases: BudgetLeaseConfig = BudgetLeaseConfig()
     ledger: LedgerConfig = LedgerConfig()
     batch: BatchConfig = BatchConfig()
 

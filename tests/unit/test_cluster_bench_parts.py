@@ -15,7 +15,7 @@ from benchmarks.prewarm import (
 )
 from benchmarks.regions import TIGHT, goals, regions_serve_config
 from benchmarks.regions import decision_cost_us as region_plan_cost_us
-from benchmarks.security import admission_cost_us
+from benchmarks.security import admission_cost_us, budget_lease_outage, lease_goals
 from deployments.config import parse_app_config
 
 
@@ -24,6 +24,19 @@ def test_the_region_plan_and_admission_costs_are_measured_in_process() -> None:
     admission = admission_cost_us(repeat=5)
     assert admission["features_on_us"] > 0 and admission["auth_only_us"] > 0
     assert admission["added_us"] == admission["features_on_us"] - admission["features_off_us"]
+
+
+def test_the_budget_lease_outage_is_measured_in_process_with_its_goals() -> None:
+    """Two keys on two routers, SQLite locked briefly: the bound goals are met whatever the
+    timing (the reconcile time is reported, not judged here)."""
+    outage = budget_lease_outage(keys=2, routers=2, outage_s=0.05)
+    assert set(outage["per_key"]) == {"key-0", "key-1"}
+    for key in outage["per_key"].values():
+        assert key["leases_out"] > 0 and key["reserved_after_stop"] == 0
+        assert key["spent"] <= outage["budget_per_key"]
+    goals = lease_goals(outage)
+    assert all(goals[name]["met"] for name in goals if name != "budget_lease_reconcile_s")
+    assert goals["budget_lease_reconcile_s"]["value"] is not None
 
 
 def test_the_regions_deployment_has_a_cold_copy_and_tight_moderation_pools() -> None:

@@ -50,6 +50,7 @@ EXPECTED_STATUS: dict[type[ServingError], int] = {
     errors.BudgetExceededError: 429,
     errors.KeyNotFoundError: 404,
     errors.StateUnavailableError: 503,
+    errors.BudgetUnverifiableError: 503,
     errors.BatchNotFoundError: 404,
     errors.BatchExpiredError: 410,
 }
@@ -205,6 +206,7 @@ EXPECTED_HEADER_NAMES: dict[type[ServingError], set[str]] = {
     errors.MethodNotAllowedError: {"allow"},
     errors.BudgetExceededError: {*RETRY, "x-ratelimit-remaining-requests"},
     errors.StateUnavailableError: RETRY,
+    errors.BudgetUnverifiableError: RETRY,
 }
 
 

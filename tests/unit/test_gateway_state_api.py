@@ -254,9 +254,14 @@ def test_a_spent_budget_is_a_429_until_the_period_ends_or_the_fallback_serves(
     assert client.post("/v1/chat/completions", json=CHAT, headers=bearer(capped)).status_code == (
         200
     )
+    leases = gateway.state.budgets.leases
+    assert leases is not None
+    gateway.client.portal.call(leases.top_ups_done)
     listed = client.get("/admin/keys", headers=ADMIN).json()["data"][0]["budget"]
     assert listed["spent_cost_units"] == pytest.approx(2 * 0.00135)
-    assert listed["reserved_cost_units"] == pytest.approx(0.00345)
+    # Reserved: the request in flight, and what this router's lease holds ahead of need.
+    assert 0 < leases.leased < 0.00345
+    assert listed["reserved_cost_units"] == pytest.approx(0.00345 + leases.leased)
 
     fallback = gateway.new_key(
         budget={"cost_units": 0.001, "period": "month", "fallback_model": "kimi"}
@@ -274,8 +279,9 @@ def test_a_spent_budget_is_a_429_until_the_period_ends_or_the_fallback_serves(
 
 def test_requests_are_served_while_the_database_is_gone(tmp_path: Path):
     """SQLite's files moved away (a volume gone: what opens in their place has no tables), then
-    back: requests never fail, records wait in the queue and are written after. (PostgreSQL
-    killed under load: tests/integration/test_gateway_state.py.)"""
+    back: requests never fail but a budgeted key's past its lease (503 budget_unverifiable),
+    records wait in the queue and are written after, settling the spend; the leases go back when
+    the router stops. (PostgreSQL killed under load: tests/integration/test_gateway_state.py.)"""
     sqlite = lambda: SqliteDatabase(tmp_path / "gateway.sqlite3")  # noqa: E731
     for gateway in open_gateway(sqlite, ENV):
         served_while_gone(gateway, tmp_path)
@@ -283,7 +289,13 @@ def test_requests_are_served_while_the_database_is_gone(tmp_path: Path):
 
 def served_while_gone(gateway: Gateway, tmp_path: Path) -> None:
     client, state = gateway.client, gateway.state
+    leases = state.budgets.leases
+    assert leases is not None  # the default
     capped = gateway.new_key(budget={"cost_units": 1.0})["key"]
+    unleased = gateway.new_key(budget={"cost_units": 1.0})["key"]
+    assert client.post("/v1/embeddings", json=EMBED, headers=bearer(capped)).status_code == 200
+    client.portal.call(leases.top_ups_done)
+    gateway.flush()
     files = ["gateway.sqlite3", "gateway.sqlite3-wal", "gateway.sqlite3-shm"]
 
     def move(source: Path, target: Path) -> None:
@@ -296,22 +308,37 @@ def served_while_gone(gateway: Gateway, tmp_path: Path) -> None:
 
     move(tmp_path, tmp_path / "away")
     client.portal.call(state.follower.poll)  # type: ignore[union-attr]  # fails: keys kept
-    for headers in (bearer(USER_KEY), bearer(capped)):
+    for headers in (bearer(USER_KEY), bearer(capped)):  # no budget; a budget's lease holds it
         assert client.post("/v1/embeddings", json=EMBED, headers=headers).status_code == 200
+    refused = client.post("/v1/embeddings", json=EMBED, headers=bearer(unleased))
+    assert error_of(refused, 503)["code"] == "budget_unverifiable"
+    assert refused.headers["retry-after"] == "1"
     gateway.flush()
-    assert state.writer.held == 2 and state.writer.failed_batches == 1  # queued, not lost
-    assert state.budgets.unchecked == 1  # admitted, as budget_when_store_down says
+    assert state.writer.held == 3 and state.writer.failed_batches == 1  # queued, not lost
+    assert state.budgets.unchecked == 0 and leases.refused == 1
     assert error_of(client.get("/admin/logs", headers=ADMIN), 503)["code"] == "state_unavailable"
 
     move(tmp_path / "away", tmp_path)
     gateway.flush()
-    assert state.writer.held == 0
+    assert state.writer.held == 0 and leases.unsettled == 0
     rows = client.get("/admin/logs", headers=ADMIN).json()["data"]
-    assert [r["key_id"] for r in rows] == [state.follower.principal(key_digest(capped)).key_id,
-                                          "alice"]  # fmt: skip
-    spent = client.get("/admin/keys", headers=ADMIN).json()["data"][0]["budget"]
-    assert spent["spent_cost_units"] == pytest.approx(rows[0]["cost_units"])
-    assert spent["reserved_cost_units"] == 0
+    capped_id = state.follower.principal(key_digest(capped)).key_id  # type: ignore[union-attr]
+    assert [r["key_id"] for r in rows if r["status"] == 200] == [capped_id, "alice", capped_id]
+    budgets = budgets_of(gateway)
+    spent = sum(r["cost_units"] for r in rows if r["key_id"] == capped_id)
+    assert budgets[capped_id]["spent_cost_units"] == pytest.approx(spent)
+    assert budgets[capped_id]["reserved_cost_units"] == pytest.approx(leases.leased)
+
+    client.portal.call(leases.close)  # the router stops: its leases go back
+    budgets = budgets_of(gateway)
+    assert budgets[capped_id]["reserved_cost_units"] == pytest.approx(0)
+    assert budgets[capped_id]["spent_cost_units"] == pytest.approx(spent)
+
+
+def budgets_of(gateway: Gateway) -> dict[str, dict[str, Any]]:
+    """Each virtual key's budget as the admin API lists it, by key id."""
+    keys = gateway.client.get("/admin/keys", headers=ADMIN).json()["data"]
+    return {key["id"]: key["budget"] for key in keys}
 
 
 def edge(gateway: Gateway, *argv: str) -> tuple[int, str]:

@@ -3,11 +3,12 @@ it is served, and is refused (429 budget_exceeded, Retry-After to the period's e
 the key's fallback model when the budget cannot hold it. The settlement (the real cost in, the
 reservation out) rides with the request's ledger record (request_log.py).
 
-This is the one place the request path waits on the database, and only for keys with a budget:
-records may lag, but a limit enforced from local memory would be N router replicas' worth of it.
-The wait is bounded (`budget_reserve_timeout_s`); past it, or with the database down,
-`budget_when_store_down` says whether the request is admitted (its cost settled once the
-database is back) or refused (503)."""
+With `budget_when_store_down: lease` (the default) the reservation comes out of this router
+replica's lease of the key's budget, in memory (leases.py): a request waits on the database only
+when the lease is short, and past it while the database does not answer it is refused (503
+budget_unverifiable). With `admit` or `refuse` each request reserves in the database itself,
+waiting at most `budget_reserve_timeout_s`; past it, or with the database down, it is admitted
+(its cost settled once the database is back, unbounded) or refused (503)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from deployments.config.state import BudgetWhenStoreDown
-from deployments.errors import BudgetExceededError, StateUnavailableError
+from deployments.errors import (
+    BudgetExceededError,
+    BudgetUnverifiableError,
+    StateUnavailableError,
+)
 from deployments.ingress.security import Principal
 from deployments.ingress.state.database import StoreUnavailable
+from deployments.ingress.state.leases import BudgetLeases
 from deployments.ingress.state.spend import KeySpend, period_of
 from deployments.observability import ModelPrice
 
@@ -45,6 +51,7 @@ class BudgetGuard:
         *,
         reserve_timeout_s: float,
         when_store_down: BudgetWhenStoreDown,
+        leases: BudgetLeases | None = None,
         wall_clock: Callable[[], float] = time.time,
         log: logging.Logger | None = None,
     ):
@@ -52,6 +59,9 @@ class BudgetGuard:
         self._prices = dict(prices)
         self._timeout_s = reserve_timeout_s
         self._when_down = when_store_down
+        if (leases is None) != (when_store_down != "lease"):
+            raise ValueError("budget leases are given exactly when budget_when_store_down: lease")
+        self.leases = leases
         self._wall_clock = wall_clock
         self._log = log or logging.getLogger("ray.serve")
         self.unchecked = 0  # requests admitted while the database could not say
@@ -70,13 +80,16 @@ class BudgetGuard:
         now = self._wall_clock()
         period, ends_at = period_of(budget.period, now)
         estimate = self.estimated_cost(model, input_tokens, output_tokens)
-        try:
-            admitted = await asyncio.wait_for(
-                self._spend.reserve(principal.key_id, period, estimate, budget.cost_units),
-                self._timeout_s,
-            )
-        except (StoreUnavailable, TimeoutError) as error:
-            return self._store_down(principal, model, period, error)
+        if self.leases is not None:
+            admitted = await self._take_from_lease(principal, period, ends_at, estimate)
+        else:
+            try:
+                admitted = await asyncio.wait_for(
+                    self._spend.reserve(principal.key_id, period, estimate, budget.cost_units),
+                    self._timeout_s,
+                )
+            except (StoreUnavailable, TimeoutError) as error:
+                return self._store_down(principal, model, period, error)
         if admitted:
             return SpendAdmission(model, period, estimate)
         if budget.fallback_model is not None:
@@ -87,6 +100,22 @@ class BudgetGuard:
             "period's end",
             retry_after_s=ends_at - now,
         )
+
+    async def _take_from_lease(
+        self, principal: Principal, period: str, ends_at: float, estimate: float
+    ) -> bool:
+        assert self.leases is not None and principal.budget is not None
+        try:
+            return await self.leases.take(
+                principal.key_id, period, ends_at, principal.budget.cost_units, estimate
+            )
+        except StoreUnavailable:
+            raise BudgetUnverifiableError(
+                f"cannot verify key {principal.key_id}'s budget: this router's lease of it does "
+                f"not hold this request (about {estimate:.6g} cost units) and the gateway's "
+                "database does not answer",
+                retry_after_s=self.leases.retry_after_s,
+            ) from None
 
     def _store_down(
         self, principal: Principal, model: str, period: str, error: BaseException

@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +19,7 @@ from deployments.ingress.state.batch_jobs import BatchJobs
 from deployments.ingress.state.budgets import BudgetGuard
 from deployments.ingress.state.database import Database, StoreUnavailable
 from deployments.ingress.state.key_follower import KeyFollower
+from deployments.ingress.state.leases import BudgetLeases, LeaseMetrics
 from deployments.ingress.state.ledger import RequestLedger
 from deployments.ingress.state.migrations import migrate
 from deployments.ingress.state.request_log import RequestLog, RequestRecord
@@ -91,8 +92,24 @@ class GatewayState:
         clock: Callable[[], float] = time.monotonic,
     ) -> GatewayState:
         keys, spend, log_table = VirtualKeys(database), KeySpend(database), RequestLog(database)
+        leases = None
+        if config.budget_when_store_down == "lease":
+            leases = BudgetLeases(
+                spend,
+                config.budget_leases,
+                wait_s=config.budget_reserve_timeout_s,
+                metrics=LeaseMetrics(metrics_backend) if metrics_backend is not None else None,
+                clock=clock,
+                wall_clock=wall_clock,
+            )
+
+        async def write_and_settle(records: Sequence[RequestRecord]) -> None:
+            await log_table.write(records)
+            if leases is not None:
+                leases.settled(sum(record.reserved_cost_units for record in records))
+
         writer: RecordWriter[RequestRecord] = RecordWriter(
-            log_table.write,
+            write_and_settle,
             config.ledger,
             metrics=WriterMetrics(metrics_backend) if metrics_backend is not None else None,
             clock=clock,
@@ -108,6 +125,7 @@ class GatewayState:
                 prices,
                 reserve_timeout_s=config.budget_reserve_timeout_s,
                 when_store_down=config.budget_when_store_down,
+                leases=leases,
                 wall_clock=wall_clock,
             ),
             log_table=log_table,
@@ -140,6 +158,8 @@ class GatewayState:
             loop.create_task(self._write_records()),
             loop.create_task(self._prune()),
         ]
+        if self.budgets.leases is not None:
+            self._tasks.append(loop.create_task(self._keep_leases(self.budgets.leases)))
 
     async def _follow_keys(self) -> None:
         while True:
@@ -152,6 +172,12 @@ class GatewayState:
             await asyncio.sleep(self.writer.retry_delay_s())
             if self.ready:
                 await self.writer.flush_ready()
+
+    async def _keep_leases(self, leases: BudgetLeases) -> None:
+        while True:
+            await asyncio.sleep(self.config.budget_leases.refresh_interval_s)
+            if self.ready:
+                await leases.maintain()
 
     async def _prune(self) -> None:
         retention_s = self.config.ledger.retention_days * SECONDS_PER_DAY
@@ -178,7 +204,8 @@ class GatewayState:
             await asyncio.sleep(self.config.ledger.prune_interval_s)
 
     async def close(self) -> None:
-        """Stop the background work, write the queued records (within SHUTDOWN_FLUSH_S), close."""
+        """Stop the background work, write the queued records (within SHUTDOWN_FLUSH_S), give
+        the budget leases back, close."""
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -186,4 +213,6 @@ class GatewayState:
                 await task
         if self.ready or await self.ensure_ready():
             await self.writer.close(self.clock() + SHUTDOWN_FLUSH_S)
+            if self.budgets.leases is not None:
+                await self.budgets.leases.close()
         await self.database.close()

@@ -31,6 +31,10 @@ reserved = key_spend.reserved + excluded.reserved
 """
 
 
+# A lease's unspent slice given back (budget leases, leases.py).
+_RELEASE = "UPDATE key_spend SET reserved = reserved - ? WHERE key_id = ? AND period = ?"
+
+
 def period_of(period: BudgetPeriod, now_s: float) -> tuple[str, float]:
     """The budget period `now_s` falls in, by UTC calendar: its name (2026-12-02, 2026-12) and
     the wall-clock second it ends."""
@@ -57,6 +61,18 @@ class KeySpend:
         """Reserve `amount` of the key's budget for this period, if it still holds it."""
         found = await self._db.fetch(_RESERVE, (key_id, period, amount, amount, budget, budget))
         return bool(found)
+
+    async def remaining(self, key_id: str, period: str, budget: float) -> float:
+        """What the key's budget still holds this period, neither spent nor reserved."""
+        found = await self._db.fetch(
+            "SELECT spent, reserved FROM key_spend WHERE key_id = ? AND period = ?",
+            (key_id, period),
+        )
+        return budget - sum(float(spent) + float(reserved) for spent, reserved in found)
+
+    async def release(self, key_id: str, period: str, amount: float) -> None:
+        """Give back `amount` reserved and not spent (a lease returned)."""
+        await self._db.execute(_RELEASE, (amount, key_id, period))
 
     async def of_period(self, period_by_key: dict[str, str]) -> dict[str, PeriodSpend]:
         """Each key's spend in the period named for it (keys with none yet are left out)."""
