@@ -28,7 +28,12 @@ SERVE = Path(sys.executable).parent / "serve"
 REPO = Path(__file__).resolve().parents[2]
 # `serve run` shuts Serve down on Ctrl-C; past this its process group is ended by signal.
 SERVE_RUN_STOP_S = 30
+START_ATTEMPTS = 3
 UP_STATES = ("STARTING", "RUNNING", "UPDATING", "RECOVERING", "STOPPING", "PENDING_MIGRATION")
+
+
+class ServeRunExited(RuntimeError):
+    """`serve run` ended before its applications ran."""
 
 
 @dataclass
@@ -66,7 +71,7 @@ class ServeRun:
 
     def running(self, names: list[str]) -> bool:
         if self.process.poll() is not None:
-            raise RuntimeError(f"serve run exited ({self.process.returncode}): {self.log_tail()}")
+            raise ServeRunExited(f"serve run exited ({self.process.returncode}): {self.log_tail()}")
         applications = self.applications()
         return all(applications.get(n, {}).get("status") == "RUNNING" for n in names)
 
@@ -79,29 +84,43 @@ def serve_run(
     config: Mapping[str, Any], workdir: Path, num_cpus: float, start_timeout_s: float
 ) -> Iterator[ServeRun]:
     """`serve run` of `config` (written under `workdir`) on a cluster of its own, until every
-    application in it is RUNNING; on the way out Serve is shut down and the cluster stopped."""
+    application in it is RUNNING; on the way out Serve is shut down and the cluster stopped. At
+    load 30-50 on 2 cores a head has died under `serve run` (its GCS gone): that cluster is
+    stopped and another started, up to START_ATTEMPTS times."""
     config_path = workdir / "serve_config.yaml"
     config_path.write_text(yaml.safe_dump(dict(config), sort_keys=False))
     names = [app["name"] for app in config["applications"]]
-    with running(num_cpus=num_cpus) as cluster:
-        log_path = workdir / "serve_run.log"
-        with log_path.open("ab") as out:
-            process = subprocess.Popen(
-                [str(SERVE), "run", str(config_path)],
-                cwd=REPO,
-                env=cluster.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # its own group: ours alone to signal
+    for attempt in range(1, START_ATTEMPTS + 1):
+        with running(num_cpus=num_cpus) as cluster:
+            run = ServeRun(
+                cluster, _start(config_path, cluster, workdir), workdir / "serve_run.log"
             )
-        run = ServeRun(cluster, process, log_path)
-        try:
-            log.info("serve run %s (%s)", config_path, ", ".join(names))
-            _wait_running(run, names, start_timeout_s)
-            yield run
-        finally:
-            _stop(process)
+            try:
+                log.info("serve run %s (%s)", config_path, ", ".join(names))
+                try:
+                    _wait_running(run, names, start_timeout_s)
+                except ServeRunExited as exited:
+                    if attempt == START_ATTEMPTS:
+                        raise
+                    log.warning("start %d failed, a new cluster: %s", attempt, exited)
+                    continue
+                yield run
+                return
+            finally:
+                _stop(run.process)
+
+
+def _start(config_path: Path, cluster: LocalCluster, workdir: Path) -> subprocess.Popen[bytes]:
+    with (workdir / "serve_run.log").open("ab") as out:
+        return subprocess.Popen(
+            [str(SERVE), "run", str(config_path)],
+            cwd=REPO,
+            env=cluster.env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # its own group: ours alone to signal
+        )
 
 
 def _wait_running(run: ServeRun, names: list[str], timeout_s: float) -> None:
