@@ -43,6 +43,7 @@ SUITES: dict[str, str] = {
     "structured": "benchmarks.structured",
     "plan": "benchmarks.plan_scale",
     "prewarm": "benchmarks.prewarm",
+    "atrest": "benchmarks.atrest",
 }
 
 LOG_FORMAT = "%(asctime)s %(name)s: %(message)s"

@@ -60,17 +60,22 @@ class RayNode:
     def pids(self, command_part: str) -> list[int]:
         """This node's processes (its `ray start` session) whose command line has
         `command_part`: one daemon to kill (the GCS, say) as a real crash would."""
-        found = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            with contextlib.suppress(OSError, ValueError):
-                stat = (entry / "stat").read_text()
-                session = int(stat[stat.rindex(")") + 2 :].split()[3])
-                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-                if session == self.process.pid and command_part in command:
-                    found.append(int(entry.name))
-        return found
+        return session_pids(self.process.pid, command_part)
+
+
+def session_pids(session: int, command_part: str = "") -> list[int]:
+    """The processes of session `session` whose command line has `command_part`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            stat = (entry / "stat").read_text()
+            in_session = int(stat[stat.rindex(")") + 2 :].split()[3]) == session
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            if in_session and command_part in command:
+                found.append(int(entry.name))
+    return found
 
 
 def _signal_each(pids: list[int], signum: int) -> None:

@@ -60,12 +60,7 @@ from benchmarks.coldstart.warm_pool import (
 )
 from benchmarks.lib.cluster import apply_applications, serve_cluster
 from benchmarks.lib.goals import ratio
-from benchmarks.lib.processes import (
-    cpu_seconds_by_pid,
-    cpu_used_between,
-    cpu_used_by_title,
-    process_title,
-)
+from benchmarks.lib.processes import cpu_share_at_rest
 from deployments.config import ModelConfig, parse_app_config
 from deployments.serve_file import without_regions
 from edgectl.local_cluster import LocalCluster, wait_until
@@ -278,23 +273,10 @@ def platform_idle_cpu(
     wait_for_zero([t for t in targets.values() if t.app == EDGE_APP], config.cycle_timeout_s)
     time.sleep(config.platform_idle_settle_s)
 
-    def reading() -> dict[int, float]:
-        return cpu_seconds_by_pid(pid for node in cluster.nodes for pid in node.pids(""))
-
-    before, started = reading(), time.monotonic()
-    time.sleep(config.platform_idle_cpu_s)
-    after = reading()
-    seconds = time.monotonic() - started
-    titles = {pid: process_title(pid) for pid in after}
-    return {
-        "processes": len(after),
-        "seconds": config.platform_idle_cpu_s,
-        "cpu_share_of_one_core": round(cpu_used_between(before, after) / seconds, 3),
-        "share_by_process": {
-            title: round(used / seconds, 4)
-            for title, used in cpu_used_by_title(before, after, titles).items()
-        },
-    }
+    return cpu_share_at_rest(
+        lambda: [pid for node in cluster.nodes for pid in node.pids("")],
+        config.platform_idle_cpu_s,
+    )
 
 
 def _wait_for_full_pool(client: httpx.Client, config: ColdStartBenchConfig) -> int | None:

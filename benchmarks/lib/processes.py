@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
@@ -128,3 +130,22 @@ def cpu_used_between(before: Mapping[int, float], after: Mapping[int, float]) ->
     """CPU seconds spent between two readings: a process started in between counts whole, one
     that exited in between counts nothing (its last part is not in `after`)."""
     return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
+
+
+def cpu_share_at_rest(list_pids: Callable[[], Iterable[int]], window_s: float) -> dict[str, Any]:
+    """The share of one core the processes `list_pids()` names use over `window_s` (listed again
+    at the end: one started meanwhile counts whole), in all and per process title."""
+    before, started = cpu_seconds_by_pid(list_pids()), time.monotonic()
+    time.sleep(window_s)
+    after = cpu_seconds_by_pid(list_pids())
+    seconds = time.monotonic() - started
+    titles = {pid: process_title(pid) for pid in after}
+    return {
+        "processes": len(after),
+        "seconds": round(seconds, 2),
+        "cpu_share_of_one_core": round(cpu_used_between(before, after) / seconds, 3),
+        "share_by_process": {
+            title: round(used / seconds, 4)
+            for title, used in cpu_used_by_title(before, after, titles).items()
+        },
+    }
