@@ -63,6 +63,17 @@ class StepRunner(Protocol[S]):
         queue; a sequence is `finished` after its last chunk."""
         ...
 
+    def kv_bytes(self, running: Sequence[S], admitted: Sequence[S]) -> int:
+        """Bytes the batch's KV cache holds once `running` took the steps of the next `run`
+        before it first asks `keeps_batch`, and `admitted` were prefilled (with what they
+        generated before a preemption). Read on either thread: it only reads lengths."""
+        ...
+
+    async def drop(self, preempted: Sequence[S]) -> None:
+        """Free the caches of preempted sequences; their tokens stay, and a later `run` admits
+        them again (prefilling prompt + generated tokens)."""
+        ...
+
 
 class Scheduler(Generic[S]):
     """The engine's queues and its loop on the event loop: sequences wait in arrival order,
