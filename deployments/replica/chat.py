@@ -34,11 +34,12 @@ class ChatServer(ModelServer[LLMRuntime]):
     RUNTIME = LLMRuntime
 
     def _apply_batching(self, batching: BatchingConfig) -> None:
+        # First, as it may be refused: then nothing of the new config applies.
+        budget_mb = batching.kv_budget_mb
+        self.runtime.set_kv_budget(None if budget_mb is None else int(budget_mb * MIB))
         # The engine reads the limit before each step: new sequences wait for a free slot.
         self.runtime.max_batch_size = batching.max_batch_size
         self.runtime.prefix_cache.resize(int(batching.prefix_cache_mb * MIB))
-        budget_mb = batching.kv_budget_mb
-        self.runtime.set_kv_budget(None if budget_mb is None else int(budget_mb * MIB))
         self._report_kv_cache()
 
     def _report_kv_cache(self) -> None:

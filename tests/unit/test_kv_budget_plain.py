@@ -37,7 +37,9 @@ def test_the_user_config_sets_the_budget_and_refuses_one_too_small(server):
     assert runtime.kv_budget.limit_bytes == int(one_context * 2 / MIB * MIB)
     assert runtime.describe()["kv_cache"]["budget_bytes"] == runtime.kv_budget.limit_bytes
     with pytest.raises(ValueError, match=f"{runtime.context_length} positions need"):
-        server.reconfigure({"kv_budget_mb": one_context / 2 / MIB})
+        server.reconfigure({"kv_budget_mb": one_context / 2 / MIB, "max_batch_size": 3})
+    assert server.batching.kv_budget_mb == one_context * 2 / MIB  # the refused one left no trace
+    assert runtime.max_batch_size != 3
     server.reconfigure({})
     assert runtime.kv_budget.limit_bytes is None
     with pytest.raises(ValidationError, match="kv_budget_mb"):
