@@ -85,6 +85,14 @@ class BatchingConfig(_Strict):
         description="chat: recent prompts' KV caches, reused by prompts that start the same way "
         "(a system prompt, earlier turns); 0: off",
     )
+    kv_budget_mb: float | None = Field(
+        default=None,
+        gt=0,
+        le=1_048_576,
+        description="chat: MiB of KV cache a replica may hold (its prefix cache's included); "
+        "requests wait for it or get 503 + Retry-After, running ones are preempted and resumed. "
+        "Checked by the replica against its host's memory and one whole context. Unset: no limit",
+    )
 
 
 CacheBackend = Literal["sqlite", "redis", "memory"]

@@ -189,6 +189,24 @@ ROWS: tuple[Row, ...] = (
                 ),
                 "s",
             ),
+            Panel(
+                "KV cache per replica (bytes, budget, preemptions)",
+                (
+                    Query(f"ray_edge_model_kv_cache_bytes{{{MODEL}}}", "{{model}} {{replica}}"),
+                    Query(
+                        f"ray_edge_model_kv_cache_budget_bytes{{{MODEL}}}",
+                        "budget {{model}} {{replica}}",
+                    ),
+                    Query(
+                        "sum by (model) "
+                        f"(increase(ray_edge_model_kv_preemptions_total{{{MODEL}}}[5m]))",
+                        "preemptions/5m {{model}}",
+                    ),
+                ),
+                "bytes",
+                description="Chat replicas' KV cache against their kv_budget_mb; preemptions "
+                "mean the budget is the bottleneck",
+            ),
         ),
     ),
     Row(

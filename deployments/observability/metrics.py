@@ -156,6 +156,13 @@ MODEL_METRICS: Mapping[str, MetricSpec] = {
               ("model",)),
         _spec("counter", PREFIX + "model_cached_input_tokens_total",
               "Of those, read from the replica's prefix cache (chat)", ("model",)),
+        _spec("gauge", PREFIX + "model_kv_cache_bytes",
+              "Chat: KV cache the replica holds (its prefix cache's included)", ("model",)),
+        _spec("gauge", PREFIX + "model_kv_cache_budget_bytes",
+              "Chat: the replica's KV budget (kv_budget_mb); absent without one", ("model",)),
+        _spec("counter", PREFIX + "model_kv_preemptions_total",
+              "Chat: running sequences preempted to keep within the KV budget (resumed later)",
+              ("model",)),
         _spec("histogram", GEN_AI_PREFIX + "server_time_per_output_token_seconds",
               "gen_ai.server.time_per_output_token: decode time per token after the first",
               _GEN_AI, GEN_AI_TPOT_S_BUCKETS),
@@ -338,6 +345,7 @@ class ModelMetrics(_Instruments):
         super().__init__(MODEL_METRICS, backend)
         self._tags = {"model": model}
         self._gen_ai_tags = {"gen_ai_operation_name": operation, "gen_ai_request_model": model}
+        self._preemptions = 0  # reported so far
 
     def record(self, timings: InferenceTimings) -> None:
         queue_wait_s = timings.queue_wait_s
@@ -352,6 +360,17 @@ class ModelMetrics(_Instruments):
             self._histogram("gen_ai_server_time_per_output_token_seconds").observe(
                 tpot_s, dict(self._gen_ai_tags)
             )
+
+    def kv_cache(self, nbytes: int, budget_bytes: int | None, preemptions: int) -> None:
+        """The KV cache's bytes and budget now, and the replica's preemptions so far (the
+        counter is advanced by what is new since the last report)."""
+        self._gauge("edge_model_kv_cache_bytes").set(nbytes, dict(self._tags))
+        if budget_bytes is not None:
+            self._gauge("edge_model_kv_cache_budget_bytes").set(budget_bytes, dict(self._tags))
+        self._inc(
+            "edge_model_kv_preemptions_total", preemptions - self._preemptions, dict(self._tags)
+        )
+        self._preemptions = max(self._preemptions, preemptions)
 
     def input_tokens(self, taken: int, cached: int = 0) -> None:
         """A call's input tokens, and how many of them the prefix cache held."""

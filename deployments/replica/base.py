@@ -81,8 +81,9 @@ class ModelServer(Generic[R]):
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         """Ray Serve calls this with the deployment's `user_config` on start and on every change."""
-        self.batching = BatchingConfig.model_validate(user_config or {})
-        self._apply_batching(self.batching)
+        batching = BatchingConfig.model_validate(user_config or {})
+        self._apply_batching(batching)  # may refuse it (a KV budget this host cannot hold)
+        self.batching = batching
 
     def _apply_batching(self, batching: BatchingConfig) -> None:
         """Subclasses push the new batch limits into their batchers."""

@@ -34,9 +34,22 @@ class ChatServer(ModelServer[LLMRuntime]):
     RUNTIME = LLMRuntime
 
     def _apply_batching(self, batching: BatchingConfig) -> None:
+        # First, as it may be refused: then nothing of the new config applies.
+        budget_mb = batching.kv_budget_mb
+        self.runtime.set_kv_budget(None if budget_mb is None else int(budget_mb * MIB))
         # The engine reads the limit before each step: new sequences wait for a free slot.
         self.runtime.max_batch_size = batching.max_batch_size
         self.runtime.prefix_cache.resize(int(batching.prefix_cache_mb * MIB))
+        self._report_kv_cache()
+
+    def _report_kv_cache(self) -> None:
+        """The KV cache's bytes and budget and the preemptions since the last report, as
+        metrics (after each call and each config change)."""
+        metrics = self.observability.metrics
+        if metrics is not None:
+            usage = self.runtime.kv_usage()
+            preemptions = usage["preemptions"] or 0
+            metrics.kv_cache(usage["bytes"] or 0, usage["budget_bytes"], preemptions)
 
     @property
     def tool_format(self) -> ToolCallFormat:
@@ -81,6 +94,7 @@ class ChatServer(ModelServer[LLMRuntime]):
                 finish_reason=choices[0].finish_reason,
                 cached_input_tokens=choices[0].cached_tokens,
             )
+        self._report_kv_cache()
         return self.reply(choices)
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[Reply[GenerationChunk]]:
@@ -106,6 +120,7 @@ class ChatServer(ModelServer[LLMRuntime]):
                         finish_reason=chunk.finish_reason,
                         cached_input_tokens=chunk.cached_tokens,
                     )
+                    self._report_kv_cache()
                 yield self.reply(chunk)
 
     def _call(self, traceparent: str | None, params: SamplingParams, stream: bool) -> ModelCall:

@@ -5,7 +5,8 @@ Each request becomes a sequence per choice. The `scheduler` admits waiting seque
 step runner prefills them and advances every running sequence by one token in a single batched
 forward pass, so concurrent streams share each step; sequences join and leave between steps. The
 manifest picks the runner: `step_runner` for the plain graph, `slot_step_runner` for a slot-cache
-graph (`kv_cache.layout == "slots"`, which has no prefix cache yet).
+graph (`kv_cache.layout == "slots"`, which has no prefix cache yet). A KV budget (`kv_budget`)
+bounds what their caches hold: the scheduler admits and preempts against it.
 What a generation is asked is in `sampling_params`, what it returns in `outputs`, one
 sequence's state in `sequence`, where the engine's time goes in `step_profile`.
 """
@@ -38,6 +39,7 @@ from deployments.observability.timings import InferenceTimings
 from deployments.replica.engine.allocator import keep_freed_memory
 from deployments.replica.engine.decoder import DecoderGraph
 from deployments.replica.engine.grammar import GrammarCompiler
+from deployments.replica.engine.kv_budget import KVBudget
 from deployments.replica.engine.prefix_cache import DEFAULT_MAX_BYTES as PREFIX_CACHE_BYTES
 from deployments.replica.engine.prefix_cache import PrefixCache
 from deployments.replica.engine.sampling import SamplingState, log_softmax
@@ -69,9 +71,11 @@ class LLMRuntime:
         max_choices: int = DEFAULT_MAX_CHOICES,
         prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
         prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
+        kv_budget_bytes: int | None = None,
     ):
         """`prefill_chunk_tokens`: a slot-cache model's long prompts are prefilled in chunks of
-        this many tokens, the running streams decoding between two (`slot_step_runner`)."""
+        this many tokens, the running streams decoding between two (`slot_step_runner`).
+        `kv_budget_bytes`: see `set_kv_budget`; None: no limit."""
         if max_batch_size < 1:  # before the model loads
             raise ValueError("max_batch_size must be at least 1")
         keep_freed_memory()  # a decode step's temporaries are reused, not re-mapped, each step
@@ -108,7 +112,33 @@ class LLMRuntime:
                 self.model_dir, self.manifest, session_config, self.prefix_cache
             )
         self.session = self.runner.session
-        self.scheduler: Scheduler[SequenceState] = Scheduler(self.runner, max_batch_size)
+        self.kv_budget = KVBudget()
+        if isinstance(self.runner, DecoderStepRunner):
+            self.runner.budget = self.kv_budget  # the prefix cache gets what sequences leave
+        self.scheduler: Scheduler[SequenceState] = Scheduler(
+            self.runner, max_batch_size, self.kv_budget
+        )
+        self.set_kv_budget(kv_budget_bytes)
+
+    def set_kv_budget(self, limit_bytes: int | None) -> None:
+        """At most this many bytes of KV cache (the prefix cache's included); None: no limit.
+        Refused (ValueError, with the numbers) beyond the host's memory or below one sequence
+        of the model's whole context. Applies from the next admission: a lower limit preempts
+        the newest running sequences until the rest fit."""
+        longest = self.runner.kv_footprint(1, self.context_length)
+        self.kv_budget.set_limit(
+            limit_bytes, longest_sequence_bytes=longest, context_length=self.context_length
+        )
+        if limit_bytes is not None and isinstance(self.runner, SlotStepRunner):
+            self.runner.budget(idle=self.scheduler.idle)
+
+    def kv_usage(self) -> dict[str, int | None]:
+        """The KV cache's bytes now, its budget (None: none) and the preemptions so far."""
+        return {
+            "bytes": self.runner.kv_bytes_in_use,
+            "budget_bytes": self.kv_budget.limit_bytes,
+            "preemptions": self.kv_budget.preemptions,
+        }
 
     # ---- request side -------------------------------------------------------------------
 
@@ -311,6 +341,7 @@ class LLMRuntime:
             "max_batch_size": self.max_batch_size,
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),
+            "kv_cache": self.kv_usage(),
             "prefix_cache": (
                 self.prefix_cache.describe()
                 if isinstance(self.runner, DecoderStepRunner)

@@ -9,7 +9,7 @@ tokens), an application's own system prompt, and every earlier turn of a convers
 Prompts are indexed by a chain of hashes over blocks of BLOCK_TOKENS tokens (each block's hash
 covers everything before it), so a lookup costs one pass over the prompt; the tokens themselves
 are compared before a match is used. Least recently used prompts are dropped beyond `max_bytes`
-of cached tensors.
+of cached tensors, and beyond the room a KV budget leaves it (`fit_within`).
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ class PrefixCache:
         if max_bytes < 0:
             raise ValueError("max_bytes must be 0 (off) or more")
         self.max_bytes = max_bytes
+        self.room_bytes: int | None = None  # what the replica's KV budget leaves it; None: all
         # The engine thread matches and stores; a live config change resizes from the event loop.
         self._lock = threading.Lock()
         self._entries: OrderedDict[tuple[int, ...], _Entry] = OrderedDict()
@@ -104,7 +105,7 @@ class PrefixCache:
             self._entries.move_to_end(tokens)
             return
         nbytes = sum(key.nbytes + value.nbytes for key, value in cache.layers)
-        if not self.enabled or len(tokens) < BLOCK_TOKENS or nbytes > self.max_bytes:
+        if not self.enabled or len(tokens) < BLOCK_TOKENS or nbytes > self._bound:
             return
         entry = _Entry(tokens, _own(cache), list(_block_hashes(tokens)), nbytes)
         self._entries[tokens] = entry
@@ -123,8 +124,19 @@ class PrefixCache:
             self.max_bytes = max_bytes
             self._evict()
 
+    def fit_within(self, room_bytes: int) -> None:
+        """What a KV budget leaves the cache after the running sequences: least recently used
+        prompts go until it holds (the running sequences come first)."""
+        with self._lock:
+            self.room_bytes = max(0, room_bytes)
+            self._evict()
+
+    @property
+    def _bound(self) -> int:
+        return self.max_bytes if self.room_bytes is None else min(self.max_bytes, self.room_bytes)
+
     def _evict(self) -> None:
-        while self.nbytes > self.max_bytes:
+        while self.nbytes > self._bound:
             _, oldest = self._entries.popitem(last=False)
             self._forget(oldest)
 

@@ -2,16 +2,26 @@
 when a slot frees, what a cancelled or failed sequence leaves behind, and which admitted prompts
 share a prefill run. Plain Python: the graph is behind the `StepRunner` it drives, so this
 module loads no ONNX Runtime and is tested with a fake runner.
+
+With a KV budget (`kv_budget.KVBudget`), admission also needs the batch's cache to fit: a
+newcomer counts with its prompt (vLLM's way: reserving prompt + max_tokens up front would admit
+a fraction of the sequences that fit, most answers end long before max_tokens), and when the
+running sequences outgrow the budget the newest arrival is preempted: its cache dropped, its
+tokens kept, and it waits at the head of the queue to be prefilled again with what it generated.
+A sequence that waits for memory longer than `max_memory_wait_s` is refused (503, Retry-After).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
-from deployments.errors import InternalServerError
+from deployments.errors import InternalServerError, OverloadedError
+from deployments.replica.engine.kv_budget import KVBudget
 
 if TYPE_CHECKING:
     from deployments.contracts.outputs import GenerationChunk
@@ -21,6 +31,9 @@ if TYPE_CHECKING:
 # Batched prefill (see `prefill_groups`).
 PREFILL_MAX_PADDED_TOKENS = 512
 PREFILL_MIN_FILL = 0.75
+# How long a request may wait in the replica for KV memory before it is refused: a client is
+# better served by another replica (or a retry) than by a queue that does not move.
+DEFAULT_MAX_MEMORY_WAIT_S = 30.0
 
 
 class ScheduledSequence(Protocol):
@@ -50,20 +63,46 @@ class StepRunner(Protocol[S]):
         queue; a sequence is `finished` after its last chunk."""
         ...
 
+    def kv_bytes(self, running: Sequence[S], admitted: Sequence[S]) -> int:
+        """Bytes the batch's KV cache holds once `running` took the steps of the next `run`
+        before it first asks `keeps_batch`, and `admitted` were prefilled (with what they
+        generated before a preemption). Read on either thread: it only reads lengths."""
+        ...
+
+    async def drop(self, preempted: Sequence[S]) -> None:
+        """Free the caches of preempted sequences; their tokens stay, and a later `run` admits
+        them again (prefilling prompt + generated tokens)."""
+        ...
+
 
 class Scheduler(Generic[S]):
     """The engine's queues and its loop on the event loop: sequences wait in arrival order,
     are admitted while the batch has room, and leave it when finished or cancelled; the loop
     runs while anything waits or runs and hands each batch to the step runner."""
 
-    def __init__(self, runner: StepRunner[S], max_batch_size: int):
+    def __init__(
+        self,
+        runner: StepRunner[S],
+        max_batch_size: int,
+        budget: KVBudget | None = None,
+        *,
+        max_memory_wait_s: float = DEFAULT_MAX_MEMORY_WAIT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
         self.runner = runner
         self.max_batch_size = max_batch_size
+        self.budget = budget or KVBudget()
+        self.max_memory_wait_s = max_memory_wait_s
+        self.clock = clock
         self.waiting: deque[S] = deque()
         self.running: list[S] = []
         self._loop_task: asyncio.Task[None] | None = None
+        # Arrival order (the newest is preempted first) and when each waiting one arrived.
+        self._arrivals = itertools.count()
+        self._arrival: dict[S, int] = {}
+        self._submitted_at: dict[S, float] = {}
 
     @property
     def idle(self) -> bool:
@@ -72,6 +111,10 @@ class Scheduler(Generic[S]):
 
     def submit(self, sequences: Sequence[S]) -> None:
         """Queue the sequences behind those already waiting and start the loop if it stopped."""
+        now = self.clock()
+        for seq in sequences:
+            self._arrival[seq] = next(self._arrivals)
+            self._submitted_at[seq] = now
         self.waiting.extend(sequences)
         if self.idle:
             self._loop_task = asyncio.get_running_loop().create_task(self._run())
@@ -85,26 +128,105 @@ class Scheduler(Generic[S]):
 
     def admit(self) -> list[S]:
         """Drop the cancelled from the batch and admit waiting sequences, oldest first, while
-        it has room; the cancelled among the waiting are dropped on the way."""
+        it has room and their caches fit the budget; the cancelled among the waiting are
+        dropped on the way. One that cannot fit even alone, or that waited for memory too
+        long, is refused."""
         self.running = [s for s in self.running if not s.cancelled]
         admitted: list[S] = []
         while self.waiting and len(self.running) + len(admitted) < self.max_batch_size:
-            seq = self.waiting.popleft()
-            if not seq.cancelled:
-                seq.timings.admitted()
-                admitted.append(seq)
+            seq = self.waiting[0]
+            if not (seq.cancelled or seq.finished) and not self._fits(
+                self.running, [*admitted, seq]
+            ):
+                if self.running or admitted:
+                    self._refuse_the_long_waiting()
+                    break
+                self._refuse(seq, "alone")
+            self.waiting.popleft()
+            if seq.cancelled or seq.finished:
+                self._forget([seq])
+                continue
+            seq.timings.admitted()
+            self._submitted_at.pop(seq, None)
+            admitted.append(seq)
         return admitted
 
     def keeps_batch(self, batch: list[S]) -> bool:
         """Whether the runner may step this batch again without asking: nobody in it finished
-        or was cancelled, and nobody waits for a slot it has free. Read from the runner's
-        thread between steps."""
-        return not any(s.finished or s.cancelled for s in batch) and not (
-            self.waiting and len(batch) < self.max_batch_size
+        or was cancelled, its next step fits the budget, and nobody waits for a slot it has
+        free (and memory for it). Read from the runner's thread between steps."""
+        if any(s.finished or s.cancelled for s in batch) or not self._fits(batch, []):
+            return False
+        if self._waited_too_long():
+            return False  # the scheduler refuses it now, not when the batch changes
+        head = self.waiting[0] if self.waiting else None
+        return not (
+            head is not None
+            and len(batch) < self.max_batch_size
+            and (head.cancelled or head.finished or self._fits(batch, [head]))
         )
+
+    def _fits(self, running: Sequence[S], admitted: Sequence[S]) -> bool:
+        if self.budget.limit_bytes is None:
+            return True
+        return self.budget.fits(self.runner.kv_bytes(running, admitted))
+
+    async def _preempt_to_fit(self) -> None:
+        """While the running sequences' next step does not fit, the newest arrival among them
+        gives its cache back and waits at the head of the queue. A lone sequence that does not
+        fit fails (the budget is checked to hold one sequence of the whole context, so only a
+        budget lowered below that while it ran gets here)."""
+        preempted: list[S] = []
+        while len(self.running) > 1 and not self._fits(self.running, []):
+            newest = max(self.running, key=self._arrival.__getitem__)
+            self.running.remove(newest)
+            preempted.append(newest)
+        if preempted:
+            await self.runner.drop(preempted)
+            self.budget.preemptions += len(preempted)
+            self.waiting.extendleft(sorted(preempted, key=self._arrival.__getitem__, reverse=True))
+        if len(self.running) == 1 and not self._fits(self.running, []):
+            (alone,) = self.running
+            await self.runner.drop(self.running)
+            self._refuse(alone, "alone")
+            self.running = []
+
+    def _refuse(self, seq: S, why: str) -> None:
+        """Fail a sequence with a 503 its client may retry (another replica may have room)."""
+        limit = self.budget.limit_bytes
+        message = {
+            "alone": f"the request's KV cache does not fit this replica's budget of {limit} bytes",
+            "waited": f"no KV memory freed on this replica in {self.max_memory_wait_s:g} s",
+        }[why]
+        seq.finished = True
+        seq.queue.put_nowait(
+            OverloadedError(message, retry_after_s=max(1.0, self.max_memory_wait_s / 2))
+        )
+
+    def _waited_too_long(self) -> bool:
+        deadline = self.clock() - self.max_memory_wait_s
+        return self.budget.limit_bytes is not None and any(
+            since < deadline for since in self._submitted_at.values()
+        )
+
+    def _refuse_the_long_waiting(self) -> None:
+        """Sequences never admitted that waited for memory past the bound are refused now (a
+        preempted one, already streaming, waits on: it holds its place at the head)."""
+        deadline = self.clock() - self.max_memory_wait_s
+        for seq in self.waiting:
+            since = self._submitted_at.get(seq)
+            if since is not None and since < deadline and not seq.cancelled:
+                self._submitted_at.pop(seq)
+                self._refuse(seq, "waited")
+
+    def _forget(self, done: Sequence[S]) -> None:
+        for seq in done:
+            self._arrival.pop(seq, None)
+            self._submitted_at.pop(seq, None)
 
     async def _run(self) -> None:
         while self.waiting or self.running:
+            await self._preempt_to_fit()
             admitted = self.admit()
             batch = self.running + admitted
             if not batch:
@@ -117,9 +239,11 @@ class Scheduler(Generic[S]):
                     if not seq.finished:
                         seq.finished = True
                         seq.queue.put_nowait(error)
+                self._forget(batch)
                 self.running = []
                 continue
             self.running = [s for s in batch if not s.finished and not s.cancelled]
+            self._forget([s for s in batch if s.finished or s.cancelled])
 
 
 def prefill_runs(

@@ -63,6 +63,18 @@ class SequenceState:
             self.tokenizer, skip_special_tokens=not self.keep_special_tokens
         )
 
+    @property
+    def positions(self) -> int:
+        """Cache positions it needs to take its next token: its prompt and what it generated
+        (the last generated token is fed by the next step)."""
+        return len(self.prompt) + len(self.generated)
+
+    @property
+    def context(self) -> list[int]:
+        """What a (re-)prefill feeds: the prompt and, after a preemption, the tokens generated
+        before it, so the next token follows the last one streamed."""
+        return self.prompt + self.generated if self.generated else self.prompt
+
     def allowed(self) -> np.ndarray | None:
         """The grammar's mask for the next token, if the request has a grammar."""
         if self.constraint is None:

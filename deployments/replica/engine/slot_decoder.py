@@ -78,21 +78,39 @@ class SlotDecoder:
         if needed > self.slots:
             self._reallocate(needed, self.capacity)
 
+    def shrink(self) -> None:
+        """Buffers cut to the active sequences (one row at least) and the capacity the longest
+        of them needs: what a KV budget counts is what stays allocated."""
+        longest = int(self.lengths[: self.active].max(initial=0))
+        capacity = min(self.max_len, max(1, -(-longest // self.grow_by)) * self.grow_by)
+        rows = max(self.active, 1)
+        if (rows, capacity) != (self.slots, self.capacity):
+            self._reallocate(rows, capacity)
+
+    @property
+    def nbytes(self) -> int:
+        """The KV buffers' bytes (every row and position, valid or not)."""
+        return sum(b.nbytes for buffers in (self.keys, self.values) for b in buffers)
+
     def _reallocate(self, slots: int, capacity: int) -> None:
         keep = int(self.lengths[: self.active].max(initial=0))
-        grown_slots = slots - self.slots
+        # The bound views hold the old buffers: let go first, so each old buffer is freed as
+        # its replacement is filled (one layer's copy at a time, not the whole cache twice).
+        self._binding = None
         self.slots, self.capacity = slots, capacity
         for buffers in (self.keys, self.values):
             for i, old in enumerate(buffers):
                 grown = self._buffer(capacity)
                 grown[: self.active, :, :keep] = old[: self.active, :, :keep]
                 buffers[i] = grown
-        if grown_slots > 0:
-            self.lengths = np.concatenate([self.lengths, np.zeros(grown_slots, np.int64)])
+                del old
+        if slots != len(self.lengths):
+            lengths = np.zeros(slots, np.int64)
+            lengths[: self.active] = self.lengths[: self.active]
+            self.lengths = lengths
             self._ids = np.zeros((slots, 1), np.int64)
             self._seqlens = np.zeros(slots, np.int32)
             self._logits = np.zeros((slots, self.vocab_size), np.float32)
-        self._binding = None  # the bound views point at the old buffers
 
     def _bind(
         self,

@@ -10,6 +10,10 @@ whose consumer left gives its slot back (`release`: the last slot's sequence mov
 hole, and its owner is re-mapped; a newcomer being prefilled is swapped back to the last slot).
 Sampling, logprobs, grammars and stop strings are the plain runner's (`sequence.next_tokens`).
 
+Under a KV budget the buffers are cut to the sequences in them after every release (`shrink`),
+so what the budget counts (rows x capacity, `kv_bytes`) is what stays allocated; a preempted
+sequence gives its slot back (`drop`) and is prefilled again later with what it generated.
+
 The prefix cache is not served here: its entries are per-sequence caches of the plain layout. A
 later change can copy a cached prefix into a slot, then `extend` the rest.
 """
@@ -27,6 +31,7 @@ import numpy as np
 from deployments.contracts.manifest import ModelManifest
 from deployments.contracts.outputs import GenerationChunk
 from deployments.contracts.session_config import SessionConfig
+from deployments.replica.engine.kv_budget import bytes_per_position, rounded_up
 from deployments.replica.engine.sequence import SequenceState, hand_over, next_tokens
 from deployments.replica.engine.session import OnnxSession, open_session, uses_cuda
 from deployments.replica.engine.slot_decoder import SlotDecoder
@@ -57,6 +62,8 @@ class SlotStepRunner(EngineThread):
         super().__init__(session)
         self.decoder = decoder
         self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.position_bytes = bytes_per_position(decoder.cache, np.dtype(np.float32).itemsize)
+        self.budgeted = False  # set with a KV budget: buffers shrink to the sequences in them
         self._owners: list[SequenceState] = []
         self._filling: SequenceState | None = None  # in the last slot while its chunks go in
         self._filling_s = 0.0  # seconds its chunks took so far
@@ -99,6 +106,41 @@ class SlotStepRunner(EngineThread):
     @property
     def active_slots(self) -> int:
         return self.decoder.active
+
+    def budget(self, *, idle: bool) -> None:
+        """From now on the buffers hold the sequences in them only (a budget counts them): cut
+        now if no step runs (`idle`), else by the engine's thread at its next release."""
+        self.budgeted = True
+        if idle:
+            self.decoder.shrink()
+
+    @property
+    def kv_bytes_in_use(self) -> int:
+        return self.decoder.nbytes
+
+    def kv_footprint(self, rows: int, longest: int) -> int:
+        """Bytes of the buffers with `rows` sequences, the longest of `longest` positions."""
+        d = self.decoder
+        capacity = min(d.max_len, max(d.grow_by, rounded_up(longest, d.grow_by)))
+        return max(rows, 1) * capacity * self.position_bytes
+
+    def kv_bytes(self, running: Sequence[SequenceState], admitted: Sequence[SequenceState]) -> int:
+        """The running ones take a decode step, and one more between two chunks of each
+        newcomer's prefill; counted for the newcomers too (those prefilled first step during
+        the later ones' chunks)."""
+        chunk = self.prefill_chunk_tokens
+        steps = 1 + sum(-(-seq.positions // chunk) - 1 for seq in admitted)
+        # Before its next step a running sequence holds len(context) - 1 positions.
+        longest = max(
+            [seq.positions - 1 + steps for seq in running]
+            + [seq.positions + steps - 1 for seq in admitted],
+            default=0,
+        )
+        return self.kv_footprint(len(running) + len(admitted), longest)
+
+    async def drop(self, preempted: Sequence[SequenceState]) -> None:
+        gone = set(preempted)
+        await self.in_thread(lambda: self._release_where(gone.__contains__))
 
     def cached_logits(self, prompt: Sequence[int], continuation: Sequence[int]) -> np.ndarray:
         """On a one-slot decoder of its own over the same graph: the running sequences keep
@@ -157,10 +199,12 @@ class SlotStepRunner(EngineThread):
         return next_tokens(decoding, logits)
 
     def _prefill(self, loop: asyncio.AbstractEventLoop, seq: SequenceState, size: int) -> None:
-        """A newcomer's prompt into a new slot, in chunks with a decode step of the others
-        between two, then its first token. Each chunk counts as a step of the profile."""
+        """A newcomer's prompt (and what it generated before a preemption) into a new slot, in
+        chunks with a decode step of the others between two, then its next token. Each chunk
+        counts as a step of the profile."""
         chunk = self.prefill_chunk_tokens
-        pieces = [seq.prompt[i : i + chunk] for i in range(0, len(seq.prompt), chunk)]
+        context = seq.context
+        pieces = [context[i : i + chunk] for i in range(0, len(context), chunk)]
         self.decoder.ensure_slots(self.decoder.active + 1)  # the batch limit may have grown
         self._filling, self._filling_s = seq, 0.0
         try:
@@ -185,17 +229,24 @@ class SlotStepRunner(EngineThread):
         else:
             logits = self.decoder.extend(self.decoder.active - 1, piece)
         self._filling_s += time.perf_counter() - started
-        if self.decoder.lengths[self.decoder.active - 1] < len(seq.prompt):
+        if self.decoder.lengths[self.decoder.active - 1] < seq.positions:
             return []
         return next_tokens([seq], logits[None])
 
     def _release_gone(self) -> None:
-        """Give back the slots of sequences that finished or whose consumer left. From the last
-        slot down, so the sequence a release moves in was already looked at."""
+        """Give back the slots of sequences that finished or whose consumer left."""
+        self._release_where(lambda seq: seq.finished or seq.cancelled)
+
+    def _release_where(self, gone: Callable[[SequenceState], bool]) -> None:
+        """Give back the slots of the sequences `gone` picks. From the last slot down, so the
+        sequence a release moves in was already looked at; under a budget the buffers shrink
+        after."""
+        released = False
         for slot in reversed(range(len(self._owners))):
             seq = self._owners[slot]
-            if seq is self._filling or not (seq.finished or seq.cancelled):
+            if seq is self._filling or not gone(seq):
                 continue
+            released = True
             last = self._owners.pop()
             if self.decoder.release(slot) is not None:
                 self._owners[slot] = last
@@ -204,3 +255,5 @@ class SlotStepRunner(EngineThread):
                 # The decode steps between its chunks step the slots before the last one.
                 self.decoder.swap(slot, end)
                 self._owners[slot], self._owners[end] = self._owners[end], self._owners[slot]
+        if released and self.budgeted:
+            self.decoder.shrink()

@@ -2,8 +2,10 @@
 the batch the scheduler hands it. `EngineThread` is what every runner shares (the thread, one hop
 to it per batch change, the counters and the profile: `step_profile`); `DecoderStepRunner` runs
 the plain (`concat` cache) graph: prefill newcomers (on their cached prefix where there is one),
-one batched decode step for the rest, sampling, and the padded batch kept between steps. The
-slot-cache graph has its own runner (`slot_step_runner`).
+one batched decode step for the rest, sampling, and the padded batch kept between steps. Under a
+KV budget the padded batch counts rows x longest positions, and the prefix cache gets what the
+batch leaves (it is evicted first, before any sequence is preempted). The slot-cache graph has
+its own runner (`slot_step_runner`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from deployments.contracts.manifest import ModelManifest
 from deployments.contracts.outputs import GenerationChunk
 from deployments.contracts.session_config import SessionConfig
 from deployments.replica.engine.decoder import DecoderGraph, PaddedBatch
+from deployments.replica.engine.kv_budget import KVBudget, bytes_per_position
 from deployments.replica.engine.next_token_graph import next_token_only
 from deployments.replica.engine.prefix_cache import PrefixCache
 from deployments.replica.engine.scheduler import prefill_runs
@@ -54,6 +57,23 @@ class EngineThread(abc.ABC):
     def cached_logits(self, prompt: Sequence[int], continuation: Sequence[int]) -> np.ndarray:
         """Logits predicting each continuation token and the one after, via the KV cache (on the
         engine's thread, between steps: prompt logprobs)."""
+
+    @property
+    @abc.abstractmethod
+    def kv_bytes_in_use(self) -> int:
+        """Bytes the KV cache holds now (the prefix cache's included)."""
+
+    @abc.abstractmethod
+    def kv_footprint(self, rows: int, longest: int) -> int:
+        """Bytes the cache holds for `rows` sequences, the longest of `longest` positions."""
+
+    @abc.abstractmethod
+    def kv_bytes(self, running: Sequence[SequenceState], admitted: Sequence[SequenceState]) -> int:
+        """The scheduler's `StepRunner.kv_bytes`."""
+
+    @abc.abstractmethod
+    async def drop(self, preempted: Sequence[SequenceState]) -> None:
+        """The scheduler's `StepRunner.drop`."""
 
     @abc.abstractmethod
     def _steps_until_change(
@@ -111,6 +131,10 @@ class DecoderStepRunner(EngineThread):
         self.prefix_cache = prefix_cache
         self._batch: PaddedBatch | None = None
         self._batch_members: list[SequenceState] = []
+        itemsize = np.dtype(graph.cache_dtype).itemsize
+        self.position_bytes = bytes_per_position(graph.layout, itemsize)
+        self.budget = KVBudget()  # the engine's, shared with its scheduler
+        self._sequence_bytes = 0  # the batch's, as of its last step
 
     @classmethod
     def open(
@@ -143,6 +167,31 @@ class DecoderStepRunner(EngineThread):
     def cached_logits(self, prompt: Sequence[int], continuation: Sequence[int]) -> np.ndarray:
         return self.graph.cached_logits(prompt, continuation)
 
+    @property
+    def kv_bytes_in_use(self) -> int:
+        return self._sequence_bytes + self.prefix_cache.nbytes
+
+    def kv_footprint(self, rows: int, longest: int) -> int:
+        """A padded batch of `rows` sequences, the longest of `longest` positions (and the
+        empty cache's masked slot)."""
+        return rows * (longest + 1) * self.position_bytes if rows else 0
+
+    def kv_bytes(self, running: Sequence[SequenceState], admitted: Sequence[SequenceState]) -> int:
+        """One step: the running ones take a position each, the newcomers their context."""
+        longest = max((seq.positions for seq in [*running, *admitted]), default=0)
+        return self.kv_footprint(len(running) + len(admitted), longest)
+
+    async def drop(self, preempted: Sequence[SequenceState]) -> None:
+        await self.in_thread(lambda: self._drop(set(preempted)))
+
+    def _drop(self, gone: set[SequenceState]) -> None:
+        if self._batch is not None and not gone.isdisjoint(self._batch_members):
+            for seq, cache in zip(self._batch_members, self._batch.split(), strict=True):
+                seq.cache = cache
+            self._batch, self._batch_members = None, []
+        for seq in gone:
+            seq.cache = None
+
     def _steps_until_change(
         self,
         loop: asyncio.AbstractEventLoop,
@@ -163,6 +212,9 @@ class DecoderStepRunner(EngineThread):
         the next token of every sequence in one pass."""
         blocks: list[np.ndarray] = []
         size = len(running) + len(admitted)
+        self._sequence_bytes = self.kv_bytes(running, admitted)
+        if self.budget.limit_bytes is not None:
+            self.prefix_cache.fit_within(self.budget.limit_bytes - self._sequence_bytes)
         if running:
             batch = self._batch_for(running)
             started = time.perf_counter()
@@ -186,12 +238,14 @@ class DecoderStepRunner(EngineThread):
         last-position logits in admission order. When they alone form the next step's batch
         and share one run, that run's padded cache is the batch: no split and re-pad."""
         rows: list[np.ndarray] = [np.empty(0)] * len(admitted)
-        hits = [self.prefix_cache.match(seq.prompt) for seq in admitted]
+        # After a preemption a sequence is prefilled again with the tokens it generated.
+        contexts = [seq.context for seq in admitted]
+        hits = [self.prefix_cache.match(context) for context in contexts]
         for seq, hit in zip(admitted, hits, strict=True):
-            if hit is not None:
+            if hit is not None and not seq.generated:  # reported of the prompt, once
                 seq.cached_tokens = hit.length
         runs = prefill_runs(
-            [len(seq.prompt) for seq in admitted],
+            [len(context) for context in contexts],
             [None if hit is None else hit.length for hit in hits],
         )
         for group in runs:
@@ -200,13 +254,10 @@ class DecoderStepRunner(EngineThread):
             if cached:
                 logits, prefilled = self.graph.prefill_after(
                     [hit.cache for hit in cached],
-                    [
-                        admitted[i].prompt[hit.length :]
-                        for i, hit in zip(group, cached, strict=True)
-                    ],
+                    [contexts[i][hit.length :] for i, hit in zip(group, cached, strict=True)],
                 )
             else:
-                logits, prefilled = self.graph.prefill_batch([admitted[i].prompt for i in group])
+                logits, prefilled = self.graph.prefill_batch([contexts[i] for i in group])
             seconds = time.perf_counter() - started
             caches = prefilled.split()
             if batch_is_new and len(group) == len(admitted):
@@ -217,7 +268,7 @@ class DecoderStepRunner(EngineThread):
             for i, row, cache in zip(group, logits, caches, strict=True):
                 admitted[i].timings.prefilled(seconds, batch_size)
                 rows[i] = row
-                self.prefix_cache.store(admitted[i].prompt, cache)
+                self.prefix_cache.store(contexts[i], cache)
         return np.stack(rows)
 
     def _batch_for(self, running: list[SequenceState]) -> PaddedBatch:
