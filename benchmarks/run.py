@@ -43,6 +43,7 @@ SUITES: dict[str, str] = {
     "structured": "benchmarks.structured",
     "plan": "benchmarks.plan_scale",
     "prewarm": "benchmarks.prewarm",
+    "at_size": "benchmarks.at_size",
 }
 
 LOG_FORMAT = "%(asctime)s %(name)s: %(message)s"
