@@ -44,6 +44,7 @@ SUITES: dict[str, str] = {
     "plan": "benchmarks.plan_scale",
     "prewarm": "benchmarks.prewarm",
     "atrest": "benchmarks.atrest",
+    "at_size": "benchmarks.at_size",
 }
 
 LOG_FORMAT = "%(asctime)s %(name)s: %(message)s"

@@ -41,7 +41,7 @@ from benchmarks.lib.http_load import (
     Endpoint,
     StreamTiming,
     async_client,
-    post_json,
+    completion_tokens_at_once,
     ready,
     rotated,
     timed_chat_stream,
@@ -202,14 +202,8 @@ async def _bursts(
     sides alternating over `rounds`."""
 
     async def burst(endpoint: Endpoint, first_seed: int) -> tuple[float, int]:
-        started = clock()
-        answers = await asyncio.gather(
-            *(
-                post_json(client, endpoint, _body(config, first_seed + i, model))
-                for i in range(config.streams)
-            )
-        )
-        return clock() - started, sum(a["usage"]["completion_tokens"] for a in answers)
+        bodies = [_body(config, first_seed + i, model) for i in range(config.streams)]
+        return await completion_tokens_at_once(client, endpoint, bodies, clock)
 
     rates: dict[str, list[float]] = {name: [] for name in targets}
     for round_index in range(config.rounds):

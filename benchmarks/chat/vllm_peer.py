@@ -16,7 +16,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,8 +66,11 @@ class VllmServer:
             return f"(no log: {exc})"
 
 
-def vllm_command(python: Path, checkpoint: Path, model_name: str, port: int) -> list[str]:
-    """vLLM's OpenAI server at its defaults, but for the model, its served name and the port."""
+def vllm_command(
+    python: Path, checkpoint: Path, model_name: str, port: int, args: Sequence[str] = VLLM_ARGS
+) -> list[str]:
+    """vLLM's OpenAI server at its defaults, but for the model, its served name, the port and
+    `args` (the chat suite's VLLM_ARGS unless a suite names its own)."""
     return [
         str(python),
         "-m",
@@ -80,7 +83,7 @@ def vllm_command(python: Path, checkpoint: Path, model_name: str, port: int) -> 
         "127.0.0.1",
         "--port",
         str(port),
-        *VLLM_ARGS,
+        *args,
     ]
 
 
@@ -92,22 +95,39 @@ def start_vllm(python: Path, family: str, extra_args: Sequence[str] = ()) -> Ite
 
     with tempfile.TemporaryDirectory(prefix="vllm-peer-") as scratch:
         checkpoint = save_checkpoint(family, Path(scratch) / family)  # type: ignore[arg-type]
-        port = free_port()
-        log_path = Path(scratch) / "vllm.log"
-        command = [*vllm_command(python, checkpoint, family, port), *extra_args]
-        log.info("starting vLLM: %s", " ".join(command))
-        with log_path.open("wb") as log_file:
-            process = subprocess.Popen(
-                command,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own process group: stopped whole, alone
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
-        try:
-            yield VllmServer(f"http://127.0.0.1:{port}", process, log_path)
-        finally:
-            _stop_group(process)
+        args = [*VLLM_ARGS, *extra_args]
+        with serve_checkpoint(python, checkpoint, family, args, Path(scratch)) as server:
+            yield server
+
+
+@contextlib.contextmanager
+def serve_checkpoint(
+    python: Path,
+    checkpoint: Path,
+    model_name: str,
+    args: Sequence[str],
+    log_dir: Path,
+    env: Mapping[str, str] | None = None,
+) -> Iterator[VllmServer]:
+    """vLLM's OpenAI server on `checkpoint` (a `save_pretrained` directory) with `args` and
+    `env` added to ours, on a free port, its log in `log_dir`; yields at once (call
+    `wait_ready`), stops the server's whole process group on the way out."""
+    port = free_port()
+    log_path = log_dir / f"vllm-{model_name}-{port}.log"
+    command = vllm_command(python, checkpoint, model_name, port, args)
+    log.info("starting vLLM: %s", " ".join(command))
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(
+            command,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: stopped whole, alone
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        )
+    try:
+        yield VllmServer(f"http://127.0.0.1:{port}", process, log_path)
+    finally:
+        _stop_group(process)
 
 
 def _stop_group(process: subprocess.Popen[bytes]) -> None:

@@ -4,7 +4,8 @@ measured is a miss that says why."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import statistics
+from collections.abc import Mapping, Sequence
 from typing import Any, NotRequired, TypedDict
 
 UNMEASURED = "not measured: counts as a miss"
@@ -18,6 +19,7 @@ class GoalRecord(TypedDict):
     met: bool
     missing: NotRequired[str]  # why the value is None
     note: NotRequired[str]  # how to read the value
+    met_in: NotRequired[str]  # "k of n": the runs whose own value met the target
     details: NotRequired[dict[str, Any]]  # what the value is made of
 
 
@@ -45,6 +47,32 @@ def goal(
         record["note"] = note
     if details is not None:
         record["details"] = dict(details)
+    return record
+
+
+def goal_over_runs(
+    values: Sequence[float | None],
+    target: float,
+    unit: str,
+    *,
+    at_most: bool = False,
+    missing: str = UNMEASURED,
+    details: Mapping[str, Any] | None = None,
+) -> GoalRecord:
+    """A goal judged on the median of several runs' values (those measured), saying in how many
+    of the runs it was met; no measured run is a miss that says why."""
+    measured = [v for v in values if v is not None]
+    value = statistics.median(measured) if measured else None
+    record = goal(
+        value,
+        target,
+        unit,
+        at_most=at_most,
+        missing=missing,
+        details={**(details or {}), "per_run": list(values)},
+    )
+    met = sum(1 for v in measured if (v <= target if at_most else v >= target))
+    record["met_in"] = f"{met} of {len(values)}"
     return record
 
 
@@ -86,6 +114,8 @@ def goals_table(
         value = "-" if record["value"] is None else f"{record['value']:g}"
         verdict = "met" if record["met"] else "MISSED"
         why = f" ({record['missing']})" if "missing" in record else ""
+        if "met_in" in record:
+            why = f" in {record['met_in']} runs{why}"
         lines.append(
             f"  {name:<{width}}  {value:>9} {bound} {record['target']:<7g} "
             f"{record['unit']:<16} {verdict}{why}"

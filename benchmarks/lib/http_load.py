@@ -182,6 +182,8 @@ class StreamTiming:
     ttft_s: float  # first chunk that carries text
     total_s: float  # until the stream ended
     completion_tokens: int
+    started_s: float = 0.0  # the clock when it was sent
+    content_at_s: tuple[float, ...] = ()  # each chunk with text, from started_s
 
     @property
     def tokens_per_s(self) -> float:
@@ -191,14 +193,18 @@ class StreamTiming:
 
 
 async def timed_chat_stream(
-    client: httpx.AsyncClient, url: str, body: dict[str, Any], clock: Clock
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    clock: Clock,
+    headers: Mapping[str, str] | None = None,
 ) -> StreamTiming:
     """Send one `stream: true` chat request (with include_usage) and time its chunks, read by the
     load tester's SSE reader (one reader of our streams for benchmarks and load tests)."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     started = clock()
     tally = StreamTally()
-    async with client.stream("POST", url, json=body) as response:
+    async with client.stream("POST", url, json=body, headers=dict(headers or {})) as response:
         if response.status_code != 200:
             text = (await response.aread()).decode(errors="replace")
             raise BadResponseError(
@@ -213,4 +219,23 @@ async def timed_chat_stream(
         raise BadResponseError(f"stream from {url}: {tally.error}")
     if tally.first_token_s is None or tally.usage_tokens is None:
         raise BadResponseError(f"stream from {url} ended without text or usage")
-    return StreamTiming(tally.first_token_s, clock() - started, tally.usage_tokens)
+    return StreamTiming(
+        tally.first_token_s,
+        clock() - started,
+        tally.usage_tokens,
+        started,
+        tuple(tally.content_at_s),
+    )
+
+
+async def completion_tokens_at_once(
+    client: httpx.AsyncClient,
+    endpoint: Endpoint,
+    bodies: Sequence[dict[str, Any]],
+    clock: Clock,
+) -> tuple[float, int]:
+    """Every body sent at once as a whole-answer request: (wall seconds until the last answer,
+    completion tokens over all of them)."""
+    started = clock()
+    answers = await asyncio.gather(*(post_json(client, endpoint, body) for body in bodies))
+    return clock() - started, sum(a["usage"]["completion_tokens"] for a in answers)

@@ -79,6 +79,19 @@ def _parser(prog: str = "python -m deployments.export") -> argparse.ArgumentPars
         "checkpoints (save_pretrained) and their exports",
     )
     large.add_argument("--out", type=Path, default=Path("models-large"))
+    large.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help="layers per model (default: the stand-ins' own); full width and vocabulary kept, "
+        "for a build in seconds (tests, the at-size suite's --quick)",
+    )
+    large.add_argument(
+        "--only",
+        action="append",
+        choices=("glm", "glm-int8", "kimi"),
+        help="build only this export (repeatable; default: every one)",
+    )
     defaults = sub.add_parser("defaults", help="build every embedded default model")
     defaults.add_argument("--out", type=Path, default=Path("models"))
     defaults.add_argument("--force", action="store_true", help="rebuild even if present and intact")
@@ -104,7 +117,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m deployments.expor
         if args.model == "large":
             from deployments.export.at_size import build_large
 
-            for path in build_large(args.out):
+            for path in build_large(args.out, args.layers, args.only):
                 print(f"{path.name}: built -> {path}")
             return 0
         if args.model == "checkpoint":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -55,12 +56,15 @@ def seeded_model(family: Family, config: PreTrainedConfig, seed: int = SEED) -> 
     return model
 
 
-def save_stand_in(family: Family, out: Path) -> Path:
-    """The at-size stand-in of `family` as a checkpoint directory (weights, config, tokenizer)."""
+def save_stand_in(family: Family, out: Path, layers: int | None = None) -> Path:
+    """The at-size stand-in of `family` as a checkpoint directory (weights, config, tokenizer);
+    `layers` cuts its depth (full width and vocabulary kept: a quick build for tests)."""
     out = fresh_dir(out)
     fmt = CHAT_FORMATS[family]
     info = save_tokenizer(build_wide_tokenizer(fmt, AT_SIZE_VOCAB[family]), fmt, out)
     config = FAMILIES[family].at_size_config(info["vocab_size"], info["pad_token_id"])
+    if layers is not None:
+        config.num_hidden_layers = layers
     config.architectures = [FAMILIES[family].architecture]
     config.eos_token_id = info["eos_token_ids"]
     model = seeded_model(family, config)
@@ -76,13 +80,25 @@ def save_stand_in(family: Family, out: Path) -> Path:
     return out
 
 
-def build_large(root: Path) -> list[Path]:
-    """Both stand-ins' checkpoints under root/checkpoints, their exports beside them."""
+def build_large(
+    root: Path, layers: int | None = None, only: Sequence[str] | None = None
+) -> list[Path]:
+    """The stand-ins' checkpoints under root/checkpoints, their exports beside them: every
+    export of LARGE_EXPORTS, or those `only` names (and only their families' checkpoints);
+    `layers` cuts every model's depth (see save_stand_in)."""
     from deployments.export.llm import export_llm
 
-    checkpoints = {f: save_stand_in(f, root / CHECKPOINTS / f) for f in ("glm", "kimi")}
+    if layers is not None and layers < 1:
+        raise ValueError(f"layers: {layers}; expected at least 1")
+    exports = [e for e in LARGE_EXPORTS if only is None or e[1] in only]
+    unknown = sorted(set(only or ()) - {name for _, name, _ in LARGE_EXPORTS})
+    if unknown or not exports:
+        names = [name for _, name, _ in LARGE_EXPORTS]
+        raise ValueError(f"at-size exports {unknown or 'none'}: expected some of {names}")
+    families = dict.fromkeys(family for family, _, _ in exports)
+    checkpoints = {f: save_stand_in(f, root / CHECKPOINTS / f, layers) for f in families}
     built = []
-    for family, name, options in LARGE_EXPORTS:
+    for family, name, options in exports:
         export_llm(family, str(checkpoints[family]), root / name, **options)
         gc.collect()
         built.append(root / name)

@@ -56,6 +56,7 @@ class StreamTally:
     def __init__(self) -> None:
         self.first_token_s: float | None = None
         self.content_events = 0
+        self.content_at_s: list[float] = []  # when each event with text arrived
         self.usage_tokens: int | None = None
         self.error: str | None = None
         self.done = False
@@ -85,6 +86,7 @@ class StreamTally:
             self.usage_tokens = usage["completion_tokens"]
         if _content(payload):
             self.content_events += 1
+            self.content_at_s.append(at_s)
             if self.first_token_s is None:
                 self.first_token_s = at_s
 

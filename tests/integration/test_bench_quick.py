@@ -32,6 +32,7 @@ def test_the_ray_suites_are_the_ones_the_registry_says() -> None:
     """A suite added to benchmarks.run with NEEDS_RAY joins this module by itself; this pins
     today's list so a suite that silently stops needing Ray is noticed."""
     assert RAY_SUITES == [
+        "at_size",
         "atrest",
         "chat",
         "coldstart",
