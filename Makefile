@@ -73,7 +73,6 @@ test: system-deps install-dev models lint checkov
 # on a cluster you started yourself with a plain `ray start`) applies them, no environment needed.
 serve: install models
 	@echo "Router: http://127.0.0.1:8000  (OpenAI SDK: base_url=http://127.0.0.1:8000/v1; docs: /docs)"
-	@echo "        http://127.0.0.1:8080  the same API on the routers' own port, one hop fewer"
 	$(VENV)/bin/serve run $(SERVE_CONFIG)
 
 # The picture of /dashboard in docs/, from a running router (`EDGE_ADMIN_KEY=... make serve`)

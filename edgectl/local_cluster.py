@@ -46,6 +46,16 @@ class NodeStartFailed(RuntimeError):
     """`ray start` for a node exited, or the node did not come up in time."""
 
 
+def own_haproxy_ports() -> dict[str, str]:
+    """Free ports for the stats and metrics listeners of the HAProxy a Serve of this cluster
+    starts (serve_config.yaml's front): HAProxy binds with SO_REUSEPORT, so two clusters on Ray's
+    fixed defaults (8404, 9101) would share them silently, each answering for the other."""
+    return {
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
+    }
+
+
 @dataclass
 class LocalCluster:
     """Start with `LocalCluster.start(...)`; always `stop()` (or use `running(...)`)."""
@@ -129,6 +139,7 @@ class LocalCluster:
         )
         cluster.env = {
             **os.environ,
+            **own_haproxy_ports(),
             **(env or {}),
             "RAY_AUTH_MODE": "token",
             "RAY_AUTH_TOKEN_PATH": str(token_path),

@@ -17,12 +17,14 @@ from edgectl.local_cluster import free_port
 Provider = Literal["cpu", "auto", "cuda"]
 Ingress = Literal["proxy", "router", "direct", "haproxy"]
 
-# Ray Serve 2.60's ingress switches, read by the controller and proxies at start. `router`: the
-# router replicas' own port (router.listener), Serve's proxy as shipped beside it.
+# Ray Serve 2.60's ingress switches, read by the controller and proxies at start; each names both,
+# since it overrides the serve config's controller_options. `haproxy`: as shipped. `router`: the
+# router replicas' own port (router.listener), Serve's Python proxy beside it.
+_PYTHON_PROXY = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "0", "RAY_SERVE_ENABLE_HA_PROXY": "0"}
 INGRESS_ENV: Mapping[Ingress, Mapping[str, str]] = {
-    "proxy": {},
-    "router": {},
-    "direct": {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"},
+    "proxy": _PYTHON_PROXY,
+    "router": _PYTHON_PROXY,
+    "direct": {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_ENABLE_HA_PROXY": "0"},
     "haproxy": {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"},
 }
 
@@ -57,7 +59,7 @@ class ServedBenchConfig(BenchConfig):
     serve_config: Path = PROJECT_ROOT / "serve_config.yaml"
     ray_num_cpus: int = Field(default=4, ge=1)
     deploy_timeout_s: float = Field(default=600, gt=0)
-    ingress: Ingress = "router"
+    ingress: Ingress = "haproxy"
     router_replicas: int | None = Field(default=None, ge=1, description="None: as shipped")
     serve_switches: ServeSwitches = "shipped"
     listener_port: int | None = Field(
@@ -67,7 +69,7 @@ class ServedBenchConfig(BenchConfig):
     @model_validator(mode="before")
     @classmethod
     def _listener_port_for_router_ingress(cls, values: Any) -> Any:
-        router = isinstance(values, dict) and values.get("ingress", "router") == "router"
+        router = isinstance(values, dict) and values.get("ingress") == "router"
         if router and values.get("listener_port") is None:
             return {**values, "listener_port": free_port()}
         return values
@@ -83,12 +85,15 @@ class ServedBenchConfig(BenchConfig):
 
     def controller_options(self) -> dict[str, Any] | None:
         """What Serve's controller starts with: the serve config's controller_options, as `serve
-        run`/`serve deploy` apply them; none with `serve-defaults`."""
+        run`/`serve deploy` apply them, with the ingress under test's switches; none with
+        `serve-defaults` (the ingress switches then come from the driver's environment)."""
         if self.serve_switches == "serve-defaults":
             return None
         shipped = yaml.safe_load(self.serve_config.read_text(encoding="utf-8"))
-        options: dict[str, Any] | None = shipped.get("controller_options")
-        return options
+        options: dict[str, Any] = shipped.get("controller_options") or {}
+        runtime_env = options.get("runtime_env") or {}
+        env_vars = {**(runtime_env.get("env_vars") or {}), **INGRESS_ENV[self.ingress]}
+        return {**options, "runtime_env": {**runtime_env, "env_vars": env_vars}}
 
 
 class PeeredBenchConfig(ServedBenchConfig):
@@ -108,10 +113,10 @@ def add_served_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--ingress",
         choices=sorted(INGRESS_ENV),
-        default="router",
-        help="ours reached on the router replicas' own port (router.listener, as shipped), "
-        "through Serve's Python proxy, direct ingress, or direct ingress + HAProxy; the peers "
-        "always through Serve's proxy",
+        default="haproxy",
+        help="ours reached through HAProxy in front of the router replicas (direct ingress, as "
+        "shipped), Serve's Python proxy, the router replicas' own port (router.listener, "
+        "Serve's proxy beside it), or direct ingress alone; the peers through the same front",
     )
     group.add_argument(
         "--router-replicas",

@@ -236,8 +236,9 @@ class FairQueueConfig(_Strict):
 
 
 class ListenerConfig(_Strict):
-    """The router replicas' own HTTP port (deployments/ingress/api/listener.py): one process fewer
-    per request than through Serve's proxy, without the proxy's health checks and placement."""
+    """The router replicas' own HTTP port (deployments/ingress/api/listener.py), off by default:
+    the shipped front is HAProxy on http_options.port (docs/operating.md, "The front door"); this
+    port has no health check and no retry, and the benchmarks compare it with Serve's proxy."""
 
     enabled: bool = False
     host: str = Field(default="0.0.0.0", min_length=1)

@@ -1,10 +1,11 @@
-"""The router's Ray Serve deployment, the HTTP ingress (behind Serve's proxy, and on a port of
-its own with `router.listener`): it takes the model deployments' handles, builds the services
-(which hold each handle as its deployment's typed client, deployments.ingress.edge.clients) and
-the FastAPI app once (`deployments.ingress.api.app.make_app`), and keeps fault drills in sync
-across router replicas. The request path lives in `deployments.ingress.api` (routes),
-`deployments.ingress.serving` (services) and `deployments.ingress.edge` (dispatch): route ->
-service -> dispatch -> typed client (deployments.contracts) -> replica (docs/architecture.md).
+"""The router's Ray Serve deployment, the HTTP ingress (behind HAProxy or Serve's proxy, and on a
+port of its own with `router.listener`): it takes the model deployments' handles, builds the
+services (which hold each handle as its deployment's typed client,
+deployments.ingress.edge.clients) and the FastAPI app once
+(`deployments.ingress.api.app.make_app`), and keeps fault drills in sync across router replicas.
+The request path lives in `deployments.ingress.api` (routes), `deployments.ingress.serving`
+(services) and `deployments.ingress.edge` (dispatch): route -> service -> dispatch -> typed
+client (deployments.contracts) -> replica (docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""The router replicas' own HTTP listener (`router.listener`; on in serve_config.yaml, off where
-a config leaves it out): a client connected to it reaches a router replica directly, without
-Ray Serve's proxy in between, so a request crosses one Python process fewer (docs/performance.md
-has the measured difference).
+"""The router replicas' own HTTP listener (`router.listener`, off by default; the shipped front is
+HAProxy on http_options.port, docs/operating.md "The front door"): a client connected to it
+reaches a router replica directly, without Ray Serve's Python proxy in between, so a request
+crosses one Python process fewer than through that proxy (docs/performance.md).
 
 Every router replica of a node binds the same port with SO_REUSEPORT, and the kernel spreads new
-connections over them; a replica that dies leaves the group with its socket. Serve's proxy keeps
+connections over them; a replica that dies leaves the group with its socket. Serve's front keeps
 serving `http_options.port` beside it, with Serve's own health checks and placement; this port
 has neither, and any process of the same user binding it with SO_REUSEPORT joins the group (a
 second cluster on the host must use another port).
