@@ -161,7 +161,7 @@ def test_sqlite_locked_by_another_writer_spends_the_lease_then_refuses_until_it_
         with pytest.raises(BudgetUnverifiableError) as refused:
             await router.admit(team)
         assert refused.value.status == 503 and refused.value.code == "budget_unverifiable"
-        assert refused.value.response_headers() == {"retry-after": "1"}
+        assert refused.value.response_headers() == {"retry-after": "1", "retry-after-ms": "1000"}
         assert len(admitted) - 1 <= leased_at_outage  # within what was leased, none beyond
         with pytest.raises(StoreUnavailable):
             await router.settle(admitted, "team")  # the records wait for the database

@@ -119,7 +119,7 @@ def test_a_failed_input_check_that_fails_closed_is_a_503_to_retry():
         asyncio.run(gate.check_input([{"role": "user", "content": "hi"}], recorded.skipped.append))
     error = caught.value
     assert (error.status, error.code) == (503, "moderation_unavailable")
-    assert error.response_headers() == {"retry-after": "5"}
+    assert error.response_headers() == {"retry-after": "5", "retry-after-ms": "5000"}
     assert isinstance(error.__cause__, BrokenClassifier)
     assert recorded.failures == [("input", "fail_closed")] and recorded.skipped == []
 
