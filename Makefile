@@ -9,8 +9,9 @@ SERVE_CONFIG ?= serve_config.yaml
 TORCH_INDEX ?=
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet $(if $(strip $(TORCH_INDEX)),--extra-index-url $(strip $(TORCH_INDEX)))
-# Two layers in one venv: serving (+ building the default models), then the tests' and
-# operators' tools on top. `make serve` on a fresh clone installs only the first.
+# Two layers in one venv: serving, building the default models and the operator's `edge` command
+# (the `tools` extra: whoever runs the platform gets the command that operates it), then the
+# tests' tools on top. `make serve` on a fresh clone installs only the first.
 SERVE_STAMP := $(VENV)/.installed-serve-$(strip $(ACCEL))
 DEV_STAMP := $(VENV)/.installed-dev-$(strip $(ACCEL))
 # checkov (the static policy check of k8s/, tests/unit/test_k8s_security.py) pins dozens of
@@ -27,7 +28,7 @@ install-dev: $(DEV_STAMP)
 $(SERVE_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip==25.3
-	$(PIP) -e '.[$(strip $(ACCEL)),export]'
+	$(PIP) -e '.[$(strip $(ACCEL)),export,tools]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
