@@ -29,6 +29,11 @@ class ChatFeatures:
     def parses_tool_calls(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"
 
+    @property
+    def forces_tool_call(self) -> bool:
+        """`tool_choice` required or a function's name: the grammar writes calls only."""
+        return bool(self.tools) and self.tool_choice not in ("none", "auto")
+
 
 def function_of(tool: Mapping[str, Any]) -> Mapping[str, Any]:
     """The `function` object of an OpenAI tool (or the tool itself, Workers AI's flat style)."""

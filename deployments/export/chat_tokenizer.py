@@ -157,6 +157,13 @@ CHAT_FORMATS: Mapping[str, ChatFormat] = MappingProxyType(
                 "<|im_user|>",
                 "<|im_assistant|>",
                 "<|im_system|>",
+                # Kimi's tool calls are written in these (tool_calls.py): one token each, as in
+                # the real vocabulary, so a forced call's markup costs 5 tokens, not 60.
+                "<|tool_calls_section_begin|>",
+                "<|tool_calls_section_end|>",
+                "<|tool_call_begin|>",
+                "<|tool_call_argument_begin|>",
+                "<|tool_call_end|>",
                 "<|im_middle|>",
                 "[PAD]",
             ),

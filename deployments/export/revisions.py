@@ -7,4 +7,5 @@ from __future__ import annotations
 from typing import Final
 
 # 2: Kimi-K2's cache widths and the absorbed attention (2026-12-03).
-CHAT_DEFAULT_REVISION: Final = "revision 2"
+# 3: Kimi-K2's tool-call markers are special tokens, as in its real vocabulary.
+CHAT_DEFAULT_REVISION: Final = "revision 3"

@@ -94,3 +94,33 @@ def test_a_tool_choice_naming_no_tool_is_a_client_error(server: ChatServer) -> N
             server.complete(ChatRequest(HELLO, SamplingParams(max_tokens=5), None, features))
         )
     assert info.value.param == "tool_choice"
+
+
+@pytest.mark.parametrize("max_tokens", [12, 64])
+def test_a_required_call_is_always_a_call_even_when_max_tokens_cuts_it(
+    server: ChatServer, max_tokens: int
+) -> None:
+    """OpenAI's answer to a forced call that `max_tokens` cuts: the call, its arguments' text as
+    far as it came, finish_reason `length`; never the call's raw markup as content, never no
+    call. 64 tokens hold a whole call in both families' formats."""
+    features = ChatFeatures(tools=(TOOL,), tool_choice="required")
+    params = SamplingParams(max_tokens=max_tokens, seed=4)
+    done = asyncio.run(server.complete(ChatRequest(HELLO, params, None, features))).value
+    assert done.text == ""
+    (call,) = done.tool_calls
+    assert call.name == "lookup"
+    if max_tokens == 12:
+        assert done.finish_reason == "length" and done.completion_tokens == max_tokens
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(call.arguments)
+    else:
+        assert done.finish_reason == "tool_calls"
+        jsonschema.validate(json.loads(call.arguments), TOOL["function"]["parameters"])
+
+    async def streamed() -> list:
+        return [r.value async for r in server.stream(ChatRequest(HELLO, params, None, features))]
+
+    chunks = asyncio.run(streamed())
+    assert chunks[-1].finish_reason == done.finish_reason
+    assert "".join(c.text for c in chunks) == ""
+    assert [(c.name, c.arguments) for c in chunks[-1].tool_calls] == [("lookup", call.arguments)]

@@ -155,7 +155,7 @@ def test_streamed_text_splits_into_content_and_calls(fmt, text, content, calls) 
     for size in (1, 3, 7):
         stream = ToolCallStream(fmt, NAMES)
         passed = "".join(stream.feed(text[i : i + size]) for i in range(0, len(text), size))
-        rest, found = stream.finish()
+        rest, found = fmt.parse(stream.finish(), NAMES)
         assert passed + rest == content
         assert len(found) == calls
         if calls:
@@ -194,3 +194,33 @@ def test_forced_calls_from_random_weights_always_parse_and_validate(
                 jsonschema.validate(json.loads(call.arguments), argument_schema(tool))
     finally:
         runtime.close()
+
+
+@pytest.mark.parametrize(
+    ("fmt", "text", "expected"),
+    [
+        (Glm4ToolCalls(), "get_ti", []),
+        (Glm4ToolCalls(), 'get_time\n{"zone": "U', [("get_time", '{"zone": "U')]),
+        (
+            Glm4ToolCalls(),
+            'get_time\n{"zone": "UTC"}<|assistant|>get_weather\n{"ci',
+            [("get_time", '{"zone": "UTC"}'), ("get_weather", '{"ci')],
+        ),
+        (KimiK2ToolCalls(), "<|tool_calls_section_begin|><|tool_call_begin|>functions.get", []),
+        (
+            KimiK2ToolCalls(),
+            "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:0"
+            "<|tool_call_argument_begin|>",
+            [("get_time", "")],
+        ),
+        (
+            KimiK2ToolCalls(),
+            "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:0"
+            '<|tool_call_argument_begin|>{"zone": "UTC"}<|tool_call_end|>'
+            '<|tool_call_begin|>functions.get_weather:1<|tool_call_argument_begin|>{"city',
+            [("get_time", '{"zone": "UTC"}'), ("get_weather", '{"city')],
+        ),
+    ],
+)
+def test_a_cut_forced_answer_parses_to_its_calls_as_far_as_they_came(fmt, text, expected) -> None:
+    assert [(c.name, c.arguments) for c in fmt.parse_cut(text, NAMES)] == expected

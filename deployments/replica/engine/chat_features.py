@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 
 from deployments.contracts.chat_features import ChatFeatures, function_of
-from deployments.contracts.outputs import Completion, GenerationChunk
+from deployments.contracts.outputs import Completion, FinishReason, GenerationChunk, ToolCall
 from deployments.contracts.sampling_params import GrammarSpec
 from deployments.errors import InvalidRequestError
 from deployments.replica.engine.tool_calls import ToolCallFormat, ToolCallStream
@@ -15,7 +15,7 @@ from deployments.replica.engine.tool_calls import ToolCallFormat, ToolCallStream
 
 def grammar_of(features: ChatFeatures, fmt: ToolCallFormat) -> GrammarSpec | None:
     """The constraint these features put on the text, if any."""
-    if features.tools and features.tool_choice not in ("none", "auto"):
+    if features.forces_tool_call:
         if features.tool_choice == "required":
             return fmt.grammar(features.tools, features.parallel_tool_calls)
         chosen = [t for t in features.tools if function_of(t).get("name") == features.tool_choice]
@@ -38,10 +38,25 @@ def with_tool_calls(done: Completion, fmt: ToolCallFormat, features: ChatFeature
     """A whole answer with its tool calls parsed out of the text."""
     if not features.parses_tool_calls:
         return done
-    content, calls = fmt.parse(done.text, features.tool_names)
-    if not calls:
-        return done
-    return replace(done, text=content, tool_calls=tuple(calls), finish_reason="tool_calls")
+    content, calls, finish = _split_calls(done.text, done.finish_reason, fmt, features)
+    # A whole answer always has a reason: `finish` is it, or "tool_calls".
+    return replace(
+        done, text=content, tool_calls=tuple(calls), finish_reason=finish or done.finish_reason
+    )
+
+
+def _split_calls(
+    text: str, finish_reason: FinishReason | None, fmt: ToolCallFormat, features: ChatFeatures
+) -> tuple[str, list[ToolCall], FinishReason | None]:
+    """(content, calls, finish_reason) of an answer's text. A forced call (`tool_choice`
+    required or named) that `max_tokens` cut is still a call, as far as it came, with
+    finish_reason `length` (OpenAI's answer): never its raw markup as content."""
+    content, calls = fmt.parse(text, features.tool_names)
+    if calls:
+        return content, calls, "tool_calls"
+    if features.forces_tool_call and finish_reason == "length":
+        return "", fmt.parse_cut(text, features.tool_names), finish_reason
+    return content, [], finish_reason
 
 
 async def stream_with_tool_calls(
@@ -59,6 +74,5 @@ async def stream_with_tool_calls(
         if chunk.finish_reason is None:
             yield replace(chunk, text=text)
             continue
-        rest, calls = stream.finish()
-        finish = "tool_calls" if calls else chunk.finish_reason
+        rest, calls, finish = _split_calls(stream.finish(), chunk.finish_reason, fmt, features)
         yield replace(chunk, text=text + rest, tool_calls=tuple(calls), finish_reason=finish)

@@ -71,6 +71,12 @@ class ToolCallFormat(ABC):
     def parse(self, text: str, names: Sequence[str]) -> tuple[str, list[ToolCall]]:
         """(content, calls) of a whole answer; text that holds no valid call is all content."""
 
+    @abstractmethod
+    def parse_cut(self, text: str, names: Sequence[str]) -> list[ToolCall]:
+        """The calls of a forced answer (`tool_choice` required or named) that `max_tokens` cut:
+        the whole ones, then the last as far as it came (its name and the arguments' text so
+        far), as OpenAI answers a call cut by `length`; none while the first name is not whole."""
+
     def might_call(self, head: str, names: Sequence[str]) -> bool | None:
         """Whether an answer beginning with `head` holds calls (None: cannot tell yet). By
         default calls may follow content: they start at `start_marker`."""
@@ -108,6 +114,15 @@ class Glm4ToolCalls(ToolCallFormat):
             while at < len(text) and text[at].isspace():
                 at += 1
         return ("", calls) if calls else (text, [])
+
+    def parse_cut(self, text: str, names: Sequence[str]) -> list[ToolCall]:
+        calls = []
+        for part in text.split(self.separator):
+            name, newline, arguments = part.lstrip().partition("\n")
+            if not newline or name not in names:
+                break
+            calls.append(ToolCall(f"call_{uuid.uuid4().hex[:24]}", name, arguments.strip()))
+        return calls
 
     def might_call(self, head: str, names: Sequence[str]) -> bool | None:
         # A call starts the answer with a tool's name and a newline; text starts otherwise.
@@ -157,6 +172,18 @@ class KimiK2ToolCalls(ToolCallFormat):
             calls.append(ToolCall(call_id, name, match["arguments"]))
         return (content, calls) if calls else (text, [])
 
+    def parse_cut(self, text: str, names: Sequence[str]) -> list[ToolCall]:
+        _, _, section = text.partition(self.start_marker)
+        calls = []
+        for part in section.split("<|tool_call_begin|>")[1:]:
+            call_id, argument_begin, arguments = part.partition("<|tool_call_argument_begin|>")
+            name = call_id.strip().split(".", 1)[-1].rsplit(":", 1)[0]
+            if not argument_begin or name not in names:
+                break
+            arguments = arguments.split("<|tool_call_end|>", 1)[0]
+            calls.append(ToolCall(call_id.strip(), name, arguments.strip()))
+        return calls
+
 
 TOOL_CALL_FORMATS: Mapping[str, type[ToolCallFormat]] = MappingProxyType(
     {"glm": Glm4ToolCalls, "kimi": KimiK2ToolCalls}
@@ -171,8 +198,8 @@ def tool_call_format(family: str, special_tokens: Sequence[str]) -> ToolCallForm
 
 
 class ToolCallStream:
-    """A stream's text, split as it comes into content to pass on now and the tool calls,
-    which are held until the answer is complete (then sent as one delta per call)."""
+    """A stream's text, split as it comes into content to pass on now and what may be tool
+    calls, held until the answer is complete (then parsed and sent as one delta per call)."""
 
     def __init__(self, fmt: ToolCallFormat, names: Sequence[str]) -> None:
         self._fmt = fmt
@@ -190,10 +217,10 @@ class ToolCallStream:
         out, self._held = self._split_safe(self._held)
         return out
 
-    def finish(self) -> tuple[str, list[ToolCall]]:
-        """The content still held, and the calls."""
+    def finish(self) -> str:
+        """The text still held (content, calls or both: the whole answer's parse says)."""
         held, self._held = self._held, ""
-        return self._fmt.parse(held, self._names)
+        return held
 
     def _split_safe(self, text: str) -> tuple[str, str]:
         marker = self._fmt.start_marker
