@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import math
 import weakref
 from collections import deque
 from collections.abc import Callable, Collection
@@ -271,7 +270,7 @@ class FairQueue:
         """When a refused request may find room: the queue ahead of it served at the model's
         limit, each request holding its slot the mean time seen so far."""
         rounds = (self.waiting + 1) / max(1, self._limit())
-        return max(MIN_RETRY_AFTER_S, math.ceil(rounds * self._mean_hold_s))
+        return max(MIN_RETRY_AFTER_S, rounds * self._mean_hold_s)
 
 
 class FairGates:
