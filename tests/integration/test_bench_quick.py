@@ -24,7 +24,6 @@ REPO = Path(__file__).resolve().parents[2]
 SUITE_TIMEOUT_S = 900
 # What a driver would attach to: never the session's cluster, or anything else on the machine.
 DRIVER_ENV = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")
-SUITES_WITHOUT_GOALS = {"security"}
 RAY_SUITES = sorted(name for name, module in bench.load_suites().items() if module.NEEDS_RAY)
 
 
@@ -75,10 +74,9 @@ def test_a_ray_suite_runs_its_quick_form(name: str, models_root: Path, tmp_path:
     result = report["suites"][name]
     assert "error" not in result, result
     assert result["wall_s"] > 0
-    # The report gathers the suite's goals under `<suite>.<goal>`; every suite but security (a
-    # cost report: admission and the moderation gate's latency) states some.
+    # The report gathers the suite's goals under `<suite>.<goal>`; every suite states some.
     goals = result.get("goals", {})
-    assert bool(goals) is (name not in SUITES_WITHOUT_GOALS), f"{name}: goals {list(goals)}"
+    assert goals, f"{name}: no goals"
     assert set(report["goals"]) == {f"{name}.{goal}" for goal in goals}
     for goal in report["goals"].values():
         assert isinstance(goal["met"], bool), goal
