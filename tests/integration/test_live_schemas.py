@@ -138,6 +138,8 @@ def test_a_stream_waiting_for_a_cold_replica_says_it_is_warming(http, serve_clus
             break
     held = tries[-1]
     assert held[0].startswith(": warming region="), [t[:2] for t in tries]
-    region = held[0].removeprefix(": warming region=")
+    # `: warming region=<region> ready-in-ms=<ms>`: the wait the client can expect, if known
+    region, *estimate = held[0].removeprefix(": warming region=").split(" ")
+    assert all(e.startswith("ready-in-ms=") and int(e.split("=")[1]) >= 0 for e in estimate)
     (edge,) = [line for line in held if line.startswith(": edge ")]
     assert "x-edge-cold-start=1" in edge and f"x-edge-region={region}" in edge
