@@ -113,9 +113,9 @@ ray.kill(ray.get_actor("{name}", namespace="serve"), no_restart=True)
 def scaled_down(
     config: dict[str, Any], models_root: Path, http_port: int, data_dir: Path
 ) -> dict[str, Any]:
-    """The shipped config with one replica per model at most; kimi starts at zero and goes back
-    to zero after a few idle seconds; the simulated RTT is reported but not slept; state (the
-    response cache's SQLite file) in the session's own `data_dir`."""
+    """The shipped config with one replica per model at most, glm with a KV budget; kimi starts
+    at zero and goes back to zero after a few idle seconds; the simulated RTT is reported but
+    not slept; state (the response cache's SQLite file) in the session's own `data_dir`."""
     # One pool per model, as a config without regions has: regions get clusters of their own
     # (test_regions.py, test_region_outage.py).
     config = without_regions(config, home="eu")
@@ -140,6 +140,9 @@ def scaled_down(
     }
     app["args"]["observability"]["access_log_path"] = str(TRACES_FILE.with_suffix(".access.log"))
     for deployment in app["deployments"]:
+        if deployment["name"] == "glm":
+            # A KV budget the tiny model never reaches: its gauge and admission path run live.
+            deployment["user_config"] = {**deployment.get("user_config", {}), "kv_budget_mb": 256}
         scaling = deployment.get("autoscaling_config")
         if scaling:
             scaling["max_replicas"] = 1
