@@ -90,5 +90,5 @@ def test_every_metric_the_dashboard_queries_is_exported(traffic, serve_cluster):
     # Ray exports what replicas record every few seconds: wait until nothing is missing.
     try:
         wait_until(lambda: not missing(), 120, "every dashboard metric on /metrics", every_s=3)
-    except AssertionError:
+    except TimeoutError:
         pytest.fail(f"not exported after traffic: {sorted(missing())}")
