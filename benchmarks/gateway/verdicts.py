@@ -137,7 +137,8 @@ def fairness_goals(fairness: Mapping[str, Any]) -> dict[str, GoalRecord]:
 
 def retry_after_goals(retry: Mapping[str, Any]) -> dict[str, GoalRecord]:
     ready_s = retry.get("ready_median_s")
-    target_s = max(ESTIMATE_FLOOR_S, ESTIMATE_OF_READY * ready_s) if ready_s else None
+    # 0.0 is a reading (ready by the time the refusal came back), not a missing one.
+    target_s = None if ready_s is None else max(ESTIMATE_FLOOR_S, ESTIMATE_OF_READY * ready_s)
     return {
         "retry_after_first_retry_success_share": goal(
             retry.get("first_retry_success_share"),

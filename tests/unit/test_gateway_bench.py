@@ -259,3 +259,10 @@ def test_a_counter_that_did_not_move_while_a_model_answered_is_not_trusted() -> 
     assert model_calls({"model_calls_counted": 0.0, "cache": {"MISS": 1}})[0] == 1.0
     assert model_calls({"model_calls_counted": 2.0, "cache": {"MISS": 1}})[0] == 2.0
     assert model_calls({})[0] is None
+
+
+def test_a_model_ready_by_the_time_its_refusal_came_back_is_a_reading() -> None:
+    figures = _figures()
+    figures["retry_after"].update(estimate_median_s=0.5, ready_median_s=0.0)
+    estimate = goals(figures)["retry_after_estimate_s"]
+    assert (estimate["value"], estimate["target"], estimate["met"]) == (0.5, 1.0, True)
