@@ -45,6 +45,7 @@ SUITES: dict[str, str] = {
     "prewarm": "benchmarks.prewarm",
     "atrest": "benchmarks.atrest",
     "at_size": "benchmarks.at_size",
+    "gateway": "benchmarks.gateway",
 }
 
 LOG_FORMAT = "%(asctime)s %(name)s: %(message)s"

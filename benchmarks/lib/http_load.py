@@ -26,9 +26,16 @@ NOT_READY_STATUSES = (404, 503)  # no route yet, no replica yet
 class BadResponseError(RuntimeError):
     """A benchmark request that did not succeed: the numbers would be about errors, not work."""
 
-    def __init__(self, message: str, status_code: int | None = None):
+    def __init__(
+        self,
+        message: str,
+        status_code: int | None = None,
+        headers: Mapping[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status_code = status_code
+        # The refusal's headers (Retry-After among them), names in lower case.
+        self.headers = {name.lower(): value for name, value in (headers or {}).items()}
 
 
 @dataclass(frozen=True)
@@ -208,7 +215,9 @@ async def timed_chat_stream(
         if response.status_code != 200:
             text = (await response.aread()).decode(errors="replace")
             raise BadResponseError(
-                f"POST {url}: {response.status_code} {text[:300]}", response.status_code
+                f"POST {url}: {response.status_code} {text[:300]}",
+                response.status_code,
+                response.headers,
             )
         async for event in EventSource(response).aiter_sse():
             tally.add(event, clock() - started)

@@ -72,6 +72,7 @@ def test_every_suites_settings_apply_their_quick_sizes_from_the_command_line(sui
         "StructuredBenchConfig",
         "CacheBenchConfig",
         "AtRestBenchConfig",
+        "GatewayBenchConfig",
     }
     args = quick_args(suites, "--no-peers", "--router-replicas", "2")
     for cls in classes:

@@ -1,0 +1,268 @@
+"""The gateway suite's parts that need no Ray: the config copy it runs (shipped but for its ports,
+folders, one model's idle delay and two unlimited keys), the summaries of each part, the parts'
+client logic against a fake transport, and how its goals read (met, missed, or not measured)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from benchmarks.gateway import fairness, overhead, retry_after, single_flight
+from benchmarks.gateway.metrics import MODEL_CALLS_METRIC, metric_total
+from benchmarks.gateway.serve_files import (
+    FLOOD_KEY,
+    LIGHT_KEY,
+    cluster_env,
+    gateway_config,
+    model_deployments,
+)
+from benchmarks.gateway.verdicts import goals, model_calls
+from deployments.config import PROJECT_ROOT
+from deployments.ingress.security import KeyStore, SecurityConfig
+from deployments.serve_file import check_serve_config
+
+SHIPPED = yaml.safe_load((PROJECT_ROOT / "serve_config.yaml").read_text())
+MODELS, DATA = Path("/models"), Path("/tmp/state")
+
+
+def _copy(idle_delay_s: float = 2.0) -> dict[str, Any]:
+    return gateway_config(SHIPPED, MODELS, DATA, 18000, 18080, "kimi", idle_delay_s)
+
+
+def test_the_copy_is_the_shipped_config_but_for_ports_folders_kimis_idle_delay_and_keys(
+    tmp_path: Path,
+) -> None:
+    config = _copy()
+    assert config["http_options"] == {"host": "127.0.0.1", "port": 18000}
+    assert config["controller_options"] == SHIPPED["controller_options"]  # HAProxy in front
+    (app,) = config["applications"]
+    assert app["args"]["models_dir"] == "/models" and app["args"]["data_dir"] == "/tmp/state"
+    kimi = model_deployments(config, "kimi")
+    assert [d["name"] for d in kimi] == ["kimi-eu", "kimi-us", "kimi-ap"]
+    for deployment in kimi:
+        scaling = deployment["autoscaling_config"]
+        assert scaling["downscale_delay_s"] == scaling["downscale_to_zero_delay_s"] == 2.0
+        assert scaling["min_replicas"] == 0
+    shipped = {d["name"]: d for d in SHIPPED["applications"][0]["deployments"]}
+    others = [d for d in app["deployments"] if not d["name"].startswith("kimi")]
+    assert others == [shipped[d["name"]] for d in others]
+    per_key = app["args"]["security"]["per_key"]
+    unlimited = {"requests_per_minute": None, "tokens_per_minute": None}
+    assert per_key == {"flood": unlimited, "light": unlimited}
+    assert SHIPPED["applications"][0]["args"]["security"]["per_key"] == {}  # a copy
+    path = tmp_path / "serve_config.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    assert check_serve_config(path) == []  # what `edge check` says before a deploy
+
+
+def test_the_clusters_environment_holds_both_keys_as_the_router_reads_them() -> None:
+    keys = KeyStore.from_env(cluster_env(), SecurityConfig())
+    assert keys.authenticate(f"Bearer {FLOOD_KEY}").key_id == "flood"
+    assert keys.authenticate(f"Bearer {LIGHT_KEY}").key_id == "light"
+
+
+def test_the_model_call_count_is_summed_over_replicas_for_one_model() -> None:
+    text = "\n".join(
+        [
+            "# HELP ray_edge_model_batch_size_count Largest batch",
+            f'{MODEL_CALLS_METRIC}{{model="glm",replica="a"}} 3.0',
+            f'{MODEL_CALLS_METRIC}{{model="glm",replica="b"}} 2.0',
+            f'{MODEL_CALLS_METRIC}{{model="kimi",replica="c"}} 7.0',
+            'ray_edge_model_batch_size_bucket{model="glm",le="1"} 5.0',
+        ]
+    )
+    assert metric_total(text, MODEL_CALLS_METRIC, {"model": "glm"}) == 5.0
+    assert metric_total(text, MODEL_CALLS_METRIC, {"model": "moderation"}) is None
+
+
+def _answer(ms: float, cache: str, choices: str = "same", status: int = 200):
+    return single_flight.Answer(ms / 1000, status, cache, choices if status == 200 else None)
+
+
+def test_the_burst_summary_puts_the_waiters_p50_beside_the_first() -> None:
+    answers = [_answer(100, "MISS")] + [_answer(102 + i, "JOINED") for i in range(31)]
+    summary = single_flight.summarise(answers, model_calls=1.0)
+    assert summary["cache"] == {"JOINED": 31, "MISS": 1}
+    assert summary["first_ms"] == 100.0 and summary["waiters_ms"]["p50"] == 117.0
+    assert summary["waiters_p50_over_first_ms"] == 17.0
+    assert summary["distinct_answers"] == 1 and summary["answered"] == 32
+
+
+def test_identical_requests_leave_together_and_each_answer_is_kept() -> None:
+    seen: list[bytes] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request.content)
+        cache = "MISS" if len(seen) == 1 else "JOINED"
+        body = {"choices": [{"message": {"content": "hi"}}]}
+        return httpx.Response(200, json=body, headers={"x-edge-cache": cache})
+
+    async def burst() -> list[single_flight.Answer]:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+            return await single_flight.identical_at_once(
+                client, "http://gw/v1/chat/completions", {}, {"model": "glm"}, 4, _ticks()
+            )
+
+    answers = asyncio.run(burst())
+    assert len(set(seen)) == 1 and len(seen) == 4
+    assert [a.cache for a in answers].count("MISS") == 1
+    assert single_flight.summarise(answers, None)["distinct_answers"] == 1
+
+
+def _ticks():
+    """A clock that moves 1 ms each time it is read."""
+    counter = itertools.count()
+    return lambda: next(counter) / 1000
+
+
+def test_a_streams_summary_counts_refusals_and_those_without_retry_after() -> None:
+    outcomes = [
+        fairness.StreamOutcome(200, 0.05, 96),
+        fairness.StreamOutcome(200, 0.15, 90),
+        fairness.StreamOutcome(429, retry_after="2"),
+        fairness.StreamOutcome(503),
+        fairness.StreamOutcome(fairness.NO_STATUS),
+    ]
+    summary = fairness.summarise(outcomes)
+    assert summary["statuses"] == {"0": 1, "200": 2, "429": 1, "503": 1}
+    assert summary["refused"] == 3 and summary["refused_without_retry_after"] == 1
+    assert summary["failed_without_status"] == 1
+    assert summary["ttft_ms"]["p50"] == 100.0 and summary["mean_completion_tokens"] == 93.0
+    assert fairness.backoff_s("2") == 2.0 and fairness.backoff_s(None) == fairness.backoff_s("x")
+
+
+def test_retry_and_poll_tries_alternate_while_both_last() -> None:
+    assert retry_after.kinds(3, 2) == ["retry", "poll", "retry", "poll", "retry"]
+    assert retry_after.kinds(1, 3) == ["retry", "poll", "poll", "poll"]
+
+
+def test_the_estimate_reads_retry_after_ms_first() -> None:
+    assert retry_after.estimate_s({"retry-after-ms": "1250", "retry-after": "2"}) == 1.25
+    assert retry_after.estimate_s({"retry-after": "2"}) == 2.0
+    assert retry_after.estimate_s({}) is None
+
+
+class _ColdModel:
+    """A model at zero behind the gateway: rejectIfBusy is a 429 until `ready_after` requests."""
+
+    def __init__(self, ready_after: int, estimate_ms: int):
+        self.requests, self.ready_after, self.estimate_ms = 0, ready_after, estimate_ms
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests += 1
+        if self.requests > self.ready_after:
+            return httpx.Response(200, json={"result": {"response": "ok"}})
+        return httpx.Response(429, headers={"retry-after-ms": str(self.estimate_ms)})
+
+
+def _try(model: _ColdModel, kind: retry_after.Kind) -> retry_after.RetryTry:
+    async def at_zero() -> float:
+        return 1.5
+
+    async def one() -> retry_after.RetryTry:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(model)) as client:
+            caller = retry_after.BusyCaller("http://gw/ai/run/kimi", {}, {"messages": []})
+            return await retry_after.one_try(client, caller, kind, at_zero, 0.001, 5, _ticks())
+
+    return asyncio.run(one())
+
+
+def test_a_retry_try_retries_once_at_the_estimate() -> None:
+    met = _try(_ColdModel(ready_after=1, estimate_ms=1), "retry")
+    assert (met.status, met.estimate_s, met.retry_status, met.to_zero_s) == (429, 0.001, 200, 1.5)
+    missed = _try(_ColdModel(ready_after=2, estimate_ms=1), "retry")
+    assert missed.retry_status == 429  # no second chance
+
+
+def test_a_poll_try_keeps_when_the_first_answered_poll_was_sent() -> None:
+    polled = _try(_ColdModel(ready_after=3, estimate_ms=1), "poll")
+    assert polled.retry_status is None and polled.ready_s is not None and polled.ready_s > 0
+
+
+def test_the_retry_summary_splits_retries_polls_and_tries_not_refused() -> None:
+    tries = [
+        retry_after.RetryTry("retry", 3.0, 429, 1.2, retry_status=200),
+        retry_after.RetryTry("retry", 3.0, 429, 0.8, retry_status=429),
+        retry_after.RetryTry("poll", 3.0, 429, 1.0, ready_s=0.6),
+        retry_after.RetryTry("poll", 3.0, 429, 1.0, ready_s=None),
+        retry_after.RetryTry("retry", None, 200, None),
+    ]
+    summary = retry_after.summarise(tries)
+    assert summary["refused_with_estimate"] == 4 and summary["not_refused"] == {"200": 1}
+    assert summary["first_retry_success_share"] == 0.5
+    assert summary["estimate_median_s"] == 1.0 and summary["ready_median_s"] == 0.6
+    assert summary["polls_never_answered"] == 1 and len(summary["per_try"]) == 5
+
+
+def test_the_overhead_inputs_are_unique_to_the_run_and_absent_headers_counted() -> None:
+    texts = overhead.inputs(300, "r1")
+    assert len(set(texts)) == 300 and all("(r1 " in text for text in texts)
+    summary = overhead.summarise([0.4, 0.6, None], [0.01, 0.02, 0.03])
+    assert summary["without_header"] == 1 and summary["overhead_ms"]["p50"] == 0.5
+
+
+def _figures() -> dict[str, Any]:
+    ttft = lambda p50, p99: {"ttft_ms": {"p50": p50, "p99": p99}}  # noqa: E731
+    return {
+        "single_flight": {
+            "requests": 32,
+            "answered": 32,
+            "statuses": {"200": 32},
+            "cache": {"JOINED": 31, "MISS": 1},
+            "model_calls_counted": 1.0,
+            "distinct_answers": 1,
+            "waiters_p50_over_first_ms": 2.0,
+        },
+        "fairness": {
+            "light_alone": {**ttft(20.0, 30.0), "refused": 0},
+            "light": {**ttft(60.0, 80.0), "refused": 0},
+            "flood": {**ttft(1000.0, 2000.0), "refused_without_retry_after": 0},
+        },
+        "retry_after": {
+            "first_retry_success_share": 0.85,
+            "estimate_median_s": 1.1,
+            "ready_median_s": 0.7,
+        },  # fmt: skip
+        "overhead": {"overhead_ms": {"p50": 0.6}},
+    }
+
+
+def test_every_goal_is_met_by_figures_within_its_bounds() -> None:
+    judged = goals(_figures())
+    assert all(record["met"] for record in judged.values()), judged
+    # B's target is the looser of A's median / 4 (250 ms) and 3x B alone (90 ms).
+    assert judged["fairness_light_ttft_p99_ms"]["target"] == 250.0
+    assert judged["retry_after_estimate_s"]["target"] == 1.4  # 2 x 0.7 s, above the 1 s floor
+
+
+def test_misses_say_what_was_measured_or_why_nothing_was() -> None:
+    figures = _figures()
+    figures["single_flight"].update(model_calls_counted=None, cache={"MISS": 3, "JOINED": 29})
+    figures["fairness"]["light"]["refused"] = 2
+    figures["retry_after"] = {"error": "TimeoutError: kimi never reached zero"}
+    judged = goals(figures)
+    calls = judged["single_flight_model_calls"]
+    assert calls["value"] == 3 and not calls["met"] and "MISS" in calls["note"]
+    assert judged["fairness_light_refusals"]["value"] == 2
+    estimate = judged["retry_after_estimate_s"]
+    assert estimate["value"] is None and "kimi never reached zero" in estimate["missing"]
+    assert not judged["retry_after_first_retry_success_share"]["met"]
+    assert not goals({})["overhead_p50_ms"]["met"]
+
+
+def test_a_counter_that_did_not_move_while_a_model_answered_is_not_trusted() -> None:
+    assert model_calls({"model_calls_counted": 0.0, "cache": {"MISS": 1}})[0] == 1.0
+    assert model_calls({"model_calls_counted": 2.0, "cache": {"MISS": 1}})[0] == 2.0
+    assert model_calls({})[0] is None
+
+
+def test_a_model_ready_by_the_time_its_refusal_came_back_is_a_reading() -> None:
+    figures = _figures()
+    figures["retry_after"].update(estimate_median_s=0.5, ready_median_s=0.0)
+    estimate = goals(figures)["retry_after_estimate_s"]
+    assert (estimate["value"], estimate["target"], estimate["met"]) == (0.5, 1.0, True)
