@@ -22,7 +22,7 @@ from deployments.control.warm_pool import WarmPool, warm_runtime_env
 from deployments.observability.environment import resolve_tracing_config
 from deployments.replica.batched import EmbeddingServer, ModerationServer
 from deployments.replica.chat import ChatServer
-from edge_sim.regions import deployment_name, region_resource
+from edge_sim.regions import ROUTER_DEPLOYMENT, deployment_name, region_resource
 
 log = logging.getLogger("ray.serve")
 
@@ -140,7 +140,7 @@ def build_app(args: dict[str, Any]) -> Application:
             .bind(config.warm_pool.model_dump(mode="json"))
         )
     router = as_deployment(RouterIngress).options(
-        name="router",
+        name=ROUTER_DEPLOYMENT,
         ray_actor_options={"num_cpus": config.router.num_cpus, **ingress_options},
     )
     return router.bind(config.model_dump(mode="json"), servers, control, warm_pool)

@@ -38,6 +38,7 @@ class BoardSnapshot:
 
     pools: dict[str, dict[str, PoolView]]  # model -> region -> pool
     cold_start_ms: dict[str, float]  # model -> measured (or configured default)
+    routers: int = 1  # router replicas running: each sends its share of a model's slots
 
     def pool(self, model: str, region: str) -> PoolView:
         return self.pools.get(model, {}).get(region, PoolView())
@@ -60,6 +61,7 @@ class RegionBoard:
         self._clock = clock
         self._health = {m: OutlierDetector(self._regions, policy.health, clock) for m in models}
         self._running: dict[tuple[str, str], int] = {}
+        self._routers = 1
         self._wanted: dict[tuple[str, str], int] = {}
         self._full_until: dict[tuple[str, str], float] = {}
         self._default_cold_ms = default_cold_start_ms
@@ -76,6 +78,10 @@ class RegionBoard:
         self._running = dict(running)
         if wanted is not None:
             self._wanted = dict(wanted)
+
+    def set_routers(self, running: int) -> None:
+        """Serve's RUNNING router replicas (at least 1: the one asking is running)."""
+        self._routers = max(1, running)
 
     def report(self, outcomes: Iterable[Outcome]) -> None:
         now = self._clock()
@@ -114,6 +120,7 @@ class RegionBoard:
         return BoardSnapshot(
             pools={m: {r: self.pool(m, r) for r in self._regions} for m in self._models},
             cold_start_ms={m: self.cold_start_ms(m) for m in self._models},
+            routers=self._routers,
         )
 
     def describe(self) -> list[dict[str, Any]]:

@@ -239,6 +239,11 @@ def plan_regions(
     return RegionPlan(candidates, wake)
 
 
+# The routers' Serve deployment: edge-control counts its running replicas, so each router's fair
+# queue takes its share of a model's slots (deployments.ingress.edge.fair_queue).
+ROUTER_DEPLOYMENT = "router"
+
+
 def deployment_name(model: str, region: str) -> str:
     """The Serve deployment of a model in a region (`glm-eu`); the model's own name without
     regions, so a config without them keeps today's deployment names."""

@@ -202,8 +202,9 @@ class CoalesceConfig(_Strict):
 
 class FairQueueConfig(_Strict):
     """Fair queueing between keys in front of each model (deployments.ingress.edge.fair_queue):
-    per model and router replica, at most `in_flight_per_replica` x its running replicas are
-    sent at once; past that, requests wait per key and are let in by weighted fair sharing
+    per model, at most `in_flight_per_replica` x its running replicas are sent at once, each
+    router replica holding its share (the limit over the running routers, rounded up); past
+    that, requests wait per key and are let in by weighted fair sharing
     (`security.per_key.<id>.weight`, a virtual key's `weight`), not in arrival order."""
 
     enabled: bool = True
@@ -216,8 +217,8 @@ class FairQueueConfig(_Strict):
         default=16,
         ge=1,
         le=65536,
-        description="requests this router sends to one running replica at once: the model's "
-        "max_ongoing_requests (a cold model: one replica's worth, so its wake goes out)",
+        description="requests the routers together send to one running replica at once: the "
+        "model's max_ongoing_requests (a cold model: one replica's worth, so its wake goes out)",
     )
     max_in_flight_per_key: int | None = Field(
         default=None,

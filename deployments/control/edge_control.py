@@ -32,7 +32,7 @@ from deployments.ray_ext.serve_details import DeploymentReader, DeploymentReplic
 from edge_sim.clock import Clock
 from edge_sim.prewarm import PrewarmConfig
 from edge_sim.region_board import BoardSnapshot, Outcome, RegionBoard
-from edge_sim.regions import RegionPolicy
+from edge_sim.regions import ROUTER_DEPLOYMENT, RegionPolicy
 
 SERVE_POLL_INTERVAL_S = 0.5  # while replicas change, start or stop, or routers report traffic
 SERVE_IDLE_POLL_INTERVAL_S = 4.0  # the slowest poll, reached by doubling while all is still
@@ -170,6 +170,7 @@ class ServeView:
         self._running = running
         # Targets unknown (read by serve.status()): the last ones known stay.
         self._board.set_replicas(running, wanted if len(wanted) == len(targets) else None)
+        self._board.set_routers(deployments.get(ROUTER_DEPLOYMENT, absent).running)
         self.read_at = self._clock()
         self.error = None
         self.polled.set()

@@ -273,6 +273,23 @@ def test_a_read_is_busy_when_replicas_changed_or_are_settling():
     assert asyncio.run(go()) == [False, False, True, True, False, False]
 
 
+def test_routers_learn_how_many_router_replicas_run_from_serve():
+    serve = FakeServe()
+    control = EdgeControl(POOLS, **serve.readers())
+
+    async def go() -> list[int]:
+        seen = [(await control.sync([])).routers]  # no router deployment read: one
+        serve.running["router"], serve.targets["router"] = 2, 2
+        await control.serve.refresh()
+        seen.append((await control.sync([])).routers)
+        serve.running["router"] = 0  # all restarting: the router asking still counts
+        await control.serve.refresh()
+        seen.append((await control.sync([])).routers)
+        return seen
+
+    assert asyncio.run(go()) == [1, 2, 1]
+
+
 def test_the_pace_slows_down_while_nothing_happens_and_resumes_at_once():
     pacer = PollPacer(fast_s=0.5, idle_s=4.0)
     assert [pacer.after_read(busy=False) for _ in range(5)] == [1.0, 2.0, 4.0, 4.0, 4.0]

@@ -317,6 +317,24 @@ def test_gates_follow_the_running_replicas_and_gate_only_their_models() -> None:
     run(ungated)
 
 
+def test_each_router_holds_its_share_of_the_model_so_the_replicas_queue_nothing() -> None:
+    routers = 2
+    views = {"eu": PoolView(running=1)}
+    gates = FairGates(
+        FairQueueConfig(in_flight_per_replica=16),
+        ["chat"],
+        lambda model: views,
+        routers=lambda: routers,
+    )
+    assert gates._limit("chat") == 8  # two routers fill the replica's 16, not 32
+    routers = 3
+    assert gates._limit("chat") == 6  # 16 / 3 rounded up: together at most 2 more than it holds
+    routers = 0  # not yet known (Serve unread): this router alone
+    assert gates._limit("chat") == 16
+    routers, views = 32, {"eu": PoolView(running=0)}
+    assert gates._limit("chat") == 1  # never 0: the request that wakes a cold model goes out
+
+
 def test_a_key_weight_is_validated_and_set_per_key() -> None:
     with pytest.raises(ValidationError, match="greater than 0"):
         RateLimits(weight=0)

@@ -1,8 +1,10 @@
-"""Fair queueing between keys in front of a model, per router replica: at most the model's limit
-of its requests in flight from here; past it, requests wait per key and are let in by weighted
-start-time fair queueing over keys, not in arrival order, so a key that floods a model cannot
-take all of it from the others. A key may have a cap of its own; the queue is bounded, and its
-overflow is refused from the key holding the most of it (by weight), with a Retry-After."""
+"""Fair queueing between keys in front of a model, per router replica: at most this router's
+share of the model's limit in flight from here (the limit split over the running routers, so the
+replicas' own queues, which serve in arrival order, stay empty); past it, requests wait per key
+and are let in by weighted start-time fair queueing over keys, not in arrival order, so a key
+that floods a model cannot take all of it from the others. A key may have a cap of its own; the
+queue is bounded, and its overflow is refused from the key holding the most of it (by weight),
+with a Retry-After."""
 
 from __future__ import annotations
 
@@ -274,9 +276,11 @@ class FairQueue:
 
 
 class FairGates:
-    """A FairQueue per gated model of this router replica, each limited to the model's running
-    replicas (not ejected, in any region) x `in_flight_per_replica`, and one replica's worth
-    while it has none, so the request that wakes it goes out."""
+    """A FairQueue per gated model of this router replica, each limited to this router's share of
+    the model's running replicas (not ejected, in any region) x `in_flight_per_replica`: the
+    whole split evenly over the `routers()` running (the front balances connections across
+    them), rounded up, so together they fill the replicas and no more. A model with no replica
+    counts as one, so the request that wakes it goes out."""
 
     def __init__(
         self,
@@ -284,16 +288,19 @@ class FairGates:
         models: Collection[str],
         pools: Callable[[str], dict[str, PoolView]],
         clock: EdgeClock | None = None,
+        routers: Callable[[], int] = lambda: 1,
     ):
         self._config = config
         self._pools = pools
+        self._routers = routers
         self.queues = {
             model: FairQueue(partial(self._limit, model), config, clock) for model in models
         }
 
     def _limit(self, model: str) -> int:
         running = sum(view.running for view in self._pools(model).values() if not view.ejected)
-        return max(1, running) * self._config.in_flight_per_replica
+        whole = max(1, running) * self._config.in_flight_per_replica
+        return -(-whole // max(1, self._routers()))  # rounded up: never 0
 
     async def enter(self, model: str, request: KeyedRequest) -> Slot | None:
         """The request's slot for `model`, None for a model not gated."""

@@ -227,4 +227,4 @@ def fair_gates(config: AppConfig, pools: RegionPools) -> FairGates | None:
     if not fair.enabled:
         return None
     gated = [name for name, model in config.models.items() if model.task in fair.tasks]
-    return FairGates(fair, gated, pools.pools)
+    return FairGates(fair, gated, pools.pools, routers=lambda: pools.snapshot.routers)
