@@ -81,17 +81,22 @@ class ServeRun:
 
 @contextlib.contextmanager
 def serve_run(
-    config: Mapping[str, Any], workdir: Path, num_cpus: float, start_timeout_s: float
+    config: Mapping[str, Any],
+    workdir: Path,
+    num_cpus: float,
+    start_timeout_s: float,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[ServeRun]:
-    """`serve run` of `config` (written under `workdir`) on a cluster of its own, until every
-    application in it is RUNNING; on the way out Serve is shut down and the cluster stopped. At
+    """`serve run` of `config` (written under `workdir`) on a cluster of its own (started with
+    `env` beside its own settings: keys, say), until every application in it is RUNNING; on the
+    way out Serve is shut down and the cluster stopped. At
     load 30-50 on 2 cores a head has died under `serve run` (its GCS gone): that cluster is
     stopped and another started, up to START_ATTEMPTS times."""
     config_path = workdir / "serve_config.yaml"
     config_path.write_text(yaml.safe_dump(dict(config), sort_keys=False))
     names = [app["name"] for app in config["applications"]]
     for attempt in range(1, START_ATTEMPTS + 1):
-        with running(num_cpus=num_cpus) as cluster:
+        with running(num_cpus=num_cpus, env=env) as cluster:
             run = ServeRun(
                 cluster, _start(config_path, cluster, workdir), workdir / "serve_run.log"
             )
