@@ -44,6 +44,7 @@ SUITES: dict[str, str] = {
     "plan": "benchmarks.plan_scale",
     "prewarm": "benchmarks.prewarm",
     "atrest": "benchmarks.atrest",
+    "front_door": "benchmarks.front_door",
     "at_size": "benchmarks.at_size",
     "gateway": "benchmarks.gateway",
 }

