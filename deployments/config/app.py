@@ -220,6 +220,14 @@ class FairQueueConfig(_Strict):
         description="requests the routers together send to one running replica at once: the "
         "model's max_ongoing_requests (a cold model: one replica's worth, so its wake goes out)",
     )
+    reserved_per_replica: int = Field(
+        default=2,
+        ge=0,
+        le=65535,
+        description="of in_flight_per_replica, slots only a key with nothing in flight on the "
+        "model may take: a key sending one request at a time gets in at once while another "
+        "key's streams hold the rest (a stream holds its slot to its end)",
+    )
     max_in_flight_per_key: int | None = Field(
         default=None,
         ge=1,
@@ -234,6 +242,16 @@ class FairQueueConfig(_Strict):
         "waiter of the key holding the most of the queue by weight (503 queue_full + "
         "Retry-After)",
     )
+
+    @model_validator(mode="after")
+    def _reserve_leaves_room(self) -> FairQueueConfig:
+        if self.reserved_per_replica >= self.in_flight_per_replica:
+            raise ValueError(
+                f"reserved_per_replica ({self.reserved_per_replica}) must be less than "
+                f"in_flight_per_replica ({self.in_flight_per_replica}): a key already served "
+                "needs a slot of its own"
+            )
+        return self
 
 
 class ListenerConfig(_Strict):

@@ -41,9 +41,14 @@ class Rig:
     """A FairQueue of `limit` slots whose requests are tasks: `send` queues one, `admitted`
     lists the keys in the order they got a slot, `finish` gives the oldest held slot back."""
 
-    def __init__(self, limit: int, clock: ManualEdgeClock | None = None, **config: Any):
+    def __init__(
+        self, limit: int, clock: ManualEdgeClock | None = None, reserved: int = 0, **config: Any
+    ):
         self.limit = limit
-        self.queue = FairQueue(lambda: self.limit, FairQueueConfig(**config), clock)
+        self.reserved = reserved
+        self.queue = FairQueue(
+            lambda: self.limit, FairQueueConfig(**config), clock, lambda: self.reserved
+        )
         self.admitted: list[str] = []
         self.held: list[Slot] = []
         self.tasks: list[asyncio.Task[None]] = []
@@ -317,6 +322,37 @@ def test_gates_follow_the_running_replicas_and_gate_only_their_models() -> None:
     run(ungated)
 
 
+def test_a_key_with_nothing_in_flight_takes_a_reserved_slot_at_once_beside_a_flood() -> None:
+    async def scenario() -> None:
+        rig = Rig(limit=4, reserved=1)
+        for _ in range(20):
+            rig.send("flood")
+        await turns()
+        assert (rig.queue.in_flight, rig.queue.waiting) == (3, 17)  # the 4th slot is kept
+        quiet = rig.send("quiet")
+        await turns()
+        assert quiet.done() and rig.queue.in_flight == 4  # no wait for a flood stream to end
+        second = rig.send("quiet")  # quiet has one in flight now: it queues, first in line
+        await turns()
+        assert not second.done()
+        await rig.finish()  # a flood slot back: served keys (quiet now one) fill only 3 of 4
+        assert not second.done() and rig.queue.in_flight == 3
+        await rig.finish(2)  # two more: one each by start tag (tied, the flood's came first)
+        assert second.done() and rig.admitted[-2:] == ["flood", "quiet"]
+        assert rig.queue.waiting == 16  # all but one of the flood's 17 still wait
+        rig.reserved = 4  # a reserve as large as the limit still leaves a served key one slot
+        assert rig.queue._room_for(rig.queue._keys["flood"]) == 1
+        for task in rig.tasks:
+            task.cancel()
+
+    run(scenario)
+
+
+def test_the_reserve_must_leave_a_served_key_room() -> None:
+    with pytest.raises(ValidationError, match="reserved_per_replica"):
+        FairQueueConfig(in_flight_per_replica=4, reserved_per_replica=4)
+
+
 def test_each_router_holds_its_share_of_the_model_so_the_replicas_queue_nothing() -> None:
     routers = 2
     views = {"eu": PoolView(running=1)}
@@ -333,6 +369,8 @@ def test_each_router_holds_its_share_of_the_model_so_the_replicas_queue_nothing(
     assert gates._limit("chat") == 16
     routers, views = 32, {"eu": PoolView(running=0)}
     assert gates._limit("chat") == 1  # never 0: the request that wakes a cold model goes out
+    routers, views = 2, {"eu": PoolView(running=3)}
+    assert (gates._limit("chat"), gates._reserved("chat")) == (24, 3)  # 2 per replica, shared
 
 
 def test_a_key_weight_is_validated_and_set_per_key() -> None:

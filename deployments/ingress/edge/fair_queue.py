@@ -115,15 +115,20 @@ class _SlotStream:
 
 class FairQueue:
     """One model's gate in this router replica. `limit()` is how many of its requests may be in
-    flight now (read on every change: it follows the model's running replicas)."""
+    flight now, `reserved()` how many of those only a key with none in flight may take (both
+    read on every change: they follow the model's running replicas). Streams hold their slot
+    to the end, so without a reserve a key sending one request at a time would wait for one of
+    a flood's streams to end, however fair the order."""
 
     def __init__(
         self,
         limit: Callable[[], int],
         config: FairQueueConfig,
         clock: EdgeClock | None = None,
+        reserved: Callable[[], int] = lambda: 0,
     ):
         self._limit = limit
+        self._reserved = reserved
         self._config = config
         self._clock = clock or SystemClock()
         self._keys: dict[str, _Key] = {}
@@ -189,7 +194,13 @@ class FairQueue:
 
     def _has_room(self, key: _Key) -> bool:
         cap = self._config.max_in_flight_per_key
-        return self.in_flight < self._limit() and (cap is None or key.in_flight < cap)
+        return self.in_flight < self._room_for(key) and (cap is None or key.in_flight < cap)
+
+    def _room_for(self, key: _Key) -> int:
+        """The in-flight count `key` may fill up to: the whole limit for a key with nothing in
+        flight, the limit less the reserve for one already served."""
+        limit = self._limit()
+        return limit if key.in_flight == 0 else limit - min(self._reserved(), limit - 1)
 
     def _tag(self, key: _Key) -> float:
         """The request's virtual start: its key's last finish, or now if the key was idle (an
@@ -206,13 +217,15 @@ class FairQueue:
 
     def _let_in(self) -> None:
         """While the model has room: the waiter with the earliest start tag among keys under
-        their cap."""
+        their cap and with room (the reserve only for keys with nothing in flight)."""
         cap = self._config.max_in_flight_per_key
         while self.waiting and self.in_flight < self._limit():
             heads = [
                 k.waiting[0]
                 for k in self._keys.values()
-                if k.waiting and (cap is None or k.in_flight < cap)
+                if k.waiting
+                and (cap is None or k.in_flight < cap)
+                and self.in_flight < self._room_for(k)
             ]
             if not heads:
                 return
@@ -279,8 +292,9 @@ class FairGates:
     """A FairQueue per gated model of this router replica, each limited to this router's share of
     the model's running replicas (not ejected, in any region) x `in_flight_per_replica`: the
     whole split evenly over the `routers()` running (the front balances connections across
-    them), rounded up, so together they fill the replicas and no more. A model with no replica
-    counts as one, so the request that wakes it goes out."""
+    them), rounded up, so together they fill the replicas and no more; of it, the share of
+    `reserved_per_replica` x replicas kept for keys with nothing in flight. A model with no
+    replica counts as one, so the request that wakes it goes out."""
 
     def __init__(
         self,
@@ -294,13 +308,22 @@ class FairGates:
         self._pools = pools
         self._routers = routers
         self.queues = {
-            model: FairQueue(partial(self._limit, model), config, clock) for model in models
+            model: FairQueue(
+                partial(self._limit, model), config, clock, partial(self._reserved, model)
+            )
+            for model in models
         }
 
     def _limit(self, model: str) -> int:
+        return self._share(model, self._config.in_flight_per_replica)
+
+    def _reserved(self, model: str) -> int:
+        return self._share(model, self._config.reserved_per_replica)
+
+    def _share(self, model: str, per_replica: int) -> int:
+        """This router's share of `per_replica` x the model's running replicas, rounded up."""
         running = sum(view.running for view in self._pools(model).values() if not view.ejected)
-        whole = max(1, running) * self._config.in_flight_per_replica
-        return -(-whole // max(1, self._routers()))  # rounded up: never 0
+        return -(-max(1, running) * per_replica // max(1, self._routers()))
 
     async def enter(self, model: str, request: KeyedRequest) -> Slot | None:
         """The request's slot for `model`, None for a model not gated."""
