@@ -61,7 +61,7 @@ class FrontDoorBenchConfig(BenchConfig):
         default=None,
         gt=0,
         description="RAY_SERVE_PROXY_HEALTH_CHECK_PERIOD_S in the copy's controller_options "
-        "(Serve restarts a dead HAProxy after 3 failed checks); None: as shipped (Serve's 10 s)",
+        "(Serve restarts a dead HAProxy after 3 failed checks); None: as shipped (1 s)",
     )
     start_timeout_s: float = Field(default=600, gt=0, description="until the application runs")
 
@@ -99,5 +99,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--proxy-health-check-period-s",
         type=float,
         help="Serve's proxy health check period in the copy of serve_config.yaml (default: as "
-        "shipped, Serve's 10 s): how soon a dead HAProxy is restarted",
+        "shipped, 1 s): how soon a dead HAProxy is restarted",
     )

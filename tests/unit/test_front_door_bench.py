@@ -64,7 +64,7 @@ def test_a_target_is_one_the_suite_knows_and_killed_once() -> None:
 def test_the_copy_is_the_shipped_config_with_the_loads_key_unlimited(tmp_path: Path) -> None:
     copy = serve_config_copy(SHIPPED, _config(), tmp_path, 18000, 18080)
     assert copy["http_options"] == {"host": "127.0.0.1", "port": 18000}
-    # HAProxy in front, as shipped; Serve's proxy health check at its default.
+    # HAProxy in front and Serve's proxy health check period, as shipped.
     assert copy["controller_options"] == SHIPPED["controller_options"]
     (app,) = copy["applications"]
     assert app["args"]["security"]["per_key"] == {
@@ -75,12 +75,12 @@ def test_the_copy_is_the_shipped_config_with_the_loads_key_unlimited(tmp_path: P
 
 def test_the_health_check_experiment_sets_serves_period_in_the_copy_alone(tmp_path: Path) -> None:
     copy = serve_config_copy(
-        SHIPPED, _config("--proxy-health-check-period-s", "1"), tmp_path, 18000, 18080
+        SHIPPED, _config("--proxy-health-check-period-s", "2.5"), tmp_path, 18000, 18080
     )
     env_vars = copy["controller_options"]["runtime_env"]["env_vars"]
     shipped_vars = SHIPPED["controller_options"]["runtime_env"]["env_vars"]
-    assert env_vars == {**shipped_vars, HEALTH_CHECK_PERIOD: "1"}
-    assert HEALTH_CHECK_PERIOD not in shipped_vars
+    assert env_vars == {**shipped_vars, HEALTH_CHECK_PERIOD: "2.5"}
+    assert shipped_vars[HEALTH_CHECK_PERIOD] == "1"  # the shipped period, replaced in the copy
 
 
 def _process(pid: int, title: str, started: int = 0) -> ProcessInfo:
