@@ -11,14 +11,18 @@ from pydantic import Field, field_validator
 from benchmarks.lib.config import BenchConfig
 from deployments.config import PROJECT_ROOT
 
-Target = Literal["router-replica", "haproxy", "edge-control", "serve-controller", "model-replica"]
-# Issue 43's order: the front first, then what stands behind it.
+Target = Literal[
+    "router-replica", "haproxy", "edge-control", "serve-controller", "model-replica", "serve-deploy"
+]
+# The front first, then what stands behind it; last an operator's `serve deploy` of a changed
+# config (redeploy.py), which replaces the routers and edge-control one by one.
 TARGETS: tuple[Target, ...] = (
     "router-replica",
     "haproxy",
     "edge-control",
     "serve-controller",
     "model-replica",
+    "serve-deploy",
 )
 
 

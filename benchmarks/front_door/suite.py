@@ -22,7 +22,8 @@ from benchmarks.atrest import serve_files
 from benchmarks.atrest.serve_run import ServeRun, serve_run
 from benchmarks.front_door.config import FrontDoorBenchConfig, Target
 from benchmarks.front_door.load import CHAT, EMBEDDING, FrontDoorLoad
-from benchmarks.front_door.victims import APP, is_running, kill_one
+from benchmarks.front_door.redeploy import serve_deploy
+from benchmarks.front_door.victims import APP, Victim, is_running, kill_one
 from benchmarks.front_door.windows import Kill, by_window, goals
 from benchmarks.lib.http_load import Clock, Endpoint, async_client, ready
 from edgectl.local_cluster import free_port
@@ -80,7 +81,7 @@ def run_front_door_suite(config: FrontDoorBenchConfig) -> dict[str, Any]:
             load = FrontDoorLoad(
                 f"http://127.0.0.1:{http_port}", user_key, admin_key, config, _clock()
             )
-            kills = asyncio.run(kill_in_turn(running, load, config))
+            kills = asyncio.run(kill_in_turn(running, load, config, serve_config, root / "run"))
     end_s = load.clock()
     windows = by_window(load.outcomes, kills, end_s)
     return {
@@ -101,9 +102,20 @@ def _clock() -> Clock:
 
 
 async def kill_in_turn(
-    running: ServeRun, load: FrontDoorLoad, config: FrontDoorBenchConfig
+    running: ServeRun,
+    load: FrontDoorLoad,
+    config: FrontDoorBenchConfig,
+    serve_config: Mapping[str, Any],
+    workdir: Path,
 ) -> list[Kill]:
-    """Load from the start; each target killed in turn once the front door has settled."""
+    """Load from the start; each target killed (or `serve deploy` run) in turn once the front
+    door has settled."""
+
+    def disrupt(target: Target) -> Victim:
+        if target == "serve-deploy":
+            return serve_deploy(running, serve_config, workdir)
+        return kill_one(target, running.pids())
+
     await _first_answers(load.base_url, load.user_key, config.chat_max_tokens)
     clients = asyncio.create_task(load.run())
     kills: list[Kill] = []
@@ -111,7 +123,7 @@ async def kill_in_turn(
         await asyncio.sleep(config.warmup_s)
         for target in config.targets:
             at_s = load.clock()
-            victim = await asyncio.to_thread(kill_one, target, running.pids())
+            victim = await asyncio.to_thread(disrupt, target)
             log.info(
                 "front door: killed %s at %.1f s: pid %s %s", target, at_s, victim.pid, victim.title
             )
@@ -119,7 +131,7 @@ async def kill_in_turn(
             settled = victim.pid is not None and await _settled(running, load, target, config)
             if not settled:
                 log.warning("front door: %s's kill not settled: the next goes on", target)
-            kills.append(Kill(target, at_s, victim.pid, settled))
+            kills.append(Kill(target, at_s, victim.pid, settled, victim.title))
     finally:
         load.stop()
         await clients
@@ -142,14 +154,18 @@ async def _settled(
     running: ServeRun, load: FrontDoorLoad, target: Target, config: FrontDoorBenchConfig
 ) -> bool:
     """Until no request failed and no connection was refused for settled_s, the killed target
-    runs again and the application is RUNNING; False after recover_timeout_s."""
+    runs again (a deploy: nothing to restart) and the application is RUNNING; False after
+    recover_timeout_s."""
     deadline = load.clock() + config.recover_timeout_s
     while load.clock() < deadline:
         last_bad = load.last_bad_s()
         quiet = last_bad is None or load.clock() - last_bad >= config.settled_s
         if (
             quiet
-            and await asyncio.to_thread(is_running, target, running.pids())
+            and (
+                target == "serve-deploy"
+                or await asyncio.to_thread(is_running, target, running.pids())
+            )
             and await asyncio.to_thread(running.running, [APP])
         ):
             return True

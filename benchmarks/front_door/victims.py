@@ -51,7 +51,7 @@ def kill_one(target: Target, cluster_pids: Sequence[int]) -> Victim:
     """SIGKILL `target`'s process among `cluster_pids` (the suite's cluster, never another)."""
     victim = choose_victim(target, _table(cluster_pids))
     if victim is None:
-        return Victim(target, None, "no such process")
+        return Victim(target, None, "no such process was found to kill")
     with contextlib.suppress(ProcessLookupError):
         os.kill(victim.pid, signal.SIGKILL)
     return Victim(target, victim.pid, victim.title[:200])

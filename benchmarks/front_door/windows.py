@@ -55,8 +55,9 @@ class Outcome:
 class Kill:
     target: str
     at_s: float
-    pid: int | None  # None: nothing to kill was found
+    pid: int | None  # None: nothing to kill was found (or the deploy failed)
     settled: bool = True  # the front door had settled again before the next kill (or the end)
+    why_none: str = "no such process was found to kill"  # what a pid of None means
 
 
 def window_of(outcomes: Iterable[Outcome], start_s: float, end_s: float) -> list[Outcome]:
@@ -120,7 +121,7 @@ def goals(windows: Mapping[str, Mapping[str, Any]], kills: Sequence[Kill]) -> di
     for kill in kills:
         figures = windows[kill.target]
         name = kill.target.replace("-", "_")
-        missing = f"no {kill.target} process was found to kill"
+        missing = f"{kill.target}: {kill.why_none}"
         found = kill.pid is not None
         records[f"{name}_failed_requests"] = goal(
             figures["failed_requests"] if found else None,

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from benchmarks import run as bench
 from benchmarks.front_door.config import TARGETS, FrontDoorBenchConfig
+from benchmarks.front_door.redeploy import changed_config
 from benchmarks.front_door.suite import HEALTH_CHECK_PERIOD, LOAD_KEY_NAME, serve_config_copy
 from benchmarks.front_door.victims import choose_victim
 from benchmarks.front_door.windows import (
@@ -36,7 +37,7 @@ def _config(*argv: str) -> FrontDoorBenchConfig:
     return FrontDoorBenchConfig.from_args(args)
 
 
-def test_the_targets_are_issue_43s_in_order_and_quick_kills_two_that_heal_fast() -> None:
+def test_the_targets_are_the_front_then_what_stands_behind_then_a_deploy() -> None:
     assert (
         _config().targets
         == TARGETS
@@ -46,6 +47,7 @@ def test_the_targets_are_issue_43s_in_order_and_quick_kills_two_that_heal_fast()
             "edge-control",
             "serve-controller",
             "model-replica",
+            "serve-deploy",
         )
     )
     quick = _config("--quick")
@@ -81,6 +83,16 @@ def test_the_health_check_experiment_sets_serves_period_in_the_copy_alone(tmp_pa
     shipped_vars = SHIPPED["controller_options"]["runtime_env"]["env_vars"]
     assert env_vars == {**shipped_vars, HEALTH_CHECK_PERIOD: "2.5"}
     assert shipped_vars[HEALTH_CHECK_PERIOD] == "1"  # the shipped period, replaced in the copy
+
+
+def test_the_deploy_changes_the_routers_arguments_and_nothing_else(tmp_path: Path) -> None:
+    copy = serve_config_copy(SHIPPED, _config(), tmp_path, 18000, 18080)
+    changed = changed_config(copy)
+    (app,), (new,) = copy["applications"], changed["applications"]
+    old_ms = app["args"]["router"]["default_cold_start_ms"]
+    assert new["args"]["router"]["default_cold_start_ms"] == old_ms + 1
+    new["args"]["router"]["default_cold_start_ms"] = old_ms
+    assert changed == copy  # the copy itself untouched, and no other difference
 
 
 def _process(pid: int, title: str, started: int = 0) -> ProcessInfo:
@@ -197,4 +209,4 @@ def test_a_kill_that_found_nothing_to_kill_is_a_miss_that_says_so() -> None:
     verdicts = goals(by_window([], kills, 10.0), kills)
     for name in ("haproxy_failed_requests", "haproxy_refused_s"):
         assert verdicts[name]["value"] is None and verdicts[name]["met"] is False
-        assert verdicts[name]["missing"] == "no haproxy process was found to kill"
+        assert verdicts[name]["missing"] == "haproxy: no such process was found to kill"
