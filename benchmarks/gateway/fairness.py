@@ -1,15 +1,20 @@
 """Fairness between keys, measured: key A floods a chat model with long streams from many
 clients at once (each sending again as soon as one ends, after the Retry-After of a refusal),
-while key B sends one short stream at a time; each stream's status, Retry-After and time to
-first token. B alone first, in the same run, gives its own baseline."""
+while key B sends one short stream at a time from a process of its own (light_client.py); each
+stream's status, Retry-After and time to first token. B alone first, in the same run, gives its
+own baseline."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import json
+import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,6 +26,8 @@ REFUSALS = (429, 503)  # the gateway's capacity answers, each with a Retry-After
 NO_STATUS = 0  # a stream that failed without an HTTP status (cut, or the connection lost)
 DEFAULT_BACKOFF_S = 1.0  # a refusal without a Retry-After: the flood waits this long
 DRAIN_S = 60.0  # once B is done, the flood's streams in flight may end this long
+LIGHT_CLIENT = "benchmarks.gateway.light_client"  # B's process: `python -m` of this module
+REPO_ROOT = Path(__file__).resolve().parents[2]  # where that `python -m` finds this very package
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,34 @@ async def one_at_a_time(
     return outcomes
 
 
+async def one_at_a_time_apart(caller: Caller, count: int, gap_s: float) -> list[StreamOutcome]:
+    """`one_at_a_time` in a process of its own (`python -m benchmarks.gateway.light_client`),
+    with its own event loop and HTTP client, as a real client of another key is. Read by this
+    process's event loop, B's first chunk would wait while that loop parses A's thousands of SSE
+    chunks, and B's time to first token would be mostly that lag (a diagnostic measured B's p50
+    at 1,007 ms here against 210 ms from a process of its own). The child times with the same
+    reader (`timed_chat_stream`), so its figures compare with the other suites'. Its start-up
+    (imports) comes before its first stream is sent: untimed, it only lengthens a flood's ramp."""
+    request = {"caller": dataclasses.asdict(caller), "count": count, "gap_s": gap_s}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        LIGHT_CLIENT,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        cwd=REPO_ROOT,
+    )  # its stderr is ours: a traceback lands in the suite's log
+    try:
+        answer, _ = await process.communicate(json.dumps(request).encode())
+    finally:
+        if process.returncode is None:  # cancelled: no orphan goes on sending B's streams
+            process.kill()
+            await process.wait()
+    if process.returncode != 0:
+        raise RuntimeError(f"{LIGHT_CLIENT} exited with {process.returncode}")
+    return [StreamOutcome(**outcome) for outcome in json.loads(answer)]
+
+
 async def flood_beside(
     client: httpx.AsyncClient,
     flood: Caller,
@@ -72,9 +107,10 @@ async def flood_beside(
     gap_s: float,
     clock: Clock,
 ) -> tuple[list[StreamOutcome], list[StreamOutcome]]:
-    """`flood_clients` loops of A's streams; after `ramp_s`, B's `light_count` streams one at
-    a time; then the flood stops sending and its streams in flight end (or are cut after
-    DRAIN_S). Returns (A's outcomes, B's)."""
+    """`flood_clients` loops of A's streams in this process; after `ramp_s`, B's `light_count`
+    streams one at a time from a process of its own (`one_at_a_time_apart`); then the flood stops
+    sending and its streams in flight end (or are cut after DRAIN_S). Returns (A's outcomes,
+    B's)."""
     stop = asyncio.Event()
     flooded: list[StreamOutcome] = []
 
@@ -89,7 +125,7 @@ async def flood_beside(
     loops = [asyncio.create_task(flood_client()) for _ in range(flood_clients)]
     try:
         await asyncio.sleep(ramp_s)
-        lightly = await one_at_a_time(client, light, light_count, gap_s, clock)
+        lightly = await one_at_a_time_apart(light, light_count, gap_s)
     finally:
         stop.set()
         _, cut = await asyncio.wait(loops, timeout=DRAIN_S)

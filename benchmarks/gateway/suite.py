@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 NEEDS_RAY = True
 EMBEDDING_MODEL = "embedding"
-CONNECTIONS = 128  # the flood, B, and the pollers: none waits for a socket
+CONNECTIONS = 128  # the flood and the pollers: none waits for a socket (B has its own client)
 BYPASS = {"x-edge-cache": "bypass"}  # a request that must reach a model every time
 Part = Callable[[], Awaitable[dict[str, Any]]]
 
@@ -250,8 +250,8 @@ class Gateway:
             {**auth(FLOOD_KEY), **BYPASS},
             self._chat_body(config.flood_max_tokens, temperature=0),
         )
-        alone = await fairness.one_at_a_time(
-            self.client, light, config.light_alone_streams, config.light_gap_s, self.clock
+        alone = await fairness.one_at_a_time_apart(
+            light, config.light_alone_streams, config.light_gap_s
         )
         flooded, lightly = await fairness.flood_beside(
             self.client,

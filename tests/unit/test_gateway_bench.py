@@ -1,15 +1,22 @@
 """The gateway suite's parts that need no Ray: the config copy it runs (shipped but for its ports,
 folders, one model's idle delay and two unlimited keys), the summaries of each part, the parts'
-client logic against a fake transport, and how its goals read (met, missed, or not measured)."""
+client logic against a fake transport (B's own process against a local SSE server), and how its
+goals read (met, missed, or not measured)."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 
 from benchmarks.gateway import fairness, overhead, retry_after, single_flight
@@ -134,6 +141,85 @@ def test_a_streams_summary_counts_refusals_and_those_without_retry_after() -> No
     assert summary["failed_without_status"] == 1
     assert summary["ttft_ms"]["p50"] == 100.0 and summary["mean_completion_tokens"] == 93.0
     assert fairness.backoff_s("2") == 2.0 and fairness.backoff_s(None) == fairness.backoff_s("x")
+
+
+def _sse(*events: dict[str, Any]) -> bytes:
+    """A chat stream's body: each event, then [DONE]."""
+    lines = [f"data: {json.dumps(event)}\n\n" for event in events]
+    return "".join([*lines, "data: [DONE]\n\n"]).encode()
+
+
+CHAT_STREAM = _sse(
+    {"choices": [{"delta": {"content": "Hi"}}]},
+    {"choices": [{"delta": {"content": " there"}}]},
+    {"choices": [], "usage": {"completion_tokens": 2}},
+)
+REFUSED_REQUEST = 2  # the light server refuses B's second stream, with a Retry-After
+
+
+class _LightChat(BaseHTTPRequestHandler):
+    """A chat model behind the gateway, on a real socket (B's process cannot share a fake
+    transport): an SSE stream at once, but a 429 for the REFUSED_REQUEST-th request."""
+
+    requests = 0
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["content-length"]))
+        type(self).requests += 1
+        if type(self).requests == REFUSED_REQUEST:
+            self.send_response(429)
+            self.send_header("retry-after", "3")
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.end_headers()
+        self.wfile.write(CHAT_STREAM)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
+        pass
+
+
+@pytest.fixture
+def light_chat_url() -> Iterator[str]:
+    _LightChat.requests = 0
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _LightChat)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1/chat/completions"
+    server.shutdown()
+    server.server_close()
+
+
+def test_b_is_timed_in_its_own_process_while_a_blocks_the_suites_event_loop(
+    light_chat_url: str,
+) -> None:
+    """A's every stream holds the suite's event loop for `loop_lag_s` (its parsing, overdone):
+    B's times to first token, taken by a process of its own, do not include it (read by that
+    loop, each would wait at least once)."""
+    loop_lag_s = 0.3
+
+    async def flood_answer(request: httpx.Request) -> httpx.Response:
+        time.sleep(loop_lag_s)  # blocks this event loop, as parsing thousands of chunks does
+        await asyncio.sleep(0)
+        headers = {"content-type": "text/event-stream"}
+        return httpx.Response(200, content=CHAT_STREAM, headers=headers)
+
+    async def flood_beside() -> tuple[list[fairness.StreamOutcome], list[fairness.StreamOutcome]]:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(flood_answer)) as client:
+            flood = fairness.Caller("http://gw/v1/chat/completions", {}, {"model": "glm"})
+            light = fairness.Caller(light_chat_url, {"authorization": "Bearer b"}, {"model": "glm"})
+            return await fairness.flood_beside(client, flood, 1, 0.0, light, 3, 0.0, _ticks())
+
+    flooded, lightly = asyncio.run(flood_beside())
+    assert flooded and all(outcome.status == 200 for outcome in flooded)
+    assert _LightChat.requests == 3  # B's streams reached the socket; A's never did
+    assert [outcome.status for outcome in lightly] == [200, 429, 200]
+    assert lightly[1] == fairness.StreamOutcome(429, retry_after="3")
+    answered = [lightly[0], lightly[2]]
+    assert all(outcome.tokens == 2 for outcome in answered)
+    ttfts = [outcome.ttft_s or 0.0 for outcome in answered]
+    assert min(ttfts) > 0 and max(ttfts) < loop_lag_s, ttfts
 
 
 def test_retry_and_poll_tries_alternate_while_both_last() -> None:
