@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import yaml
 
+from benchmarks.atrest.serve_files import model_deployments
 from benchmarks.gateway import fairness, overhead, retry_after, single_flight
 from benchmarks.gateway.metrics import MODEL_CALLS_METRIC, metric_total
 from benchmarks.gateway.serve_files import (
@@ -19,7 +20,6 @@ from benchmarks.gateway.serve_files import (
     LIGHT_KEY,
     cluster_env,
     gateway_config,
-    model_deployments,
 )
 from benchmarks.gateway.verdicts import goals, model_calls
 from deployments.config import PROJECT_ROOT
