@@ -6,14 +6,14 @@ import argparse
 from pathlib import Path
 from typing import Any, Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from benchmarks.lib.config import BenchConfig
 from deployments.config import PROJECT_ROOT
 
 
 class AtRestBenchConfig(BenchConfig):
-    QUICK = {"window_s": 10.0, "settle_s": 3.0, "idle_delay_s": 3.0}
+    QUICK = {"window_s": 10.0, "settle_s": 3.0, "idle_delay_s": 3.0, "cold_cycles": 2}
 
     serve_config: Path = PROJECT_ROOT / "serve_config.yaml"
     ray_num_cpus: int = Field(default=4, ge=1)
@@ -38,6 +38,33 @@ class AtRestBenchConfig(BenchConfig):
         gt=0,
         description="after the longest idle delay, how long the models may take to reach zero",
     )
+    cold_cycles: int = Field(
+        default=10,
+        ge=1,
+        description="after the window, the embedding model's cold starts from zero timed this "
+        "many times through the HTTP port (after one untimed request that sets the pace)",
+    )
+    cold_interval_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="each cold cycle's request this long after the one before (sooner never: "
+        "later only while the embedding pools are not yet at zero)",
+    )
+    cold_idle_delay_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="the embedding pools' downscale delays in the copy, whatever idle_delay_s "
+        "says: back to zero between cycles",
+    )
+
+    @model_validator(mode="after")
+    def _pools_reach_zero_between_cycles(self) -> Self:
+        if self.cold_idle_delay_s >= self.cold_interval_s:
+            raise ValueError(
+                f"cold_idle_delay_s ({self.cold_idle_delay_s:g}) must be under cold_interval_s "
+                f"({self.cold_interval_s:g}): the embedding pools reach zero between cycles"
+            )
+        return self
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, **fields: Any) -> Self:
@@ -45,6 +72,12 @@ class AtRestBenchConfig(BenchConfig):
             fields["window_s"] = args.atrest_window_s
         if args.atrest_idle_delay_s is not None:
             fields["idle_delay_s"] = args.atrest_idle_delay_s
+        if args.atrest_cold_cycles is not None:
+            fields["cold_cycles"] = args.atrest_cold_cycles
+        if args.atrest_cold_interval_s is not None:
+            fields["cold_interval_s"] = args.atrest_cold_interval_s
+        if args.atrest_cold_idle_delay_s is not None:
+            fields["cold_idle_delay_s"] = args.atrest_cold_idle_delay_s
         if args.atrest_serve_config is not None:
             fields["serve_config"] = Path(args.atrest_serve_config).resolve()
         return super().from_args(args, **fields)
@@ -59,6 +92,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--atrest-idle-delay-s",
         type=float,
         help="every model's downscale delays in the copy (default: as shipped; quick: 3)",
+    )
+    group.add_argument(
+        "--atrest-cold-cycles",
+        type=int,
+        help="the embedding model's cold starts timed after the window (default 10; quick: 2)",
+    )
+    group.add_argument(
+        "--atrest-cold-interval-s",
+        type=float,
+        help="seconds from one cold cycle's request to the next (default 10)",
+    )
+    group.add_argument(
+        "--atrest-cold-idle-delay-s",
+        type=float,
+        help="the embedding pools' downscale delays in the copy (default 5)",
     )
     group.add_argument(
         "--atrest-serve-config", help="the serve config to run (default: serve_config.yaml)"

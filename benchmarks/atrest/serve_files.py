@@ -37,11 +37,36 @@ def ours(
         if idle_delay_s is None:
             continue
         for deployment in app.get("deployments", []):
-            scaling = deployment.get("autoscaling_config")
-            if scaling is not None:
-                scaling["downscale_delay_s"] = idle_delay_s
-                scaling["downscale_to_zero_delay_s"] = idle_delay_s
+            if "autoscaling_config" in deployment:
+                _set_idle_delay(deployment, idle_delay_s)
     return config
+
+
+def set_model_idle_delay(config: Mapping[str, Any], model: str, idle_delay_s: float) -> None:
+    """`model`'s pools (every region's) back to zero `idle_delay_s` after their last request."""
+    for deployment in model_deployments(config, model):
+        _set_idle_delay(deployment, idle_delay_s)
+
+
+def model_deployments(config: Mapping[str, Any], model: str) -> list[dict[str, Any]]:
+    """The model's autoscaled deployments: `<model>` alone, or one `<model>-<region>` a region."""
+    (app,) = config["applications"]
+    return [
+        d
+        for d in app.get("deployments", [])
+        if "autoscaling_config" in d and d["name"] in (model, *_regional(app, model))
+    ]
+
+
+def _regional(app: Mapping[str, Any], model: str) -> list[str]:
+    regions = app["args"].get("edge", {}).get("regions") or {}
+    return [f"{model}-{region}" for region in regions]
+
+
+def _set_idle_delay(deployment: dict[str, Any], idle_delay_s: float) -> None:
+    scaling = deployment["autoscaling_config"]
+    scaling["downscale_delay_s"] = idle_delay_s
+    scaling["downscale_to_zero_delay_s"] = idle_delay_s
 
 
 def hello_world(http_port: int) -> dict[str, Any]:

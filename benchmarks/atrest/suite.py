@@ -1,22 +1,27 @@
 """The at-rest suite: `serve run` of a temp copy of serve_config.yaml (our models/), left without
 traffic until every model is at zero after its idle delay, then the CPU of every process of its
 cluster (GCS, raylet, dashboard, Serve's controller and proxy, routers, edge-control, warm pool,
-the `serve run` driver) over a window; then Ray Serve's hello world started and timed the same
-way. Per-process CPU, not the machine's: the machine may be busy with others' work."""
+the `serve run` driver) over a window; then, the platform at zero, the embedding model's cold
+starts cycle after cycle through the copy's HTTP port (cold_cycles.py). Ray Serve's hello world is
+started and timed the same way first. Per-process CPU, not the machine's: the machine may be busy
+with others' work."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import secrets
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
-from benchmarks.atrest import serve_files
+from benchmarks.atrest import cold_cycles, serve_files
 from benchmarks.atrest.config import AtRestBenchConfig
 from benchmarks.atrest.serve_run import ServeRun, serve_run
 from benchmarks.lib.goals import goal
@@ -28,6 +33,8 @@ log = logging.getLogger(__name__)
 NEEDS_RAY = True
 # Issue 43: at rest, the platform may cost Ray Serve's hello world + this share of one core.
 OVER_HELLO_WORLD_TARGET_CORES = 0.05
+# serve_config.yaml's router.request_timeout_s: a cold start slower than that is an error anyway.
+REQUEST_TIMEOUT_S = 120.0
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -39,17 +46,17 @@ def run_atrest_suite(config: AtRestBenchConfig) -> dict[str, Any]:
     shipped = yaml.safe_load(config.serve_config.read_text())
     with tempfile.TemporaryDirectory(prefix="bench-atrest-") as tmp:
         root = Path(tmp)
-        ours_config = serve_files.ours(
-            shipped,
-            config.models_dir,
-            root / "data",
-            free_port(),
-            free_port(),
-            config.idle_delay_s,
-        )
-        hello = at_rest(config, serve_files.hello_world(free_port()), root / "hello")
-        ours = at_rest(config, ours_config, root / "ours")
+        ours_config = ours_serve_config(config, shipped, root / "data")
+        with at_rest(config, serve_files.hello_world(free_port()), root / "hello") as (_, hello):
+            pass
+        with at_rest(config, ours_config, root / "ours") as (served, ours):
+            cold = cold_starts(config, served, ours_config)
     difference = _difference(ours, hello)
+    log.info(
+        "embedding cold starts: p50 %s s, p90 %s s",
+        cold.get("p50_s"),
+        cold.get("p90_s"),
+    )
     log.info(
         "at rest: ours %.3f, hello world %.3f, difference %s of one core (goal <= %g)",
         ours["cpu_share_of_one_core"],
@@ -62,12 +69,31 @@ def run_atrest_suite(config: AtRestBenchConfig) -> dict[str, Any]:
         "ours": ours,
         "hello_world": hello,
         "difference_cores": difference,
-        "goals": goals(ours, hello, difference),
+        "embedding_cold_starts": cold,
+        "goals": {**goals(ours, hello, difference), **cold_cycles.goals(cold)},
     }
 
 
-def at_rest(config: AtRestBenchConfig, serve_config: Mapping[str, Any], workdir: Path) -> dict:
-    """`serve run` of `serve_config` until every model is at zero, settled, then timed."""
+def ours_serve_config(
+    config: AtRestBenchConfig, shipped: Mapping[str, Any], data_dir: Path
+) -> dict[str, Any]:
+    """The shipped config on ports of its own, every model's delays `idle_delay_s` (as shipped
+    by default), but the embedding model's `cold_idle_delay_s`: its cold cycles need its pools
+    back at zero within a cycle (minutes as shipped). At rest this only changes when that model
+    reaches zero, not what its zero costs."""
+    copy = serve_files.ours(
+        shipped, config.models_dir, data_dir, free_port(), free_port(), config.idle_delay_s
+    )
+    serve_files.set_model_idle_delay(copy, cold_cycles.COLD_MODEL, config.cold_idle_delay_s)
+    return copy
+
+
+@contextlib.contextmanager
+def at_rest(
+    config: AtRestBenchConfig, serve_config: Mapping[str, Any], workdir: Path
+) -> Iterator[tuple[ServeRun, dict[str, Any]]]:
+    """`serve run` of `serve_config` until every model is at zero, settled, then timed; yields
+    the run, still up and at zero, with its figures."""
     workdir.mkdir(parents=True)
     models = serve_files.scale_to_zero_deployments(serve_config)
     zero_within_s = serve_files.longest_idle_delay_s(serve_config) + config.zero_margin_s
@@ -78,13 +104,41 @@ def at_rest(config: AtRestBenchConfig, serve_config: Mapping[str, Any], workdir:
         time.sleep(config.settle_s)
         left = run.replicas_up(models)
         usage = cpu_share_at_rest(run.pids, config.window_s)
-    return {
-        "running_after_s": round(running_s, 1),
-        "models": sum(len(names) for names in models.values()),
-        "all_at_zero_after_s": to_zero_s,
-        "replicas_left_at_rest": left,
-        **usage,
-    }
+        yield (
+            run,
+            {
+                "running_after_s": round(running_s, 1),
+                "models": sum(len(names) for names in models.values()),
+                "all_at_zero_after_s": to_zero_s,
+                "replicas_left_at_rest": left,
+                **usage,
+            },
+        )
+
+
+def cold_starts(
+    config: AtRestBenchConfig, served: ServeRun, serve_config: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The embedding model's cold cycles through the copy's HTTP port (no API key: the copy runs
+    open, as the at-rest suite starts it without EDGE_API_KEYS); their error, should they fail,
+    instead of the at-rest figures lost with them."""
+    (app,) = serve_config["applications"]
+    embedding = serve_files.model_deployments(serve_config, cold_cycles.COLD_MODEL)
+    pools = {app["name"]: [d["name"] for d in embedding]}
+    base_url = f"http://{serve_files.LOCALHOST}:{serve_config['http_options']['port']}"
+    try:
+        with httpx.Client(timeout=REQUEST_TIMEOUT_S) as client:
+            part = cold_cycles.ColdCycles(
+                client,
+                base_url,
+                lambda: not served.replicas_up(pools),
+                cold_cycles.WallClock(),
+                secrets.token_hex(4),
+            )
+            return part.run(config)
+    except Exception as error:  # the at-rest figures are measured: keep them, say why not these
+        log.exception("the embedding cold cycles failed")
+        return {"error": repr(error)}
 
 
 def _wait_for_zero(

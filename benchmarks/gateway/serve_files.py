@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.atrest import serve_files
+from benchmarks.atrest.serve_files import set_model_idle_delay
 
 # Key A floods the chat model, key B is the light user beside it; both without rate limits (as
 # an operator gives a load generator), so a 429 is the gateway's capacity answer, never a limit.
@@ -35,10 +36,7 @@ def gateway_config(
     back to zero `idle_delay_s` after their last request; the two keys unlimited."""
     config = serve_files.ours(shipped, models_dir, data_dir, http_port, listener_port, None)
     (app,) = config["applications"]
-    for deployment in model_deployments(config, idle_model):
-        scaling = deployment["autoscaling_config"]
-        scaling["downscale_delay_s"] = idle_delay_s
-        scaling["downscale_to_zero_delay_s"] = idle_delay_s
+    set_model_idle_delay(config, idle_model, idle_delay_s)
     security = app["args"].setdefault("security", {})
     security["per_key"] = {
         **(security.get("per_key") or {}),
@@ -46,18 +44,3 @@ def gateway_config(
         LIGHT_KEY_ID: dict(UNLIMITED),
     }
     return config
-
-
-def model_deployments(config: Mapping[str, Any], model: str) -> list[dict[str, Any]]:
-    """The model's autoscaled deployments: `<model>` alone, or one `<model>-<region>` a region."""
-    (app,) = config["applications"]
-    return [
-        d
-        for d in app.get("deployments", [])
-        if "autoscaling_config" in d and d["name"] in (model, *_regional(app, model))
-    ]
-
-
-def _regional(app: Mapping[str, Any], model: str) -> list[str]:
-    regions = app["args"].get("edge", {}).get("regions") or {}
-    return [f"{model}-{region}" for region in regions]

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import yaml
 
+from benchmarks.atrest.serve_files import model_deployments
 from benchmarks.atrest.serve_run import ServeRun, serve_run
 from benchmarks.gateway import fairness, overhead, retry_after, single_flight
 from benchmarks.gateway.config import GatewayBenchConfig
@@ -28,7 +29,6 @@ from benchmarks.gateway.serve_files import (
     LIGHT_KEY,
     cluster_env,
     gateway_config,
-    model_deployments,
 )
 from benchmarks.gateway.verdicts import goals
 from benchmarks.lib.corpus import chat_messages

@@ -19,6 +19,7 @@ import httpx
 import pytest
 import yaml
 
+from benchmarks.atrest.serve_files import model_deployments
 from benchmarks.gateway import fairness, overhead, retry_after, single_flight
 from benchmarks.gateway.metrics import MODEL_CALLS_METRIC, metric_total
 from benchmarks.gateway.serve_files import (
@@ -26,7 +27,6 @@ from benchmarks.gateway.serve_files import (
     LIGHT_KEY,
     cluster_env,
     gateway_config,
-    model_deployments,
 )
 from benchmarks.gateway.verdicts import goals, model_calls
 from deployments.config import PROJECT_ROOT
