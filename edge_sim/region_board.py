@@ -37,7 +37,7 @@ class BoardSnapshot:
     """What routers route from; small and picklable (it crosses a Ray call every ~0.5 s)."""
 
     pools: dict[str, dict[str, PoolView]]  # model -> region -> pool
-    cold_start_ms: dict[str, float]  # model -> measured (or configured default)
+    cold_start_ms: dict[str, float]  # model -> measured (absent: none yet, the default holds)
     routers: int = 1  # router replicas running: each sends its share of a model's slots
 
     def pool(self, model: str, region: str) -> PoolView:
@@ -119,7 +119,8 @@ class RegionBoard:
     def snapshot(self) -> BoardSnapshot:
         return BoardSnapshot(
             pools={m: {r: self.pool(m, r) for r in self._regions} for m in self._models},
-            cold_start_ms={m: self.cold_start_ms(m) for m in self._models},
+            # Measured ones only: a router tells its own measurements from the configured guess.
+            cold_start_ms={m: ms for m, ms in self._cold_ms.items() if m in self._models},
             routers=self._routers,
         )
 

@@ -245,7 +245,10 @@ class FairQueueConfig(_Strict):
 
     @model_validator(mode="after")
     def _reserve_leaves_room(self) -> FairQueueConfig:
-        if self.reserved_per_replica >= self.in_flight_per_replica:
+        # The default yields to a small in_flight_per_replica (the gate keeps a served key one
+        # slot); a reserve set on purpose that leaves none is a mistake to say.
+        explicit = "reserved_per_replica" in self.model_fields_set
+        if explicit and self.reserved_per_replica >= self.in_flight_per_replica:
             raise ValueError(
                 f"reserved_per_replica ({self.reserved_per_replica}) must be less than "
                 f"in_flight_per_replica ({self.in_flight_per_replica}): a key already served "

@@ -351,6 +351,7 @@ def test_a_key_with_nothing_in_flight_takes_a_reserved_slot_at_once_beside_a_flo
 def test_the_reserve_must_leave_a_served_key_room() -> None:
     with pytest.raises(ValidationError, match="reserved_per_replica"):
         FairQueueConfig(in_flight_per_replica=4, reserved_per_replica=4)
+    FairQueueConfig(in_flight_per_replica=1)  # the default reserve yields (the gate clamps it)
 
 
 def test_each_router_holds_its_share_of_the_model_so_the_replicas_queue_nothing() -> None:

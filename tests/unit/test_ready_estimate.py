@@ -32,6 +32,17 @@ def test_before_five_cold_starts_the_estimate_is_the_shared_mean_with_a_margin()
     assert estimator.cold_start_s("other", SHARED_MEAN_S) == pytest.approx(2.5)  # per model
 
 
+def test_a_cold_start_measured_here_beats_a_shared_figure_that_is_only_the_default() -> None:
+    clock = ManualEdgeClock()
+    estimator = ReadyEstimator(clock)
+    # nothing measured anywhere: the configured default, with the margin
+    assert estimator.cold_start_s("m", SHARED_MEAN_S, shared_measured=False) == pytest.approx(2.5)
+    cold_start(estimator, clock, 0.2)  # a wake answered by a replica on a warm pool worker
+    assert estimator.cold_start_s("m", SHARED_MEAN_S, shared_measured=False) == pytest.approx(0.25)
+    # a measured shared mean still holds until five are measured here
+    assert estimator.cold_start_s("m", SHARED_MEAN_S) == pytest.approx(2.5)
+
+
 def test_the_estimate_is_the_ninetieth_percentile_of_the_recent_cold_starts() -> None:
     clock = ManualEdgeClock()
     estimator = ReadyEstimator(clock)

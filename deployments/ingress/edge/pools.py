@@ -102,7 +102,12 @@ class RegionPools:
         the measured cold starts, less what a wake in flight already waited)."""
         if self._view(model, region).warm:
             return max(0.0, self._full_until.get((model, region), 0.0) - self._clock.now())
-        return self.estimate.ready_in_s(model, region, self.cold_start_ms(model) / 1000.0)
+        return self.estimate.ready_in_s(
+            model,
+            region,
+            self.cold_start_ms(model) / 1000.0,
+            shared_measured=model in self.snapshot.cold_start_ms,
+        )
 
     def waking(self, model: str, region: str) -> bool:
         """Is a wake of this pool in flight?"""

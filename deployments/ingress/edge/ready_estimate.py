@@ -60,23 +60,29 @@ class ReadyEstimator:
         up_at = self._up_at.get((model, region))
         return up_at is not None and self._clock.now() - up_at < WOKEN_WARM_S
 
-    def cold_start_s(self, model: str, shared_mean_s: float) -> float:
+    def cold_start_s(self, model: str, shared_mean_s: float, shared_measured: bool = True) -> float:
         """The model's cold start as a retry should plan for it: the COLD_START_QUANTILE of those
         measured here, or with fewer than MIN_SAMPLES the shared mean with a margin (at least
-        the slowest one measured)."""
+        the slowest one measured). A shared figure that is only the configured default
+        (`shared_measured` False: no request anywhere has waited on a cold start yet, as with
+        `rejectIfBusy`) yields to what this router measured: the slowest, with the margin."""
         samples = sorted(self._samples.get(model, ()))
         if len(samples) >= MIN_SAMPLES:
             rank = math.ceil(COLD_START_QUANTILE * len(samples))  # nearest rank
             return samples[rank - 1]
+        if samples and not shared_measured:
+            return samples[-1] * SHARED_MEAN_MARGIN
         return max([shared_mean_s * SHARED_MEAN_MARGIN, *samples])
 
-    def ready_in_s(self, model: str, region: str, shared_mean_s: float) -> float:
+    def ready_in_s(
+        self, model: str, region: str, shared_mean_s: float, shared_measured: bool = True
+    ) -> float:
         """Until a cold pool is expected to have a replica: none once its wake answered; the
         cold start less what its wake in flight already waited (OVERDUE_RETRY_S once that is
         past); the whole cold start when nothing wakes it yet."""
         if self.up(model, region):
             return 0.0
-        cold_start_s = self.cold_start_s(model, shared_mean_s)
+        cold_start_s = self.cold_start_s(model, shared_mean_s, shared_measured)
         sent_at = self._sent_at.get((model, region))
         if sent_at is None:
             return cold_start_s
