@@ -154,14 +154,16 @@ def retry_after_goals(retry: Mapping[str, Any]) -> dict[str, GoalRecord]:
             },
         ),
         "retry_after_estimate_s": goal(
-            retry.get("estimate_median_s") if target_s is not None else None,
+            retry.get("estimate_max_s") if target_s is not None else None,
             round(target_s, 4) if target_s is not None else ESTIMATE_FLOOR_S,
             "s",
             at_most=True,
             missing=_why(retry, "no estimate, or the poller never found the model ready"),
-            note="the refusals' retry-after-ms, median, against max(1 s, 2x the poller's median "
-            "ready time: refusal to the first poll answered)",
+            note="the refusals' largest retry-after-ms (the estimate is never to be more), "
+            "against max(1 s, 2x the poller's median ready time: refusal to the first poll "
+            "answered)",
             details={
+                "estimate_median_s": retry.get("estimate_median_s"),
                 "ready_median_s": ready_s,
                 "estimate_ms": retry.get("estimate_ms"),
                 "ready_ms": retry.get("ready_ms"),
