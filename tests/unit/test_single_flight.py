@@ -337,8 +337,9 @@ def test_a_lead_renews_its_mark_while_its_call_lasts_and_stops_once_it_ends(
             assert made.lead is not None
             await renewed_for(ticks, 6)  # 6 s: twice the mark's life
             taken = [await other.claim("k", "other", 3)]
-            await (made.lead.share(ANSWER) if ends == "share" else made.lead.drop())
+            made.lead.share(ANSWER) if ends == "share" else made.lead.drop()
             await until(lambda: ticks.cancelled == 1, 10, "the renewals to stop")
+            await lead_replica.settled()  # the mark's release, behind the response
             taken.append(await other.claim("k", "other", 3))
             return taken
         finally:
@@ -395,7 +396,7 @@ def test_a_replica_waits_for_the_answer_another_makes(backend):
             assert made.answer is None and made.lead is not None
             waiting = asyncio.ensure_future(other.find("k"))
             await until(lambda: clock() > 0, 10, "the other replica to poll")  # its claim failed
-            await made.lead.share(ANSWER)
+            made.lead.share(ANSWER)
             return await waiting
         finally:
             await one.cache.close()
@@ -415,7 +416,7 @@ def test_a_replica_makes_the_answer_once_the_others_lead_drops_it(backend):
             waiting = asyncio.ensure_future(other.find("k"))
             await until(lambda: clock() > 0, 10, "the other replica to poll")
             assert made.lead is not None
-            await made.lead.drop()  # the first call failed: its mark goes with it
+            made.lead.drop()  # the first call failed: its mark goes with it
             return await waiting
         finally:
             await one.cache.close()

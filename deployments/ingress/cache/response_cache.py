@@ -86,11 +86,20 @@ class ResponseCache:
     async def put(self, key: str, answer: Any) -> None:
         """Keep `answer` for ttl_s; written through to the store (a bounded wait), so the next
         same request finds it on any replica. A failed write is counted, never raised."""
-        if not self.enabled:
-            return
+        if self.enabled:
+            await self.write_through(key, answer, self.keep(key, answer))
+
+    def keep(self, key: str, answer: Any) -> float:
+        """`put`'s first half, at once: `answer` kept in this replica's memory for ttl_s (a
+        request arriving next finds it); its expiry, for `write_through`."""
         expires_at = self._clock() + self._ttl_s
-        self._keep_local(key, expires_at, answer)
-        if self.store is not None:
+        if self.enabled:
+            self._keep_local(key, expires_at, answer)
+        return expires_at
+
+    async def write_through(self, key: str, answer: Any, expires_at: float) -> None:
+        """`put`'s second half: the answer `keep` kept, written to the store with its expiry."""
+        if self.enabled and self.store is not None:
             store, data = self.store, ENVELOPE.pack(expires_at) + encode_answer(answer)
             await self._ask("put", lambda: store.put(key, data, self._ttl_s))
 

@@ -8,13 +8,20 @@ waits past `wait_s`: then it calls the model itself. The lead renews its mark ev
 `mark_ttl_s` while its model call lasts (a long generation does not let the mark lapse and the
 other replicas call the model too), and stops once it shares or drops the answer; a lead that
 dies stops renewing, so its mark still ends by its TTL. Only a whole answer is shared: an error,
-a refusal or a cut answer lets the waiters go, and one of them makes the answer again."""
+a refusal or a cut answer lets the waiters go, and one of them makes the answer again.
+
+A lead ends at once: this replica's waiters get the answer and its local copy is kept, while the
+backend's write and the mark's release follow in a task of their own (`SingleFlight.behind`), so
+the response does not wait for them. The mark goes only once the answer is in the backend, so
+the other replicas' waiters still find it rather than make it again."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import time
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +42,8 @@ class Found:
     lead: Lead | None = None
 
 
+log = logging.getLogger("ray.serve")
+
 # How many times per mark_ttl_s a lead renews its mark: a renewal may fail or be slow twice
 # before the mark would lapse.
 RENEWALS_PER_TTL = 3
@@ -52,30 +61,32 @@ class Lead:
             asyncio.ensure_future(flights.keep_marked(key, token)) if token else None
         )
 
-    async def share(self, answer: Any) -> None:
-        """Hand `answer` to this replica's waiters, store it for the others, end the mark."""
+    def share(self, answer: Any) -> None:
+        """Hand `answer` to this replica's waiters and keep it here now; store it for the other
+        replicas, then end the mark, behind the response."""
         if self._future.done():
             return
-        # No await between the hand-over and the write's start: `put` keeps the local copy
-        # before it waits on the backend, so a request arriving now finds the answer.
         self._flights.end(self._key, self._future, answer)
-        try:
-            await self._flights.cache.put(self._key, answer)
-        finally:  # even if the put is cancelled: the renewals stop, drop() would not run again
-            await self._release()
+        self._stop_renewing()
+        self._flights.store(self._key, answer, then=self._release if self._token else None)
 
-    async def drop(self) -> None:
-        """Let the waiters go without an answer (they look again, one of them leads); idempotent."""
+    def drop(self) -> None:
+        """Let the waiters go without an answer (they look again, one of them leads); the mark
+        ends behind the response. Idempotent."""
         if self._future.done():
             return
         self._flights.end(self._key, self._future, None)
-        await self._release()
+        self._stop_renewing()
+        if self._token:
+            self._flights.behind(self._release())
+
+    def _stop_renewing(self) -> None:
+        # at once, not behind: a mark outlives a write (mark_ttl_s against the store's timeout)
+        if self._renewing is not None:
+            self._renewing.cancel()
 
     async def _release(self) -> None:
-        if self._renewing is not None:  # before any await: however the release below ends
-            self._renewing.cancel()
-        if self._token:
-            await self._flights.cache.release(self._key, self._token)
+        await self._flights.cache.release(self._key, self._token)
 
 
 class SingleFlight:
@@ -91,6 +102,7 @@ class SingleFlight:
         self._config = config
         self._clock, self._sleep = clock, sleep
         self._flights: dict[str, asyncio.Future[Any]] = {}  # key -> the answer being made here
+        self._behind: set[asyncio.Task[None]] = set()  # the backend's work a response left
 
     async def find(self, key: str) -> Found:
         """The cached answer, or an identical request's once it is made, or this request's
@@ -125,6 +137,47 @@ class SingleFlight:
             await self._sleep(ttl_s / RENEWALS_PER_TTL)
             if await self.cache.renew(key, token, ttl_s) is False:
                 return
+
+    def store(
+        self, key: str, answer: Any, then: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
+        """`answer` kept in this replica's memory now (the next same request finds it), written
+        to the backend behind the response; `then` runs once it is written (or failed)."""
+        expires_at = self.cache.keep(key, answer)
+        self.behind(self._write(key, answer, expires_at, then))
+
+    def behind(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` (the backend's part of a request) as a task of its own: its thread hop or
+        round trip and the store's transaction are not the response's time. Its failure is
+        logged; a store's own failures never raise (ResponseCache)."""
+        task = asyncio.ensure_future(work)
+        self._behind.add(task)
+        task.add_done_callback(self._work_done)
+
+    async def settled(self) -> None:
+        """Until the backend's work left so far is done (tests; a replica that shuts down)."""
+        while self._behind:
+            await asyncio.gather(*self._behind, return_exceptions=True)
+
+    def _work_done(self, task: asyncio.Task[None]) -> None:
+        self._behind.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error(
+                "response cache: a write behind the response failed", exc_info=task.exception()
+            )
+
+    async def _write(
+        self,
+        key: str,
+        answer: Any,
+        expires_at: float,
+        then: Callable[[], Awaitable[None]] | None,
+    ) -> None:
+        try:
+            await self.cache.write_through(key, answer, expires_at)
+        finally:  # even if the write failed: the mark still ends
+            if then is not None:
+                await then()
 
     def end(self, key: str, future: asyncio.Future[Any], answer: Any | None) -> None:
         if self._flights.get(key) is future:
