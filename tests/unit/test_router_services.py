@@ -425,6 +425,9 @@ class DownStore:
     async def claim(self, key: str, token: str, ttl_s: float) -> bool:
         raise StoreUnavailable("redis: connection refused")
 
+    async def get_or_claim(self, key: str, token: str, ttl_s: float) -> bytes | bool:
+        raise StoreUnavailable("redis: connection refused")
+
     async def renew(self, key: str, token: str, ttl_s: float) -> bool:
         raise StoreUnavailable("redis: connection refused")
 
@@ -459,6 +462,10 @@ class HeldWrites:
     async def claim(self, key: str, token: str, ttl_s: float) -> bool:
         self.calls.append("claim")
         return self.marks.setdefault(key, token) == token
+
+    async def get_or_claim(self, key: str, token: str, ttl_s: float) -> bytes | bool:
+        self.calls.append("get_or_claim")
+        return self.entries.get(key) or self.marks.setdefault(key, token) == token
 
     async def renew(self, key: str, token: str, ttl_s: float) -> bool:
         return self.marks.get(key) == token

@@ -32,6 +32,18 @@ if excess > 0 then
 end
 return excess
 """
+# KEYS: the entry, its mark. ARGV: the mark's token, its time to live (ms). The entry if stored,
+# else 1 when the mark is now the token's, 0 when another holds it: get then claim, atomically.
+GET_OR_CLAIM_SCRIPT = """
+local value = redis.call('GET', KEYS[1])
+if value then
+  return value
+end
+if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return 1
+end
+return 0
+"""
 # KEYS: the mark. ARGV: its holder's token. Deletes the mark only if that holder still holds it.
 RELEASE_SCRIPT = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -73,6 +85,7 @@ class RedisStore:
         )
         self._put_script = self._client.register_script(PUT_SCRIPT)
         self._release_script = self._client.register_script(RELEASE_SCRIPT)
+        self._get_or_claim_script = self._client.register_script(GET_OR_CLAIM_SCRIPT)
         self._renew_script = self._client.register_script(RENEW_SCRIPT)
         self._prefix = key_prefix + FORMAT
         self._index = self._prefix + "index"
@@ -100,6 +113,16 @@ class RedisStore:
             return bool(await self._client.set(self._mark(key), token, nx=True, px=ttl_ms))
         except (RedisError, OSError) as error:
             raise StoreUnavailable(f"redis: {error}") from error
+
+    async def get_or_claim(self, key: str, token: str, ttl_s: float) -> bytes | bool:
+        ttl_ms = max(1, round(ttl_s * 1000))
+        try:
+            found = await self._get_or_claim_script(
+                keys=[self._prefix + key, self._mark(key)], args=[token, ttl_ms]
+            )
+        except (RedisError, OSError) as error:
+            raise StoreUnavailable(f"redis: {error}") from error
+        return found if isinstance(found, bytes) else bool(found)
 
     async def renew(self, key: str, token: str, ttl_s: float) -> bool:
         ttl_ms = max(1, round(ttl_s * 1000))

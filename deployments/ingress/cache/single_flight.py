@@ -109,6 +109,8 @@ class SingleFlight:
         turn to make it (leading its waiters unless single flight is off or the wait ran out)."""
         deadline = self._clock() + self._config.wait_s
         while True:
+            if self._config.enabled and key not in self._flights:
+                return await self._lead(key, deadline)  # it looks the answer up as it claims
             answer = await self.cache.get(key)
             if answer is not None:
                 return Found(answer)
@@ -116,7 +118,7 @@ class SingleFlight:
                 return Found(None)
             flight = self._flights.get(key)
             if flight is None:
-                return await self._lead(key, deadline)
+                continue  # its lead ended while we looked: lead ourselves, or find its answer
             left_s = deadline - self._clock()
             if left_s <= 0:
                 return Found(None)
@@ -186,36 +188,31 @@ class SingleFlight:
             future.set_result(answer)
 
     async def _lead(self, key: str, deadline: float) -> Found:
-        """Lead this replica's waiters for `key`: make the answer if the backend's mark is ours
-        (or ends while we poll, or the wait runs out), else take the answer another replica
-        made."""
+        """Lead this replica's waiters for `key`: the answer if the cache has it, else make it
+        if the backend's mark is ours (or ends while we poll, or the wait runs out), else take
+        the answer another replica made. Each look is one call to the backend (get_or_claim)."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._flights[key] = future
         token, ttl_s = secrets.token_hex(8), self._config.mark_ttl_s
         pacer = PollPacer(self._config.poll_min_ms / 1000, self._config.poll_max_ms / 1000)
         wait_s, waited, marked = pacer.fast_s, False, None
         try:
-            while (marked := await self.cache.claim(key, token, ttl_s)) is False:
+            answer, marked = await self.cache.get_or_claim(key, token, ttl_s)
+            while answer is None and marked is False:
                 left_s = deadline - self._clock()
                 if left_s <= 0:
                     break  # past the wait: made here too, without the mark
                 await self._sleep(min(wait_s, left_s))
                 waited = True
-                answer = await self.cache.get(key)
-                if answer is not None:
-                    self.end(key, future, answer)
-                    return Found(answer, joined=True)
+                answer, marked = await self.cache.get_or_claim(key, token, ttl_s)
                 wait_s = pacer.after_read(busy=False)
-            if not marked:  # None: no backend to mark (or it failed); False: waited out
-                token = ""
-            elif (answer := await self.cache.get(key)) is not None:
-                # Made by another between our look and our claim: its mark goes once it is in.
-                self.end(key, future, answer)
-                await self.cache.release(key, token)
-                return Found(answer, joined=waited)
         except BaseException:  # cancelled (the client left) or failed: let the waiters go
             self.end(key, future, None)
             if marked:
                 await self.cache.release(key, token)
             raise
-        return Found(None, lead=Lead(self, key, future, token))
+        if answer is not None:
+            self.end(key, future, answer)
+            return Found(answer, joined=waited)
+        # marked None: no backend to mark (or it failed); False: waited out
+        return Found(None, lead=Lead(self, key, future, token if marked else ""))

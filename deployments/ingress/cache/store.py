@@ -25,6 +25,11 @@ class SharedStore(Protocol):
         still alive: True when this caller now holds it (single_flight.py)."""
         ...
 
+    async def get_or_claim(self, key: str, token: str, ttl_s: float) -> bytes | bool:
+        """`get`, else `claim`, as one call: the key's value if stored, else whether `token`
+        now holds its mark. An entry written meanwhile is returned, never claimed over."""
+        ...
+
     async def renew(self, key: str, token: str, ttl_s: float) -> bool:
         """Give the key's mark ttl_s more from now if `token` still holds it: False when it
         does not (it ended, and maybe another took it)."""
