@@ -296,7 +296,7 @@ class RecordingStore:
         value, expires_at = self.entries.get(key, (b"", 0.0))
         return value if expires_at > self.clock() else None
 
-    async def put(self, key: str, value: bytes, ttl_s: float) -> None:
+    async def put(self, key: str, value: bytes, ttl_s: float, release_token: str = "") -> None:
         await self._enter("put")
         self.entries[key] = (value, self.clock() + ttl_s)
 

@@ -321,6 +321,23 @@ def test_get_or_claim_returns_a_stored_entry_else_claims_as_claim_does(backend):
     assert asyncio.run(scenario()) == [True, False, b"the answer", b"the answer", True]
 
 
+def test_a_put_removes_the_mark_of_the_token_it_names_and_no_other(backend):
+    """A lead's answer goes in and its mark out in one call; another holder's mark stays."""
+
+    async def scenario() -> list[bool]:
+        store = backend()
+        try:
+            await store.claim("k", "a", 60)
+            await store.put("k", b"the answer", 60, release_token="b")  # not its holder
+            taken = [await store.claim("k", "c", 60)]
+            await store.put("k", b"the answer", 60, release_token="a")
+            return [*taken, await store.claim("k", "c", 60), await store.get("k") is not None]
+        finally:
+            await store.close()
+
+    assert asyncio.run(scenario()) == [False, True, True]
+
+
 def test_only_the_holder_of_a_mark_renews_it(backend):
     async def scenario() -> list[bool]:
         store = backend()

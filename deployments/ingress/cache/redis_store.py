@@ -15,9 +15,13 @@ from redis.exceptions import RedisError
 
 from deployments.ingress.cache.store import StoreUnavailable
 
-# KEYS: the entry, the index. ARGV: the value, its time to live (ms), max_entries. The expiry in
-# the index is the server's clock, as PX is: clocks of the router nodes play no part.
+# KEYS: the entry, the index, its mark. ARGV: the value, its time to live (ms), max_entries, the
+# token whose mark goes with the write ("": none). The expiry in the index is the server's clock,
+# as PX is: clocks of the router nodes play no part.
 PUT_SCRIPT = """
+if ARGV[4] ~= '' and redis.call('GET', KEYS[3]) == ARGV[4] then
+  redis.call('DEL', KEYS[3])
+end
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local ttl_ms = tonumber(ARGV[2])
@@ -98,11 +102,12 @@ class RedisStore:
             raise StoreUnavailable(f"redis: {error}") from error
         return cast(bytes | None, value)  # bytes: the client does not decode responses
 
-    async def put(self, key: str, value: bytes, ttl_s: float) -> None:
+    async def put(self, key: str, value: bytes, ttl_s: float, release_token: str = "") -> None:
         ttl_ms = max(1, round(ttl_s * 1000))
         try:
             await self._put_script(
-                keys=[self._prefix + key, self._index], args=[value, ttl_ms, self.max_entries]
+                keys=[self._prefix + key, self._index, self._mark(key)],
+                args=[value, ttl_ms, self.max_entries, release_token],
             )
         except (RedisError, OSError) as error:
             raise StoreUnavailable(f"redis: {error}") from error

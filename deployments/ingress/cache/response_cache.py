@@ -100,11 +100,14 @@ class ResponseCache:
             self._keep_local(key, expires_at, answer)
         return expires_at
 
-    async def write_through(self, key: str, answer: Any, expires_at: float) -> None:
-        """`put`'s second half: the answer `keep` kept, written to the store with its expiry."""
+    async def write_through(
+        self, key: str, answer: Any, expires_at: float, release_token: str = ""
+    ) -> None:
+        """`put`'s second half: the answer `keep` kept, written to the store with its expiry;
+        `release_token`'s mark on the key goes with it (SharedStore.put)."""
         if self.enabled and self.store is not None:
             store, data = self.store, ENVELOPE.pack(expires_at) + encode_answer(answer)
-            await self._ask("put", lambda: store.put(key, data, self._ttl_s))
+            await self._ask("put", lambda: store.put(key, data, self._ttl_s, release_token))
 
     async def claim(self, key: str, token: str, ttl_s: float) -> bool | None:
         """Whether this replica makes the key's answer: True, the store's "being made" mark is

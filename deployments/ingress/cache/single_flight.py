@@ -12,8 +12,9 @@ a refusal or a cut answer lets the waiters go, and one of them makes the answer 
 
 A lead ends at once: this replica's waiters get the answer and its local copy is kept, while the
 backend's write and the mark's release follow in a task of their own (`SingleFlight.behind`), so
-the response does not wait for them. The mark goes only once the answer is in the backend, so
-the other replicas' waiters still find it rather than make it again."""
+the response does not wait for them. The mark goes with the write, in one call to the backend,
+so the other replicas' waiters find the answer once the mark is gone rather than make it
+again; a write that fails leaves the mark to end by its TTL."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,12 +64,12 @@ class Lead:
 
     def share(self, answer: Any) -> None:
         """Hand `answer` to this replica's waiters and keep it here now; store it for the other
-        replicas, then end the mark, behind the response."""
+        replicas behind the response, the mark ending with the write."""
         if self._future.done():
             return
         self._flights.end(self._key, self._future, answer)
         self._stop_renewing()
-        self._flights.store(self._key, answer, then=self._release if self._token else None)
+        self._flights.store(self._key, answer, release_token=self._token)
 
     def drop(self) -> None:
         """Let the waiters go without an answer (they look again, one of them leads); the mark
@@ -140,13 +141,11 @@ class SingleFlight:
             if await self.cache.renew(key, token, ttl_s) is False:
                 return
 
-    def store(
-        self, key: str, answer: Any, then: Callable[[], Awaitable[None]] | None = None
-    ) -> None:
+    def store(self, key: str, answer: Any, release_token: str = "") -> None:
         """`answer` kept in this replica's memory now (the next same request finds it), written
-        to the backend behind the response; `then` runs once it is written (or failed)."""
+        to the backend behind the response, `release_token`'s mark removed in the same call."""
         expires_at = self.cache.keep(key, answer)
-        self.behind(self._write(key, answer, expires_at, then))
+        self.behind(self.cache.write_through(key, answer, expires_at, release_token))
 
     def behind(self, work: Coroutine[Any, Any, None]) -> None:
         """Run `work` (the backend's part of a request) as a task of its own: its thread hop or
@@ -167,19 +166,6 @@ class SingleFlight:
             log.error(
                 "response cache: a write behind the response failed", exc_info=task.exception()
             )
-
-    async def _write(
-        self,
-        key: str,
-        answer: Any,
-        expires_at: float,
-        then: Callable[[], Awaitable[None]] | None,
-    ) -> None:
-        try:
-            await self.cache.write_through(key, answer, expires_at)
-        finally:  # even if the write failed: the mark still ends
-            if then is not None:
-                await then()
 
     def end(self, key: str, future: asyncio.Future[Any], answer: Any | None) -> None:
         if self._flights.get(key) is future:

@@ -50,8 +50,8 @@ class SQLiteStore:
     async def get(self, key: str) -> bytes | None:
         return await self._on_thread(self._get, key)
 
-    async def put(self, key: str, value: bytes, ttl_s: float) -> None:
-        await self._on_thread(self._put, key, value, ttl_s)
+    async def put(self, key: str, value: bytes, ttl_s: float, release_token: str = "") -> None:
+        await self._on_thread(self._put, key, value, ttl_s, release_token)
 
     async def claim(self, key: str, token: str, ttl_s: float) -> bool:
         return await self._on_thread(self._claim, key, token, ttl_s)
@@ -100,7 +100,7 @@ class SQLiteStore:
         ).fetchone()
         return None if row is None else bytes(row[0])
 
-    def _put(self, key: str, value: bytes, ttl_s: float) -> None:
+    def _put(self, key: str, value: bytes, ttl_s: float, release_token: str) -> None:
         now = self._clock()
         try:
             db = self._connection()
@@ -116,6 +116,8 @@ class SQLiteStore:
                     "ORDER BY expires_at DESC LIMIT -1 OFFSET ?)",
                     (self.max_entries,),
                 )
+                if release_token:
+                    self._unmark(db, key, release_token)
         except (sqlite3.Error, OSError) as error:
             raise self._lost(error) from error
 
@@ -173,11 +175,13 @@ class SQLiteStore:
 
     def _release(self, key: str, token: str) -> None:
         try:
-            self._connection().execute(
-                f"DELETE FROM {MARKS} WHERE key = ? AND token = ?", (key, token)
-            )
+            self._unmark(self._connection(), key, token)
         except (sqlite3.Error, OSError) as error:
             raise self._lost(error) from error
+
+    @staticmethod
+    def _unmark(db: sqlite3.Connection, key: str, token: str) -> None:
+        db.execute(f"DELETE FROM {MARKS} WHERE key = ? AND token = ?", (key, token))
 
     def _close(self) -> None:
         if self._db is not None:

@@ -18,7 +18,10 @@ class SharedStore(Protocol):
 
     async def get(self, key: str) -> bytes | None: ...
 
-    async def put(self, key: str, value: bytes, ttl_s: float) -> None: ...
+    async def put(self, key: str, value: bytes, ttl_s: float, release_token: str = "") -> None:
+        """Store `value` for ttl_s; `release_token`: its mark on the key, removed with the write
+        if it still holds it (a lead's answer in and its mark out, in one call)."""
+        ...
 
     async def claim(self, key: str, token: str, ttl_s: float) -> bool:
         """Set the key's "being made" mark, held by `token` for ttl_s, unless another holds one
