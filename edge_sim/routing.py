@@ -8,6 +8,7 @@ from the real replica pools behind them.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ RouteReason = Literal["nearest", "warm", "spillover", "failover"]
 one, or past an ejected one / after a failure."""
 
 ColdStartMs = Callable[[str], float]  # model -> measured cold-start time
+RANKINGS_KEPT = 4096  # per ranker: the client positions most recently ranked
 
 
 class RoutingConfig(BaseModel):
@@ -70,6 +72,10 @@ class ColoRanker:
         )
         self._base_rtt_ms = latency.base_rtt_ms
         self._rtt_ms_per_km = latency.rtt_ms_per_km
+        # Rankings kept per (model, client position, drills): a router's clients come from few
+        # places (all at the default location without geo headers), and each ranking is ~50 us
+        # of numpy on the request path. A drill changes the key, never a kept ranking.
+        self._ranked = functools.lru_cache(maxsize=RANKINGS_KEPT)(self._rank)
         active = np.array([colo.status == "active" for colo in colos])
         serves_all = np.array([colo.models == ALL_MODELS for colo in colos])
         self._serves_unlisted_model = active & serves_all
@@ -96,6 +102,18 @@ class ColoRanker:
         unavailable: colos no request may enter (drilled down).
         added_latency_ms: extra RTT per colo (a latency drill), which can reorder them.
         """
+        added = tuple(sorted(added_latency_ms.items())) if added_latency_ms else ()
+        return list(self._ranked(model, client.lat, client.lon, tuple(unavailable), added))
+
+    def _rank(
+        self,
+        model: str,
+        lat: float,
+        lon: float,
+        unavailable: tuple[str, ...],
+        added_latency_ms: tuple[tuple[str, float], ...],
+    ) -> tuple[RouteCandidate, ...]:
+        """`rank`'s answer, from its hashable arguments (the key of its cache)."""
         index = self._index
         serving = self._serves.get(model, self._serves_unlisted_model)
         usable = serving
@@ -109,22 +127,21 @@ class ColoRanker:
         if count == 0:
             raise self._no_colo_error(model, serving)
 
-        rtt, km = self._rtt_and_km(client)
-        if added_latency_ms:
-            for colo_id, extra_ms in added_latency_ms.items():
-                position = index.get(colo_id)
-                if position is not None:
-                    rtt[position] += extra_ms
+        rtt, km = self._rtt_and_km(lat, lon)
+        for colo_id, extra_ms in added_latency_ms:
+            position = index.get(colo_id)
+            if position is not None:
+                rtt[position] += extra_ms
         sort_key = np.where(usable, rtt, np.inf)
         # Stable sort: equal RTTs keep topology order, so decisions are reproducible.
         order = np.argsort(sort_key, kind="stable")
         # Only the head becomes Python ints (converting all of a 300-colo order costs ~3 us).
         chosen: list[int] = order[: min(self._config.max_candidates, count)].tolist()
         ids = self._ids
-        return [RouteCandidate(ids[p], float(rtt[p]), float(km[p])) for p in chosen]
+        return tuple(RouteCandidate(ids[p], float(rtt[p]), float(km[p])) for p in chosen)
 
-    def _rtt_and_km(self, client: ClientLocation) -> tuple[np.ndarray, np.ndarray]:
-        lat, lon = math.radians(client.lat), math.radians(client.lon)
+    def _rtt_and_km(self, lat_deg: float, lon_deg: float) -> tuple[np.ndarray, np.ndarray]:
+        lat, lon = math.radians(lat_deg), math.radians(lon_deg)
         cos_lat = math.cos(lat)
         client_unit = np.array([cos_lat * math.cos(lon), cos_lat * math.sin(lon), math.sin(lat)])
         cosines = self._units @ client_unit

@@ -119,9 +119,11 @@ class RouterIngress:
     async def __del__(self) -> None:
         """Ray Serve's graceful shutdown of the replica: the queued ledger records written. A
         batch item in flight is dropped: its job's lease runs out and another replica reruns it.
-        The own listener stops first, letting its requests in flight finish."""
+        The own listener stops first, letting its requests in flight finish, then the cache
+        writes they left behind their responses."""
         if self._listener is not None:
             await self._listener.stop()
+        await self.services.settled()
         if self._batch_runs is not None:
             self._batch_runs.cancel()
         if self.state is not None:

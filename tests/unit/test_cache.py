@@ -296,7 +296,7 @@ class RecordingStore:
         value, expires_at = self.entries.get(key, (b"", 0.0))
         return value if expires_at > self.clock() else None
 
-    async def put(self, key: str, value: bytes, ttl_s: float) -> None:
+    async def put(self, key: str, value: bytes, ttl_s: float, release_token: str = "") -> None:
         await self._enter("put")
         self.entries[key] = (value, self.clock() + ttl_s)
 
@@ -424,6 +424,23 @@ def test_an_entry_that_does_not_decode_is_a_miss_counted():
     cache = tiered(store, clock, failures)
     assert run(cache.get("k")) is None and run(cache.get("short")) is None
     assert failures.counted == [("fake", "get", "corrupt")] * 2
+
+
+def test_an_entry_that_does_not_decode_is_made_again_by_a_lead_that_claims_it(tmp_path: Path):
+    """get_or_claim found an entry it cannot use: a miss counted, and the lead takes the mark."""
+    clock = ManualClock(1000.0)
+    store, failures = SQLiteStore(tmp_path / "cache.sqlite3", 100, 10_000, clock=clock), Failures()
+    cache = tiered(store, clock, failures)
+
+    async def scenario() -> tuple[Any, bool | None]:
+        try:
+            await store.put("k", ENVELOPE.pack(2000.0) + b"C{broken", 60)
+            return await cache.get_or_claim("k", "lead", 60)
+        finally:
+            await store.close()
+
+    assert asyncio.run(scenario()) == (None, True)
+    assert failures.counted == [("sqlite", "lookup", "corrupt")]
 
 
 # ---- the shared backends: two router replicas, each with its own connection -------------------

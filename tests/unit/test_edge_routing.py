@@ -132,3 +132,16 @@ def test_added_fault_latency_reorders():
 def test_ties_keep_topology_order():
     rank = ranker(line_topology(("BBB", 1), ("AAA", -1)))
     assert ids(rank.rank("m", at(0, 0))) == ["BBB", "AAA"]
+
+
+def test_a_kept_ranking_never_hides_a_drill_that_starts_or_ends():
+    """Rankings are kept per client and drills: the same request ranks alike, a drill anew."""
+    rank = ranker(line_topology(("AAA", 0), ("BBB", 1), ("CCC", 2)))
+    client = at(0, 0)
+    assert ids(rank.rank("m", client)) == ids(rank.rank("m", client)) == ["AAA", "BBB", "CCC"]
+    assert ids(rank.rank("m", client, unavailable=["AAA"])) == ["BBB", "CCC"]
+    assert ids(rank.rank("m", client, added_latency_ms={"AAA": 50.0})) == ["BBB", "CCC", "AAA"]
+    assert ids(rank.rank("m", client)) == ["AAA", "BBB", "CCC"]  # the drills ended
+    ranked = rank.rank("m", client)
+    ranked.pop()  # the caller's list, not the kept one
+    assert len(rank.rank("m", client)) == 3

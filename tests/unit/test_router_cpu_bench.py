@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.router_cpu.in_process import endpoints
+from benchmarks.router_cpu.in_process import edge_overhead_ms, endpoints
 from benchmarks.router_cpu.suite import RouterCpuBenchConfig, run_router_cpu_suite
 
 
@@ -30,3 +30,10 @@ def test_every_measured_endpoint_answers_through_the_real_app() -> None:
     assert result["goals"]["ledger_router_cpu_ratio"]["value"] > 0
     for name, encoded in result["in_process"]["encoders"].items():
         assert encoded["fast_bytes"] > 0 and encoded["legacy_bytes"] > 0, name
+
+
+def test_the_in_process_overhead_is_read_off_every_answer() -> None:
+    """Each measured request reached the model (a miss, through the shipped SQLite cache and
+    gateway state) and said its x-edge-overhead-ms."""
+    measured = edge_overhead_ms(requests=5)
+    assert measured["overhead_ms"]["count"] == 5 and measured["overhead_ms"]["p50"] > 0

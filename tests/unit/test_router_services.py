@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from deployments.ingress.cache.sqlite_store import SQLiteStore
 from deployments.ingress.protocol import ChatCompletionRequest, EmbeddingRequest, ModerationRequest
 from deployments.ingress.security import Principal, RateLimits
 from deployments.ingress.serving.context import RequestContext
+from deployments.ingress.serving.services import RouterServices
 from deployments.observability import (
     InMemoryMetricsBackend,
     RouterObservability,
@@ -50,6 +52,18 @@ LONDON = {"x-client-geo": "51.5,-0.12"}
 
 def run(coroutine: Any) -> Any:
     return asyncio.run(coroutine)
+
+
+def run_settled(services: RouterServices, ask: Callable[[RouterServices], Awaitable[Any]]) -> Any:
+    """`run` of what `ask` asks `services`, then the cache writes the request left behind its
+    response (a loop that ends at once would cancel them)."""
+
+    async def settled() -> Any:
+        answer = await ask(services)
+        await services.settled()
+        return answer
+
+    return asyncio.run(settled())
 
 
 def context(principal: Principal = LIMITED, **fields: Any) -> RequestContext:
@@ -381,19 +395,20 @@ def test_two_router_replicas_on_one_sqlite_file_share_answers(tmp_path: Path):
         services_for(config, handles, cache_store=SQLiteStore(path, 100, 10_000)) for _ in range(2)
     ]
     answers = [
-        run(replicas[i % 2].embeddings.create(embedding_request(), context())) for i in range(4)
+        run_settled(replicas[i % 2], lambda r: r.embeddings.create(embedding_request(), context()))
+        for i in range(4)
     ]
     assert [a.headers["x-edge-cache"] for a in answers] == ["MISS", "HIT", "HIT", "HIT"]
     assert len(handles["embedding"].embed.calls) == 1
     bodies = {orjson.dumps(a.value.body(), option=orjson.OPT_SERIALIZE_NUMPY) for a in answers}
     assert len(bodies) == 1
+    moderation = ModerationRequest(model="moderation", input="hi")
     moderations = [
-        run(r.moderations.create(ModerationRequest(model="moderation", input="hi"), context()))
-        for r in replicas
+        run_settled(r, lambda r: r.moderations.create(moderation, context())) for r in replicas
     ]
     assert [m.headers["x-edge-cache"] for m in moderations] == ["MISS", "HIT"]
     assert moderations[1].value == moderations[0].value
-    chats = [run(r.chat.complete(chat(seed=3), context())) for r in replicas]
+    chats = [run_settled(r, lambda r: r.chat.complete(chat(seed=3), context())) for r in replicas]
     assert [c.headers["x-edge-cache"] for c in chats] == ["MISS", "HIT"]
     assert chats[1].value == chats[0].value
 
@@ -404,10 +419,13 @@ class DownStore:
     async def get(self, key: str) -> bytes | None:
         raise StoreUnavailable("redis: connection refused")
 
-    async def put(self, key: str, value: bytes, ttl_s: float) -> None:
+    async def put(self, key: str, value: bytes, ttl_s: float, release_token: str = "") -> None:
         raise StoreUnavailable("redis: connection refused")
 
     async def claim(self, key: str, token: str, ttl_s: float) -> bool:
+        raise StoreUnavailable("redis: connection refused")
+
+    async def get_or_claim(self, key: str, token: str, ttl_s: float) -> bytes | bool:
         raise StoreUnavailable("redis: connection refused")
 
     async def renew(self, key: str, token: str, ttl_s: float) -> bool:
@@ -418,6 +436,75 @@ class DownStore:
 
     async def close(self) -> None:
         pass
+
+
+class HeldWrites:
+    """A shared store in a dict whose writes wait until `writable` is set; it records its
+    calls, and holds marks as a backend does."""
+
+    name = "held"
+
+    def __init__(self) -> None:
+        self.entries: dict[str, bytes] = {}
+        self.marks: dict[str, str] = {}
+        self.calls: list[str] = []
+        self.writable = asyncio.Event()
+
+    async def get(self, key: str) -> bytes | None:
+        self.calls.append("get")
+        return self.entries.get(key)
+
+    async def put(self, key: str, value: bytes, ttl_s: float, release_token: str = "") -> None:
+        self.calls.append("put")
+        await self.writable.wait()
+        self.entries[key] = value
+        if release_token and self.marks.get(key) == release_token:
+            del self.marks[key]
+
+    async def claim(self, key: str, token: str, ttl_s: float) -> bool:
+        self.calls.append("claim")
+        return self.marks.setdefault(key, token) == token
+
+    async def get_or_claim(self, key: str, token: str, ttl_s: float) -> bytes | bool:
+        self.calls.append("get_or_claim")
+        return self.entries.get(key) or self.marks.setdefault(key, token) == token
+
+    async def renew(self, key: str, token: str, ttl_s: float) -> bool:
+        return self.marks.get(key) == token
+
+    async def release(self, key: str, token: str) -> None:
+        self.calls.append("release")
+        if self.marks.get(key) == token:
+            del self.marks[key]
+
+    async def close(self) -> None:
+        pass
+
+
+def test_a_miss_is_answered_before_the_shared_store_is_written():
+    """The answer of a miss is this replica's at once (the repeat is a HIT, its waiters get it)
+    and is written to the shared store behind the response, the mark released with the write:
+    another replica's waiter finds the answer once the mark is gone, never neither."""
+    store = HeldWrites()
+    services = services_for(no_gate(), fake_handles(), cache_store=store)
+
+    async def answer() -> Any:  # bounded: a request that waited for the write would hang
+        return await asyncio.wait_for(
+            services.embeddings.create(embedding_request(), context()), 10
+        )
+
+    async def scenario() -> list[Any]:
+        answers = [await answer(), await answer()]
+        await asyncio.sleep(0)  # the write behind the response has started
+        assert store.entries == {} and len(store.marks) == 1  # held while the write waits
+        store.writable.set()
+        await services.settled()
+        return answers
+
+    answers = run(scenario())
+    assert [a.headers["x-edge-cache"] for a in answers] == ["MISS", "HIT"]
+    assert len(store.entries) == 1 and store.marks == {}
+    assert store.calls[-1] == "put" and "release" not in store.calls  # the mark went with it
 
 
 def test_a_down_cache_backend_serves_every_request_and_counts_the_failures():

@@ -92,13 +92,17 @@ def counting_lookups(services: Any) -> list[None]:
     it and missed waits (or leads) with no other turn of the loop in between."""
     reads: list[None] = []
     cache = services.chat.cached.flights.cache
-    read = cache.get
+    get, get_or_claim = cache.get, cache.get_or_claim  # a waiter's read; a lead's
 
-    async def get(key: str) -> Any:
+    async def counted_get(key: str) -> Any:
         reads.append(None)
-        return await read(key)
+        return await get(key)
 
-    cache.get = get
+    async def counted_get_or_claim(key: str, token: str, ttl_s: float) -> Any:
+        reads.append(None)
+        return await get_or_claim(key, token, ttl_s)
+
+    cache.get, cache.get_or_claim = counted_get, counted_get_or_claim
     return reads
 
 
@@ -256,6 +260,7 @@ def test_identical_chats_across_two_router_replicas_on_one_backend_make_one_call
         glm.go.set()
         answers = await asyncio.gather(*tasks)
         for services in replicas:
+            await services.settled()  # the lead's write and release, behind its response
             await services.chat.cached.flights.cache.close()
         return answers
 
@@ -295,6 +300,42 @@ def test_a_mark_is_held_by_one_token_until_its_holder_releases_it(backend):
             await store.close()
 
     assert asyncio.run(scenario()) == [True, False, False, True, True]
+
+
+def test_get_or_claim_returns_a_stored_entry_else_claims_as_claim_does(backend):
+    """A lead's look in one call: the entry if stored (no mark taken), else claim's answer."""
+
+    async def scenario() -> list[bytes | bool]:
+        store = backend()
+        try:
+            found = [await store.get_or_claim("k", "a", 60), await store.get_or_claim("k", "b", 60)]
+            await store.put("k", b"the answer", 60)
+            found.append(await store.get_or_claim("k", "b", 60))
+            await store.release("k", "a")
+            found.append(await store.get_or_claim("k", "b", 60))  # stored: still no mark taken
+            found.append(await store.claim("k", "c", 60))
+            return found
+        finally:
+            await store.close()
+
+    assert asyncio.run(scenario()) == [True, False, b"the answer", b"the answer", True]
+
+
+def test_a_put_removes_the_mark_of_the_token_it_names_and_no_other(backend):
+    """A lead's answer goes in and its mark out in one call; another holder's mark stays."""
+
+    async def scenario() -> list[bool]:
+        store = backend()
+        try:
+            await store.claim("k", "a", 60)
+            await store.put("k", b"the answer", 60, release_token="b")  # not its holder
+            taken = [await store.claim("k", "c", 60)]
+            await store.put("k", b"the answer", 60, release_token="a")
+            return [*taken, await store.claim("k", "c", 60), await store.get("k") is not None]
+        finally:
+            await store.close()
+
+    assert asyncio.run(scenario()) == [False, True, True]
 
 
 def test_only_the_holder_of_a_mark_renews_it(backend):
@@ -337,8 +378,9 @@ def test_a_lead_renews_its_mark_while_its_call_lasts_and_stops_once_it_ends(
             assert made.lead is not None
             await renewed_for(ticks, 6)  # 6 s: twice the mark's life
             taken = [await other.claim("k", "other", 3)]
-            await (made.lead.share(ANSWER) if ends == "share" else made.lead.drop())
+            made.lead.share(ANSWER) if ends == "share" else made.lead.drop()
             await until(lambda: ticks.cancelled == 1, 10, "the renewals to stop")
+            await lead_replica.settled()  # the mark's release, behind the response
             taken.append(await other.claim("k", "other", 3))
             return taken
         finally:
@@ -395,7 +437,7 @@ def test_a_replica_waits_for_the_answer_another_makes(backend):
             assert made.answer is None and made.lead is not None
             waiting = asyncio.ensure_future(other.find("k"))
             await until(lambda: clock() > 0, 10, "the other replica to poll")  # its claim failed
-            await made.lead.share(ANSWER)
+            made.lead.share(ANSWER)
             return await waiting
         finally:
             await one.cache.close()
@@ -415,7 +457,7 @@ def test_a_replica_makes_the_answer_once_the_others_lead_drops_it(backend):
             waiting = asyncio.ensure_future(other.find("k"))
             await until(lambda: clock() > 0, 10, "the other replica to poll")
             assert made.lead is not None
-            await made.lead.drop()  # the first call failed: its mark goes with it
+            made.lead.drop()  # the first call failed: its mark goes with it
             return await waiting
         finally:
             await one.cache.close()

@@ -15,9 +15,13 @@ from redis.exceptions import RedisError
 
 from deployments.ingress.cache.store import StoreUnavailable
 
-# KEYS: the entry, the index. ARGV: the value, its time to live (ms), max_entries. The expiry in
-# the index is the server's clock, as PX is: clocks of the router nodes play no part.
+# KEYS: the entry, the index, its mark. ARGV: the value, its time to live (ms), max_entries, the
+# token whose mark goes with the write ("": none). The expiry in the index is the server's clock,
+# as PX is: clocks of the router nodes play no part.
 PUT_SCRIPT = """
+if ARGV[4] ~= '' and redis.call('GET', KEYS[3]) == ARGV[4] then
+  redis.call('DEL', KEYS[3])
+end
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local ttl_ms = tonumber(ARGV[2])
@@ -31,6 +35,18 @@ if excess > 0 then
   redis.call('DEL', unpack(oldest))
 end
 return excess
+"""
+# KEYS: the entry, its mark. ARGV: the mark's token, its time to live (ms). The entry if stored,
+# else 1 when the mark is now the token's, 0 when another holds it: get then claim, atomically.
+GET_OR_CLAIM_SCRIPT = """
+local value = redis.call('GET', KEYS[1])
+if value then
+  return value
+end
+if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return 1
+end
+return 0
 """
 # KEYS: the mark. ARGV: its holder's token. Deletes the mark only if that holder still holds it.
 RELEASE_SCRIPT = """
@@ -73,6 +89,7 @@ class RedisStore:
         )
         self._put_script = self._client.register_script(PUT_SCRIPT)
         self._release_script = self._client.register_script(RELEASE_SCRIPT)
+        self._get_or_claim_script = self._client.register_script(GET_OR_CLAIM_SCRIPT)
         self._renew_script = self._client.register_script(RENEW_SCRIPT)
         self._prefix = key_prefix + FORMAT
         self._index = self._prefix + "index"
@@ -85,11 +102,12 @@ class RedisStore:
             raise StoreUnavailable(f"redis: {error}") from error
         return cast(bytes | None, value)  # bytes: the client does not decode responses
 
-    async def put(self, key: str, value: bytes, ttl_s: float) -> None:
+    async def put(self, key: str, value: bytes, ttl_s: float, release_token: str = "") -> None:
         ttl_ms = max(1, round(ttl_s * 1000))
         try:
             await self._put_script(
-                keys=[self._prefix + key, self._index], args=[value, ttl_ms, self.max_entries]
+                keys=[self._prefix + key, self._index, self._mark(key)],
+                args=[value, ttl_ms, self.max_entries, release_token],
             )
         except (RedisError, OSError) as error:
             raise StoreUnavailable(f"redis: {error}") from error
@@ -100,6 +118,16 @@ class RedisStore:
             return bool(await self._client.set(self._mark(key), token, nx=True, px=ttl_ms))
         except (RedisError, OSError) as error:
             raise StoreUnavailable(f"redis: {error}") from error
+
+    async def get_or_claim(self, key: str, token: str, ttl_s: float) -> bytes | bool:
+        ttl_ms = max(1, round(ttl_s * 1000))
+        try:
+            found = await self._get_or_claim_script(
+                keys=[self._prefix + key, self._mark(key)], args=[token, ttl_ms]
+            )
+        except (RedisError, OSError) as error:
+            raise StoreUnavailable(f"redis: {error}") from error
+        return found if isinstance(found, bytes) else bool(found)
 
     async def renew(self, key: str, token: str, ttl_s: float) -> bool:
         ttl_ms = max(1, round(ttl_s * 1000))

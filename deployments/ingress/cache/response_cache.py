@@ -27,8 +27,8 @@ ENVELOPE = struct.Struct("<d")
 MAX_STORE_CALLS_IN_FLIGHT = 64
 
 FailureCounter = Callable[[str, str, str], None]
-"""Counts one failed store call: (backend, operation: get|put|claim|renew|release, reason: timeout|
-error|busy|down|corrupt)."""
+"""Counts one failed store call: (backend, operation: get|lookup|put|claim|renew|release, reason:
+timeout|error|busy|down|corrupt); lookup is get_or_claim."""
 
 log = logging.getLogger("ray.serve")
 T = TypeVar("T")
@@ -63,36 +63,51 @@ class ResponseCache:
         """The cached answer, or None: not cached, expired, or the store failed."""
         if not self.enabled:
             return None
-        if self._local is not None and (entry := self._local.get(key)) is not None:
-            return entry[1]
-        if self.store is None:
-            return None
+        if (answer := self._local_answer(key)) is not None or self.store is None:
+            return answer
         store = self.store
         data = await self._ask("get", lambda: store.get(key))
-        if data is None:
-            return None
-        try:
-            (expires_at,) = ENVELOPE.unpack_from(data)
-            answer = decode_answer(data[ENVELOPE.size :])
-        except (struct.error, CodecError) as error:
-            log.warning("response cache: an entry that does not decode is a miss: %s", error)
-            self._count_failure("get", "corrupt")
-            return None
-        if expires_at <= self._clock():  # the store's clock may be ahead of ours
-            return None
-        self._keep_local(key, expires_at, answer)
-        return answer
+        return None if data is None else self._unpacked("get", key, data)
+
+    async def get_or_claim(
+        self, key: str, token: str, ttl_s: float
+    ) -> tuple[Any | None, bool | None]:
+        """`get`, and on a miss `claim`, in one call to the store (one thread hop or round trip
+        on a request's path, not three): (the answer, None), or (None, claim's answer)."""
+        if not self.enabled:
+            return None, None
+        if (answer := self._local_answer(key)) is not None or self.store is None:
+            return answer, None
+        store = self.store
+        found = await self._ask("lookup", lambda: store.get_or_claim(key, token, ttl_s))
+        if not isinstance(found, bytes):
+            return None, found
+        if (answer := self._unpacked("lookup", key, found)) is not None:
+            return answer, None
+        return None, await self.claim(key, token, ttl_s)  # an entry we cannot use: made again
 
     async def put(self, key: str, answer: Any) -> None:
         """Keep `answer` for ttl_s; written through to the store (a bounded wait), so the next
         same request finds it on any replica. A failed write is counted, never raised."""
-        if not self.enabled:
-            return
+        if self.enabled:
+            await self.write_through(key, answer, self.keep(key, answer))
+
+    def keep(self, key: str, answer: Any) -> float:
+        """`put`'s first half, at once: `answer` kept in this replica's memory for ttl_s (a
+        request arriving next finds it); its expiry, for `write_through`."""
         expires_at = self._clock() + self._ttl_s
-        self._keep_local(key, expires_at, answer)
-        if self.store is not None:
+        if self.enabled:
+            self._keep_local(key, expires_at, answer)
+        return expires_at
+
+    async def write_through(
+        self, key: str, answer: Any, expires_at: float, release_token: str = ""
+    ) -> None:
+        """`put`'s second half: the answer `keep` kept, written to the store with its expiry;
+        `release_token`'s mark on the key goes with it (SharedStore.put)."""
+        if self.enabled and self.store is not None:
             store, data = self.store, ENVELOPE.pack(expires_at) + encode_answer(answer)
-            await self._ask("put", lambda: store.put(key, data, self._ttl_s))
+            await self._ask("put", lambda: store.put(key, data, self._ttl_s, release_token))
 
     async def claim(self, key: str, token: str, ttl_s: float) -> bool | None:
         """Whether this replica makes the key's answer: True, the store's "being made" mark is
@@ -121,6 +136,26 @@ class ResponseCache:
         if self.store is not None:
             await self.store.close()
 
+    def _local_answer(self, key: str) -> Any | None:
+        if self._local is not None and (entry := self._local.get(key)) is not None:
+            return entry[1]
+        return None
+
+    def _unpacked(self, operation: str, key: str, data: bytes) -> Any | None:
+        """The answer in a store's entry, kept locally until the entry's expiry; None if it
+        does not decode (counted) or has expired."""
+        try:
+            (expires_at,) = ENVELOPE.unpack_from(data)
+            answer = decode_answer(data[ENVELOPE.size :])
+        except (struct.error, CodecError) as error:
+            log.warning("response cache: an entry that does not decode is a miss: %s", error)
+            self._count_failure(operation, "corrupt")
+            return None
+        if expires_at <= self._clock():  # the store's clock may be ahead of ours
+            return None
+        self._keep_local(key, expires_at, answer)
+        return answer
+
     def _keep_local(self, key: str, expires_at: float, answer: Any) -> None:
         if self._local is not None:
             self._local[key] = (expires_at, answer)
@@ -136,7 +171,8 @@ class ResponseCache:
             return None
         self._in_flight += 1
         try:
-            result = await asyncio.wait_for(call(), self._timeout_s)
+            async with asyncio.timeout(self._timeout_s):  # no Task per call, as wait_for makes
+                result = await call()
         except TimeoutError:
             self._failed(operation, "timeout", f"no answer within {self._timeout_s * 1000:g} ms")
             return None

@@ -8,13 +8,21 @@ waits past `wait_s`: then it calls the model itself. The lead renews its mark ev
 `mark_ttl_s` while its model call lasts (a long generation does not let the mark lapse and the
 other replicas call the model too), and stops once it shares or drops the answer; a lead that
 dies stops renewing, so its mark still ends by its TTL. Only a whole answer is shared: an error,
-a refusal or a cut answer lets the waiters go, and one of them makes the answer again."""
+a refusal or a cut answer lets the waiters go, and one of them makes the answer again.
+
+A lead ends at once: this replica's waiters get the answer and its local copy is kept, while the
+backend's write and the mark's release follow in a task of their own (`SingleFlight.behind`), so
+the response does not wait for them. The mark goes with the write, in one call to the backend,
+so the other replicas' waiters find the answer once the mark is gone rather than make it
+again; a write that fails leaves the mark to end by its TTL."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +43,8 @@ class Found:
     lead: Lead | None = None
 
 
+log = logging.getLogger("ray.serve")
+
 # How many times per mark_ttl_s a lead renews its mark: a renewal may fail or be slow twice
 # before the mark would lapse.
 RENEWALS_PER_TTL = 3
@@ -52,30 +62,32 @@ class Lead:
             asyncio.ensure_future(flights.keep_marked(key, token)) if token else None
         )
 
-    async def share(self, answer: Any) -> None:
-        """Hand `answer` to this replica's waiters, store it for the others, end the mark."""
+    def share(self, answer: Any) -> None:
+        """Hand `answer` to this replica's waiters and keep it here now; store it for the other
+        replicas behind the response, the mark ending with the write."""
         if self._future.done():
             return
-        # No await between the hand-over and the write's start: `put` keeps the local copy
-        # before it waits on the backend, so a request arriving now finds the answer.
         self._flights.end(self._key, self._future, answer)
-        try:
-            await self._flights.cache.put(self._key, answer)
-        finally:  # even if the put is cancelled: the renewals stop, drop() would not run again
-            await self._release()
+        self._stop_renewing()
+        self._flights.store(self._key, answer, release_token=self._token)
 
-    async def drop(self) -> None:
-        """Let the waiters go without an answer (they look again, one of them leads); idempotent."""
+    def drop(self) -> None:
+        """Let the waiters go without an answer (they look again, one of them leads); the mark
+        ends behind the response. Idempotent."""
         if self._future.done():
             return
         self._flights.end(self._key, self._future, None)
-        await self._release()
+        self._stop_renewing()
+        if self._token:
+            self._flights.behind(self._release())
+
+    def _stop_renewing(self) -> None:
+        # at once, not behind: a mark outlives a write (mark_ttl_s against the store's timeout)
+        if self._renewing is not None:
+            self._renewing.cancel()
 
     async def _release(self) -> None:
-        if self._renewing is not None:  # before any await: however the release below ends
-            self._renewing.cancel()
-        if self._token:
-            await self._flights.cache.release(self._key, self._token)
+        await self._flights.cache.release(self._key, self._token)
 
 
 class SingleFlight:
@@ -91,12 +103,15 @@ class SingleFlight:
         self._config = config
         self._clock, self._sleep = clock, sleep
         self._flights: dict[str, asyncio.Future[Any]] = {}  # key -> the answer being made here
+        self._behind: set[asyncio.Task[None]] = set()  # the backend's work a response left
 
     async def find(self, key: str) -> Found:
         """The cached answer, or an identical request's once it is made, or this request's
         turn to make it (leading its waiters unless single flight is off or the wait ran out)."""
         deadline = self._clock() + self._config.wait_s
         while True:
+            if self._config.enabled and key not in self._flights:
+                return await self._lead(key, deadline)  # it looks the answer up as it claims
             answer = await self.cache.get(key)
             if answer is not None:
                 return Found(answer)
@@ -104,7 +119,7 @@ class SingleFlight:
                 return Found(None)
             flight = self._flights.get(key)
             if flight is None:
-                return await self._lead(key, deadline)
+                continue  # its lead ended while we looked: lead ourselves, or find its answer
             left_s = deadline - self._clock()
             if left_s <= 0:
                 return Found(None)
@@ -126,6 +141,32 @@ class SingleFlight:
             if await self.cache.renew(key, token, ttl_s) is False:
                 return
 
+    def store(self, key: str, answer: Any, release_token: str = "") -> None:
+        """`answer` kept in this replica's memory now (the next same request finds it), written
+        to the backend behind the response, `release_token`'s mark removed in the same call."""
+        expires_at = self.cache.keep(key, answer)
+        self.behind(self.cache.write_through(key, answer, expires_at, release_token))
+
+    def behind(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` (the backend's part of a request) as a task of its own: its thread hop or
+        round trip and the store's transaction are not the response's time. Its failure is
+        logged; a store's own failures never raise (ResponseCache)."""
+        task = asyncio.ensure_future(work)
+        self._behind.add(task)
+        task.add_done_callback(self._work_done)
+
+    async def settled(self) -> None:
+        """Until the backend's work left so far is done (tests; a replica that shuts down)."""
+        while self._behind:
+            await asyncio.gather(*self._behind, return_exceptions=True)
+
+    def _work_done(self, task: asyncio.Task[None]) -> None:
+        self._behind.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error(
+                "response cache: a write behind the response failed", exc_info=task.exception()
+            )
+
     def end(self, key: str, future: asyncio.Future[Any], answer: Any | None) -> None:
         if self._flights.get(key) is future:
             del self._flights[key]
@@ -133,36 +174,31 @@ class SingleFlight:
             future.set_result(answer)
 
     async def _lead(self, key: str, deadline: float) -> Found:
-        """Lead this replica's waiters for `key`: make the answer if the backend's mark is ours
-        (or ends while we poll, or the wait runs out), else take the answer another replica
-        made."""
+        """Lead this replica's waiters for `key`: the answer if the cache has it, else make it
+        if the backend's mark is ours (or ends while we poll, or the wait runs out), else take
+        the answer another replica made. Each look is one call to the backend (get_or_claim)."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._flights[key] = future
         token, ttl_s = secrets.token_hex(8), self._config.mark_ttl_s
         pacer = PollPacer(self._config.poll_min_ms / 1000, self._config.poll_max_ms / 1000)
         wait_s, waited, marked = pacer.fast_s, False, None
         try:
-            while (marked := await self.cache.claim(key, token, ttl_s)) is False:
+            answer, marked = await self.cache.get_or_claim(key, token, ttl_s)
+            while answer is None and marked is False:
                 left_s = deadline - self._clock()
                 if left_s <= 0:
                     break  # past the wait: made here too, without the mark
                 await self._sleep(min(wait_s, left_s))
                 waited = True
-                answer = await self.cache.get(key)
-                if answer is not None:
-                    self.end(key, future, answer)
-                    return Found(answer, joined=True)
+                answer, marked = await self.cache.get_or_claim(key, token, ttl_s)
                 wait_s = pacer.after_read(busy=False)
-            if not marked:  # None: no backend to mark (or it failed); False: waited out
-                token = ""
-            elif (answer := await self.cache.get(key)) is not None:
-                # Made by another between our look and our claim: its mark goes once it is in.
-                self.end(key, future, answer)
-                await self.cache.release(key, token)
-                return Found(answer, joined=waited)
         except BaseException:  # cancelled (the client left) or failed: let the waiters go
             self.end(key, future, None)
             if marked:
                 await self.cache.release(key, token)
             raise
-        return Found(None, lead=Lead(self, key, future, token))
+        if answer is not None:
+            self.end(key, future, answer)
+            return Found(answer, joined=waited)
+        # marked None: no backend to mark (or it failed); False: waited out
+        return Found(None, lead=Lead(self, key, future, token if marked else ""))

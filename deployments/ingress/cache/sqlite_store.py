@@ -50,11 +50,14 @@ class SQLiteStore:
     async def get(self, key: str) -> bytes | None:
         return await self._on_thread(self._get, key)
 
-    async def put(self, key: str, value: bytes, ttl_s: float) -> None:
-        await self._on_thread(self._put, key, value, ttl_s)
+    async def put(self, key: str, value: bytes, ttl_s: float, release_token: str = "") -> None:
+        await self._on_thread(self._put, key, value, ttl_s, release_token)
 
     async def claim(self, key: str, token: str, ttl_s: float) -> bool:
         return await self._on_thread(self._claim, key, token, ttl_s)
+
+    async def get_or_claim(self, key: str, token: str, ttl_s: float) -> bytes | bool:
+        return await self._on_thread(self._get_or_claim, key, token, ttl_s)
 
     async def renew(self, key: str, token: str, ttl_s: float) -> bool:
         return await self._on_thread(self._renew, key, token, ttl_s)
@@ -86,19 +89,18 @@ class SQLiteStore:
 
     def _get(self, key: str) -> bytes | None:
         try:
-            row = (
-                self._connection()
-                .execute(
-                    f"SELECT value FROM {TABLE} WHERE key = ? AND expires_at > ?",
-                    (key, self._clock()),
-                )
-                .fetchone()
-            )
+            return self._entry(self._connection(), key, self._clock())
         except (sqlite3.Error, OSError) as error:
             raise self._lost(error) from error
+
+    @staticmethod
+    def _entry(db: sqlite3.Connection, key: str, now: float) -> bytes | None:
+        row = db.execute(
+            f"SELECT value FROM {TABLE} WHERE key = ? AND expires_at > ?", (key, now)
+        ).fetchone()
         return None if row is None else bytes(row[0])
 
-    def _put(self, key: str, value: bytes, ttl_s: float) -> None:
+    def _put(self, key: str, value: bytes, ttl_s: float, release_token: str) -> None:
         now = self._clock()
         try:
             db = self._connection()
@@ -114,6 +116,8 @@ class SQLiteStore:
                     "ORDER BY expires_at DESC LIMIT -1 OFFSET ?)",
                     (self.max_entries,),
                 )
+                if release_token:
+                    self._unmark(db, key, release_token)
         except (sqlite3.Error, OSError) as error:
             raise self._lost(error) from error
 
@@ -123,14 +127,35 @@ class SQLiteStore:
             db = self._connection()
             with db:
                 db.execute("BEGIN IMMEDIATE")
-                db.execute(f"DELETE FROM {MARKS} WHERE expires_at <= ?", (now,))
-                taken = db.execute(
-                    f"INSERT OR IGNORE INTO {MARKS} (key, token, expires_at) VALUES (?, ?, ?)",
-                    (key, token, now + ttl_s),
-                ).rowcount
+                return self._mark(db, key, token, now + ttl_s, now)
         except (sqlite3.Error, OSError) as error:
             raise self._lost(error) from error
-        return taken == 1
+
+    def _get_or_claim(self, key: str, token: str, ttl_s: float) -> bytes | bool:
+        """A read without the write lock first: a hit (another replica's answer) takes none."""
+        if (value := self._get(key)) is not None:
+            return value
+        now = self._clock()
+        try:
+            db = self._connection()
+            with db:
+                db.execute("BEGIN IMMEDIATE")
+                # again under the lock: an entry written since the read above is the answer
+                if (value := self._entry(db, key, now)) is not None:
+                    return value
+                return self._mark(db, key, token, now + ttl_s, now)
+        except (sqlite3.Error, OSError) as error:
+            raise self._lost(error) from error
+
+    @staticmethod
+    def _mark(db: sqlite3.Connection, key: str, token: str, expires_at: float, now: float) -> bool:
+        """Set `token`'s mark on `key` unless a live one is there, in the caller's transaction."""
+        db.execute(f"DELETE FROM {MARKS} WHERE expires_at <= ?", (now,))
+        taken = db.execute(
+            f"INSERT OR IGNORE INTO {MARKS} (key, token, expires_at) VALUES (?, ?, ?)",
+            (key, token, expires_at),
+        ).rowcount
+        return bool(taken == 1)
 
     def _renew(self, key: str, token: str, ttl_s: float) -> bool:
         now = self._clock()
@@ -150,11 +175,13 @@ class SQLiteStore:
 
     def _release(self, key: str, token: str) -> None:
         try:
-            self._connection().execute(
-                f"DELETE FROM {MARKS} WHERE key = ? AND token = ?", (key, token)
-            )
+            self._unmark(self._connection(), key, token)
         except (sqlite3.Error, OSError) as error:
             raise self._lost(error) from error
+
+    @staticmethod
+    def _unmark(db: sqlite3.Connection, key: str, token: str) -> None:
+        db.execute(f"DELETE FROM {MARKS} WHERE key = ? AND token = ?", (key, token))
 
     def _close(self) -> None:
         if self._db is not None:

@@ -18,11 +18,19 @@ class SharedStore(Protocol):
 
     async def get(self, key: str) -> bytes | None: ...
 
-    async def put(self, key: str, value: bytes, ttl_s: float) -> None: ...
+    async def put(self, key: str, value: bytes, ttl_s: float, release_token: str = "") -> None:
+        """Store `value` for ttl_s; `release_token`: its mark on the key, removed with the write
+        if it still holds it (a lead's answer in and its mark out, in one call)."""
+        ...
 
     async def claim(self, key: str, token: str, ttl_s: float) -> bool:
         """Set the key's "being made" mark, held by `token` for ttl_s, unless another holds one
         still alive: True when this caller now holds it (single_flight.py)."""
+        ...
+
+    async def get_or_claim(self, key: str, token: str, ttl_s: float) -> bytes | bool:
+        """`get`, else `claim`, as one call: the key's value if stored, else whether `token`
+        now holds its mark. An entry written meanwhile is returned, never claimed over."""
         ...
 
     async def renew(self, key: str, token: str, ttl_s: float) -> bool:

@@ -74,11 +74,11 @@ class ModelService(Generic[Asked, Admits, T]):
             else:
                 result, trace = await self._dispatch(admitted, ctx, call)
                 answer = await self._answer(asked, admitted, result.reply.value, ctx)
-                await cached.store(answer, trace, whole=self._whole(answer, ctx))
+                cached.store(answer, trace, whole=self._whole(answer, ctx))
             used_tokens = self._used_tokens(answer, quota)
         finally:
             quota.settle(used_tokens)
-            await cached.release()  # waiters for an answer it could not share look again
+            cached.release()  # waiters for an answer it could not share look again
         self._report_usage(answer, ctx.telemetry)
         return Answer.of(answer, trace, quota)
 

@@ -32,25 +32,26 @@ class CacheLookup:
         if self.joined:
             trace.cache = "JOINED"
 
-    async def store(self, answer: Any, trace: EdgeTrace, *, whole: bool = True) -> None:
+    def store(self, answer: Any, trace: EdgeTrace, *, whole: bool = True) -> None:
         """Keep the answer just made for the next same request, on every router replica, and
         hand it to those waiting for it; its trace says MISS. An answer that is not `whole` (cut
-        by the moderation gate) is neither kept nor handed over."""
+        by the moderation gate) is neither kept nor handed over. The backend is written behind
+        the response (SingleFlight.behind): this replica's copy and its waiters' are made now."""
         if self._flights is None or self._key is None:
             return
         trace.cache = "MISS"
         if not whole:
-            await self.release()
+            self.release()
         elif self._lead is not None:
-            await self._lead.share(answer)
+            self._lead.share(answer)
         else:
-            await self._flights.cache.put(self._key, answer)
+            self._flights.store(self._key, answer)
 
-    async def release(self) -> None:
+    def release(self) -> None:
         """Let go of the requests waiting for this one's answer if it made none to share (it
         failed, was refused or cut); nothing once `store` shared it."""
         if self._lead is not None:
-            await self._lead.drop()
+            self._lead.drop()
 
 
 NOT_CACHED = CacheLookup(None)

@@ -66,6 +66,11 @@ class RouterServices:
     state: GatewayState | None = None  # keys, budgets and the request log; None when off
     batch_runner: BatchRunner | None = None  # runs batch jobs; None with state or batch off
 
+    async def settled(self) -> None:
+        """Until the work requests left behind their responses is done (the response cache's
+        writes, each bounded by its timeout): a replica that shuts down, and tests."""
+        await self.embeddings.cached.flights.settled()  # one CachedAnswers for every service
+
     async def readiness(self) -> dict[str, Any]:
         states = await self.deployment_states()
         ready = self.catalogue.readiness(states, self.pools.last_cold_start)
