@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from deployments.ingress.cache.store import StoreUnavailable
+from deployments.sqlite_wal import enable_wal
 
 # The table's name carries the entry format's version: a new format starts an empty table
 # instead of reading entries it cannot decode.
@@ -77,7 +78,7 @@ class SQLiteStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             db = sqlite3.connect(self.path, timeout=self._busy_timeout_s, isolation_level=None)
             try:
-                db.execute("PRAGMA journal_mode=WAL")  # readers never wait on a writer
+                enable_wal(db, self._busy_timeout_s)  # readers never wait on a writer
                 # A crash may lose the last entries written, never corrupt the file: a cache.
                 db.execute("PRAGMA synchronous=NORMAL")
                 db.executescript(SCHEMA)

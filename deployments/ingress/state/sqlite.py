@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from deployments.ingress.state.database import Dialect, Row, Statements, StoreUnavailable
+from deployments.sqlite_wal import enable_wal
 
 T = TypeVar("T")
 
@@ -38,22 +38,6 @@ class _Connection:
         return await self._database._call(lambda c: c.execute(sql, tuple(args)).fetchall())
 
 
-def _enable_wal(connection: sqlite3.Connection, wait_s: float) -> None:
-    """WAL on the file, waiting up to `wait_s` for a lock: switching a new file's journal mode
-    needs its lock and SQLite answers "database is locked" at once instead of calling the busy
-    handler, so two routers opening a new file together (one migrating) would fail without it."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            connection.execute("PRAGMA journal_mode = WAL")
-            return
-        except sqlite3.OperationalError as error:
-            if "locked" not in str(error) or time.monotonic() >= deadline:
-                connection.close()
-                raise
-            time.sleep(0.01)
-
-
 class SqliteDatabase:
     dialect: Dialect = "sqlite"
 
@@ -71,7 +55,7 @@ class SqliteDatabase:
             # isolation_level=None: autocommit, transactions only where we BEGIN them.
             connection = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             connection.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
-            _enable_wal(connection, self._busy_timeout_ms / 1000)
+            enable_wal(connection, self._busy_timeout_ms / 1000)
             connection.execute("PRAGMA synchronous = NORMAL")  # WAL's safe setting
             self._connection = connection
         return self._connection
