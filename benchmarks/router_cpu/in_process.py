@@ -5,9 +5,8 @@ edge, telemetry, encoding) without Ray or a socket. Beside it, the embeddings bo
 encoders on the same vectors, and the ledger's cost (gateway state off vs on, in one run).
 
 `python -m benchmarks.router_cpu.in_process --profile ENDPOINT` prints the hot path of one
-endpoint (cProfile); `--overhead` measures x-edge-overhead-ms as the gateway suite does (warm
-embeddings, a unique text each, one at a time) on the app with the shipped response cache and
-gateway state (SQLite files in a temp data_dir), the router's own time without Ray.
+endpoint (cProfile). The router's own time per request as its header says it:
+benchmarks.router_cpu.overhead.
 """
 
 from __future__ import annotations
@@ -39,15 +38,13 @@ from benchmarks.lib.fake_handles import (
 from benchmarks.router_cpu.encoders import DIMENSION, encoder_comparison
 from deployments.config import PROJECT_ROOT, AppConfig
 from deployments.ingress.api.app import make_app
-from deployments.ingress.cache import SharedStore, open_cache_store
+from deployments.ingress.cache import SharedStore
 from deployments.ingress.security import KeyStore
 from deployments.ingress.serving.services import build_services
 from deployments.ingress.state.gateway import GatewayState
 from deployments.ingress.state.sqlite import SqliteDatabase
 from deployments.observability import RouterObservability
 from deployments.observability.access_log import configure_access_logger
-from deployments.observability.edge_overhead import OVERHEAD_HEADER
-from edgectl.loadtest.summary import latency_stats
 
 USER_KEY = "sk-bench-0123456789abcdef"
 SENTENCE = "The quick brown fox jumps over the lazy dog near the riverbank at dawn."
@@ -329,49 +326,6 @@ def ledger_overhead(config: AppConfig, requests: int, rounds: int) -> dict[str, 
     return out
 
 
-# Between two requests: the client's turn, in which the work an answer left behind it runs (the
-# cache's write), as it does between a real client's requests.
-CLIENT_TURN_S = 0.002
-
-
-def edge_overhead_ms(
-    requests: int, serve_config: Path = PROJECT_ROOT / "serve_config.yaml"
-) -> dict[str, Any]:
-    """x-edge-overhead-ms of warm embeddings requests one at a time, each a text of its own (a
-    cache miss: a hit calls no model and has no overhead), on the shipped config's response
-    cache and gateway state (SQLite under a temp data_dir, its background work running, as in
-    the replica), after `requests` // 5 to warm up."""
-    warmup = requests // 5
-    with tempfile.TemporaryDirectory(prefix="edge-bench-overhead-") as folder:
-        config = app_config(serve_config=serve_config).model_copy(update={"data_dir": folder})
-        overheads = asyncio.run(_overheads(config, warmup + requests))
-    return {"requests": requests, "overhead_ms": latency_stats(overheads[warmup:])}
-
-
-async def _overheads(config: AppConfig, requests: int) -> list[float]:
-    database = SqliteDatabase(config.data_path(config.state.sqlite_file))
-    state = GatewayState.build(config.state, database, config.security, config.observability.prices)
-    if not await state.ensure_ready():
-        raise RuntimeError(f"the benchmark's SQLite store in {config.data_dir} did not open")
-    state.start()
-    try:
-        app = bench_app(config, state, open_cache_store(config, {}))
-        return await _overheads_of(app, served_endpoints(config)["embeddings_float"], requests)
-    finally:
-        await state.close()
-
-
-async def _overheads_of(app: Any, endpoint: Endpoint, requests: int) -> list[float]:
-    overheads = []
-    for i in range(requests):
-        status, payload, headers = await asgi_exchange(app, *endpoint.request(i))
-        if status != 200 or OVERHEAD_HEADER.encode() not in headers:
-            raise RuntimeError(f"{endpoint.path}: {status} {payload[:300]!r}")
-        overheads.append(float(headers[OVERHEAD_HEADER.encode()]))
-        await asyncio.sleep(CLIENT_TURN_S)
-    return overheads
-
-
 def served_endpoints(config: AppConfig) -> dict[str, Endpoint]:
     chat_model = next(n for n, m in config.models.items() if m.task == "chat")
     embedding_model = next(n for n, m in config.models.items() if m.task == "embedding")
@@ -385,13 +339,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--profile", metavar="ENDPOINT", help="print a cProfile of one endpoint")
-    parser.add_argument(
-        "--overhead", action="store_true", help="x-edge-overhead-ms of `--requests` embeddings"
-    )
     args = parser.parse_args()
-    if args.overhead:
-        print(json.dumps(edge_overhead_ms(args.requests), indent=2))
-        return
     if not args.profile:
         print(json.dumps(measure_in_process(args.requests, args.rounds), indent=2))
         return

@@ -9,7 +9,6 @@ import asyncio
 import itertools
 import json
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -155,17 +154,29 @@ CHAT_STREAM = _sse(
     {"choices": [], "usage": {"completion_tokens": 2}},
 )
 REFUSED_REQUEST = 2  # the light server refuses B's second stream, with a Retry-After
+LIGHT_COUNT = 3  # B's streams
+HANDSHAKE_S = 20.0  # a guard only: each side waits on the other's event, set within ms
 
 
 class _LightChat(BaseHTTPRequestHandler):
     """A chat model behind the gateway, on a real socket (B's process cannot share a fake
-    transport): an SSE stream at once, but a 429 for the REFUSED_REQUEST-th request."""
+    transport): an SSE stream at once, but a 429 for the REFUSED_REQUEST-th request. Its first
+    request answers only once the suite's event loop is held (`loop_held`), so every one of B's
+    streams runs while that loop cannot read anything."""
 
     requests = 0
+    first_arrived = threading.Event()
+    loop_held = threading.Event()
+    all_arrived = threading.Event()
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers["content-length"]))
         type(self).requests += 1
+        if type(self).requests == 1:
+            type(self).first_arrived.set()
+            type(self).loop_held.wait(HANDSHAKE_S)
+        if type(self).requests == LIGHT_COUNT:
+            type(self).all_arrived.set()
         if type(self).requests == REFUSED_REQUEST:
             self.send_response(429)
             self.send_header("retry-after", "3")
@@ -183,6 +194,8 @@ class _LightChat(BaseHTTPRequestHandler):
 @pytest.fixture
 def light_chat_url() -> Iterator[str]:
     _LightChat.requests = 0
+    for event in (_LightChat.first_arrived, _LightChat.loop_held, _LightChat.all_arrived):
+        event.clear()
     server = ThreadingHTTPServer(("127.0.0.1", 0), _LightChat)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -194,13 +207,16 @@ def light_chat_url() -> Iterator[str]:
 def test_b_is_timed_in_its_own_process_while_a_blocks_the_suites_event_loop(
     light_chat_url: str,
 ) -> None:
-    """A's every stream holds the suite's event loop for `loop_lag_s` (its parsing, overdone):
-    B's times to first token, taken by a process of its own, do not include it (read by that
-    loop, each would wait at least once)."""
-    loop_lag_s = 0.3
+    """Once B's process is sending, A's next answer holds the suite's event loop (its parsing,
+    overdone) until all of B's streams have reached the socket: B, timed by a process of its own,
+    gets its answers meanwhile (read by that loop, its second request could never be sent and the
+    hold would run out)."""
+    holds: list[bool] = []
 
     async def flood_answer(request: httpx.Request) -> httpx.Response:
-        time.sleep(loop_lag_s)  # blocks this event loop, as parsing thousands of chunks does
+        if _LightChat.first_arrived.is_set() and not holds:
+            _LightChat.loop_held.set()
+            holds.append(_LightChat.all_arrived.wait(HANDSHAKE_S))  # blocks this event loop
         await asyncio.sleep(0)
         headers = {"content-type": "text/event-stream"}
         return httpx.Response(200, content=CHAT_STREAM, headers=headers)
@@ -209,17 +225,19 @@ def test_b_is_timed_in_its_own_process_while_a_blocks_the_suites_event_loop(
         async with httpx.AsyncClient(transport=httpx.MockTransport(flood_answer)) as client:
             flood = fairness.Caller("http://gw/v1/chat/completions", {}, {"model": "glm"})
             light = fairness.Caller(light_chat_url, {"authorization": "Bearer b"}, {"model": "glm"})
-            return await fairness.flood_beside(client, flood, 1, 0.0, light, 3, 0.0, _ticks())
+            return await fairness.flood_beside(
+                client, flood, 1, 0.0, light, LIGHT_COUNT, 0.0, _ticks()
+            )
 
     flooded, lightly = asyncio.run(flood_beside())
+    assert holds == [True]  # all of B's streams were sent while this process's loop was held
     assert flooded and all(outcome.status == 200 for outcome in flooded)
-    assert _LightChat.requests == 3  # B's streams reached the socket; A's never did
+    assert _LightChat.requests == LIGHT_COUNT  # B's streams reached the socket; A's never did
     assert [outcome.status for outcome in lightly] == [200, 429, 200]
     assert lightly[1] == fairness.StreamOutcome(429, retry_after="3")
     answered = [lightly[0], lightly[2]]
     assert all(outcome.tokens == 2 for outcome in answered)
-    ttfts = [outcome.ttft_s or 0.0 for outcome in answered]
-    assert min(ttfts) > 0 and max(ttfts) < loop_lag_s, ttfts
+    assert all((outcome.ttft_s or 0.0) > 0 for outcome in answered)
 
 
 def test_retry_and_poll_tries_alternate_while_both_last() -> None:

@@ -30,10 +30,11 @@ USER = {"authorization": f"Bearer {USER_KEY}"}
 ADMIN = {"authorization": f"Bearer {ADMIN_KEY}"}
 ENV = {"EDGE_API_KEYS": f"alice:{USER_KEY}", "EDGE_ADMIN_KEY": ADMIN_KEY}
 HELLO = {"model": "kimi", "messages": [{"role": "user", "content": "hi"}]}
+COLD_START_MS = 3000.0  # assumed until one is measured: the Retry-After arithmetic below uses it
 
 
 def client_for(handles: dict[str, Any] | None = None, env: dict[str, str] = ENV) -> TestClient:
-    config = app_config(max_body_bytes=LIMIT)
+    config = app_config(max_body_bytes=LIMIT, default_cold_start_ms=COLD_START_MS)
     services = services_for(config, handles or fake_handles(), env)
     return TestClient(make_app(config, services), raise_server_exceptions=False)
 

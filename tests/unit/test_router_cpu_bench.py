@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.router_cpu.in_process import edge_overhead_ms, endpoints
+from benchmarks.router_cpu.in_process import endpoints
+from benchmarks.router_cpu.overhead import edge_overhead_ms
 from benchmarks.router_cpu.suite import RouterCpuBenchConfig, run_router_cpu_suite
 
 
