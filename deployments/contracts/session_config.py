@@ -29,3 +29,9 @@ class SessionConfig(BaseModel):
         "steps. None: on CUDA only (on the CPU provider there is no copy to save and binding "
         "costs ~0.1 ms a step); true forces it on any provider, so CI runs the GPU's code",
     )
+    profile_file_prefix: str | None = Field(
+        default=None,
+        description="write ONNX Runtime's per-op profile (one JSON file per session, on "
+        "`end_profiling()`) under this path prefix: a development aid for finding which ops a "
+        "step's time goes to (benchmarks.at_size.step_profile); every run pays for it",
+    )

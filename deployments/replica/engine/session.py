@@ -149,6 +149,9 @@ def open_session(
     options.intra_op_num_threads = config.intra_op_threads
     options.inter_op_num_threads = config.inter_op_threads
     options.log_severity_level = 3  # errors only: ORT's warnings about fallbacks are ours to report
+    if config.profile_file_prefix is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = config.profile_file_prefix
 
     start = time.perf_counter()
     source = graph if isinstance(graph, bytes) else str(graph)

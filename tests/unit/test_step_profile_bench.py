@@ -1,0 +1,39 @@
+"""`benchmarks.at_size.step_profile` runs on the tiny models: the decode split per batch size,
+ONNX Runtime's ops per decode step (MatMuls by input shape),
+and the prefill stall per chunk size on a slot-cache (fused) export."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fused_glm_fixtures import export_fused, tiny_glm_checkpoint
+
+from benchmarks.at_size.step_profile import main
+
+
+def test_decode_split_and_ort_ops_on_the_tiny_glm(models_root: Path) -> None:
+    report = main(
+        ["--model-dir", str(models_root / "glm"), "--batches", "1", "2"]
+        + ["--runs", "1", "--max-tokens", "4", "--threads", "1", "--ort-ops"]
+    )
+    for size in ("1", "2"):
+        split = report["decode"][size]
+        assert split["tokens_per_s"] > 0 and split["graph_ms"] > 0
+        assert split["sample_batch_ms"] > 0
+        ops = report["ort_ops"][size]
+        assert ops["steps"] > 0 and "MatMul" in ops["ops_ms"]
+        # The heaviest MatMuls are the weights', fed one new token per row: [batch, 1, width].
+        assert f"[{size}, 1, " in next(iter(ops["matmuls_ms"]))
+
+
+def test_stall_per_chunk_size_on_a_slot_cache_model(tmp_path: Path) -> None:
+    _, checkpoint = tiny_glm_checkpoint(tmp_path / "checkpoint")
+    export_fused(checkpoint, tmp_path / "fused")
+    report = main(
+        ["--model-dir", str(tmp_path / "fused"), "--batches", "2", "--runs", "1"]
+        + ["--max-tokens", "4", "--threads", "1", "--stall-chunks", "8", "32"]
+        + ["--stall-streams", "2", "--stall-prompt-tokens", "40"]
+    )
+    for chunk in ("8", "32"):
+        stall = report["stall"][chunk]
+        assert stall["ttft_s"] > 0 and stall["gap_median_before_ms"] > 0
