@@ -11,8 +11,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     field_validator,
@@ -22,6 +20,7 @@ from pydantic import (
 from deployments.config.router import RouterConfig
 from deployments.config.security import SecurityConfig
 from deployments.config.state import StateConfig
+from deployments.config.strict import StrictModel
 from deployments.config.warm_pool import WarmPoolConfig
 from deployments.contracts.manifest import Task
 from deployments.observability.config import ObservabilityConfig
@@ -48,11 +47,7 @@ def serve_switches(serve_config: Mapping[str, Any]) -> dict[str, str]:
 MIB = 1 << 20
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ModelConfig(_Strict):
+class ModelConfig(StrictModel):
     """One served model: where its directory is and what share of a node a replica takes."""
 
     task: Task
@@ -71,7 +66,7 @@ class ModelConfig(_Strict):
     description: str = Field(default="", description="shown by GET .../ai/models/search")
 
 
-class BatchingConfig(_Strict):
+class BatchingConfig(StrictModel):
     """A model deployment's `user_config`: applied live by `serve deploy`, no replica restart."""
 
     max_batch_size: int = Field(default=8, ge=1, le=256)
@@ -95,7 +90,7 @@ class BatchingConfig(_Strict):
     )
 
 
-class AppConfig(_Strict):
+class AppConfig(StrictModel):
     accelerator: Accelerator = "auto"
     models_dir: str = "models"
     # Where the gateway keeps state that outlives a process (its SQLite files by default);

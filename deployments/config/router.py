@@ -6,19 +6,15 @@ from __future__ import annotations
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from deployments.config.strict import StrictModel
 from deployments.contracts.manifest import Task
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
 
 CacheBackend = Literal["sqlite", "redis", "memory"]
 
 
-class SingleFlightConfig(_Strict):
+class SingleFlightConfig(StrictModel):
     """One miss, one model call (deployments.ingress.cache.single_flight): identical cacheable
     requests that arrive while the first is being answered wait for its answer, on one router
     replica through its memory, across the replicas that share the backend through a "being
@@ -56,7 +52,7 @@ class SingleFlightConfig(_Strict):
         return self
 
 
-class CacheConfig(_Strict):
+class CacheConfig(StrictModel):
     """Exact-match response cache for deterministic requests (embeddings, moderation, chat with
     temperature 0 or a seed), shared by the router replicas (docs/edge.md, "The response cache"):
     `sqlite`, one file under data_dir per node; `redis`, one server for the whole cluster;
@@ -105,7 +101,7 @@ class CacheConfig(_Strict):
         return url
 
 
-class CoalesceConfig(_Strict):
+class CoalesceConfig(StrictModel):
     """Concurrent embedding and moderation requests to one pool, sent as one model call
     (deployments.ingress.edge.coalesce): a call leaves at once while fewer than
     `max_calls_in_flight` are out from this router replica, else waits and leaves with the others
@@ -123,7 +119,7 @@ class CoalesceConfig(_Strict):
     )
 
 
-class FairQueueConfig(_Strict):
+class FairQueueConfig(StrictModel):
     """Fair queueing between keys in front of each model (deployments.ingress.edge.fair_queue):
     per model, at most `in_flight_per_replica` x its running replicas are sent at once, each
     router replica holding its share (the limit over the running routers, rounded up); past
@@ -180,7 +176,7 @@ class FairQueueConfig(_Strict):
         return self
 
 
-class ListenerConfig(_Strict):
+class ListenerConfig(StrictModel):
     """The router replicas' own HTTP port (deployments/ingress/api/listener.py), off by default:
     the shipped front is HAProxy on http_options.port (docs/operating.md, "The front door"); this
     port has no health check and no retry, and the benchmarks compare it with Serve's proxy."""
@@ -190,7 +186,7 @@ class ListenerConfig(_Strict):
     port: int = Field(default=8080, ge=1, le=65535)
 
 
-class RouterConfig(_Strict):
+class RouterConfig(StrictModel):
     max_body_bytes: int = Field(default=1 << 20, ge=1024, le=64 << 20)
     request_timeout_s: float = Field(
         default=120.0, gt=0, le=3600, description="per request, across failovers and cold starts"

@@ -5,18 +5,16 @@ from __future__ import annotations
 
 from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from deployments.config.strict import StrictModel
 
 # Past this a chat request's output alone could fill any context we serve; a cap keeps one request
 # from reserving a whole minute of a key's token budget by accident.
 DEFAULT_MAX_COMPLETION_TOKENS = 4096
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class RateLimits(_Strict):
+class RateLimits(StrictModel):
     """One API key's budget, each refilled continuously (null means unlimited), and its share
     of a full model against other keys'."""
 
@@ -34,7 +32,7 @@ class RateLimits(_Strict):
 BudgetPeriod = Literal["day", "month"]
 
 
-class KeyBudget(_Strict):
+class KeyBudget(StrictModel):
     """What a key may spend per UTC day or month, in observability.prices' cost units, and what
     serves it past that: a cheaper fallback model, or nothing (429 budget_exceeded)."""
 
@@ -47,7 +45,7 @@ class KeyBudget(_Strict):
     )
 
 
-class ParamRange(_Strict):
+class ParamRange(StrictModel):
     """Inclusive bounds for a sampling parameter; they can only narrow what the protocol allows."""
 
     min: float
@@ -63,7 +61,7 @@ class ParamRange(_Strict):
         return self.min <= value <= self.max
 
 
-class RequestLimits(_Strict):
+class RequestLimits(StrictModel):
     """Bounds on one request's size, checked by the router before any model is called. The body
     size is `router.max_body_bytes` (413); input tokens per model are each model's context, which
     its runtime enforces (400 context_length_exceeded) since only it holds the tokenizer."""
@@ -93,7 +91,7 @@ GateClassifier = Literal["in_router_if_embedded", "deployment"]
 GateFailureMode = Literal["fail_closed", "fail_open"]
 
 
-class GateFailureModes(_Strict):
+class GateFailureModes(StrictModel):
     """Per direction, what a classifier failure does. Both fail closed by default: an operator
     who put a model behind the gate asked for its text to be checked, and a gate that waves text
     through while its classifier is down is a bypass nobody sees (Cloudflare's blocking rules
@@ -110,7 +108,7 @@ class GateFailureModes(_Strict):
     )
 
 
-class ModerationGateConfig(_Strict):
+class ModerationGateConfig(StrictModel):
     """Which chat models have their input and output checked by the moderation model."""
 
     models: list[str] = Field(default_factory=list, description="chat models behind the gate")
@@ -150,7 +148,7 @@ class ModerationGateConfig(_Strict):
         return self
 
 
-class SecurityConfig(_Strict):
+class SecurityConfig(StrictModel):
     allow_open: bool = Field(
         default=False,
         description="on Kubernetes, start even with no API key (the API open to anyone who can "

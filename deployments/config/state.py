@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from deployments.config.strict import StrictModel
 
 # The database URL, when set, wins over `state.database_url`: on Kubernetes it comes from a
 # Secret, and a password never belongs in serve_config.yaml.
@@ -15,11 +17,7 @@ POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 BudgetWhenStoreDown = Literal["lease", "admit", "refuse"]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class LedgerConfig(_Strict):
+class LedgerConfig(StrictModel):
     """The usage ledger and request log: one row per model request, written behind the
     request path in batches."""
 
@@ -43,7 +41,7 @@ class LedgerConfig(_Strict):
     prune_interval_s: float = Field(default=3600.0, gt=0, le=86_400)
 
 
-class BudgetLeaseConfig(_Strict):
+class BudgetLeaseConfig(StrictModel):
     """Budget leases (`budget_when_store_down: lease`): each router replica holds, per active key,
     a slice of the key's remaining budget reserved in the database ahead of need, admits the
     key's requests from it in memory, and spends only it while the database does not answer."""
@@ -89,7 +87,7 @@ class BudgetLeaseConfig(_Strict):
         return self
 
 
-class BatchConfig(_Strict):
+class BatchConfig(StrictModel):
     """Workers AI's asynchronous Batch API (`queueRequest`): jobs kept in the database and run
     by the router replicas on warm capacity only, behind interactive traffic (docs/api.md)."""
 
@@ -130,7 +128,7 @@ class BatchConfig(_Strict):
     )
 
 
-class StateConfig(_Strict):
+class StateConfig(StrictModel):
     """Gateway state. No `database_url` (and no EDGE_DATABASE_URL): an embedded SQLite file
     under `data_dir`, enough for one machine; PostgreSQL to share it across nodes."""
 
