@@ -8,11 +8,13 @@ import json
 from pathlib import Path
 
 import jsonschema
+import numpy as np
 import pytest
 
 from deployments.contracts.manifest import ModelManifest
 from deployments.contracts.sampling_params import GenerationOptions, SamplingParams
 from deployments.export.chat_tokenizer import CHAT_FORMATS
+from deployments.replica.engine.grammar import GrammarCompiler
 from deployments.replica.engine.llm import LLMRuntime
 from deployments.replica.engine.tokenizer import ChatTokenizer
 from deployments.replica.engine.tool_calls import (
@@ -224,3 +226,70 @@ def test_forced_calls_from_random_weights_always_parse_and_validate(
 )
 def test_a_cut_forced_answer_parses_to_its_calls_as_far_as_they_came(fmt, text, expected) -> None:
     assert [(c.name, c.arguments) for c in fmt.parse_cut(text, NAMES)] == expected
+
+
+ONE_MORE_CALL = {"glm": "<|assistant|>", "kimi": "<|tool_call_begin|>"}
+# A name that costs many tokens: one more call is dear to close.
+FORECAST = {
+    "type": "function",
+    "function": {
+        "name": "forecast_the_weather_of_every_coastal_city_in_europe",
+        "parameters": {
+            "type": "object",
+            "properties": {"sea": {"type": "string"}},
+            "required": ["sea"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("family", ["glm", "kimi"])
+def test_a_model_that_always_wants_one_more_call_still_ends_within_its_budget(
+    models_root: Path, family: str
+) -> None:
+    """The worst model for a budget: it starts another parallel call whenever the grammar lets
+    it and otherwise writes the shortest call it can, never the end. The closing path keeps room
+    for the call a sampled token may start (GLM's `<|assistant|>`, Kimi's
+    `<|tool_call_begin|>`), so every answer ends by itself and parses (GLM's once did not: a
+    call started 8 tokens from the end needed 14)."""
+    manifest = ModelManifest.load(models_root / family)
+    assert manifest.llm is not None
+    compiler = GrammarCompiler(
+        models_root / family / "tokenizer.json", manifest.llm.eos_token_ids, manifest.vocab_size
+    )
+    fmt = tool_call_format(family, list(manifest.llm.special_tokens))
+    repeat = manifest.llm.special_tokens[ONE_MORE_CALL[family]]
+    never = np.iinfo(np.int64).max
+    grammar = fmt.grammar([FORECAST], True)
+    one_call = compiler.compile(grammar).closing_cost()
+    for budget in range(one_call, 4 * one_call):
+        constraint = compiler.compile(grammar)
+        tokens: list[int] = []
+        while len(tokens) < budget and not constraint.done:
+            allowed = constraint.allowed(budget - len(tokens))
+            text = b"".join(compiler.token_bytes[token] for token in tokens)
+            rank = np.where(allowed, compiler.closing_rank(_inside_a_string(text)), never)
+            if allowed.sum() > 1:  # it ends only when made to
+                rank[list(compiler.eos_token_ids)] = never
+            token = repeat if allowed[repeat] else int(np.argmin(rank))
+            if token in compiler.eos_token_ids:
+                break
+            constraint.accept(token)
+            tokens.append(token)
+        text = b"".join(compiler.token_bytes[token] for token in tokens).decode()
+        assert len(tokens) < budget or constraint.done, (budget, text)
+        content, calls = fmt.parse(text, [FORECAST["function"]["name"]])
+        assert calls and not content.strip(), (budget, text)
+
+
+def _inside_a_string(text: bytes) -> bool:
+    inside = escaped = False
+    for byte in text:
+        if escaped:
+            escaped = False
+        elif inside and byte == 0x5C:
+            escaped = True
+        elif byte == 0x22:
+            inside = not inside
+    return inside

@@ -87,6 +87,9 @@ class Glm4ToolCalls(ToolCallFormat):
     start_marker = ""  # a call starts with a tool name: decided on the first line
     separator = "<|assistant|>"
     keeps_special_tokens = True  # the separator between parallel calls
+    # Nothing after the last call; the separator starts one more (the closing path keeps room
+    # for it: without, a call begun 8 tokens from max_tokens was cut, needing 14).
+    _ending = ("", separator)
 
     def _start(self, parallel: bool) -> str:
         return f"start: call ({self.literal(self.separator)} call)*" if parallel else "start: call"
