@@ -4,17 +4,40 @@ servers."""
 
 from __future__ import annotations
 
+import random
 import socket
 import time
 from collections.abc import Callable
 from typing import Any
 
+# Where the ports we hand out come from: a kernel-chosen port (bind to port 0) is drawn from the
+# ephemeral range (32768+), which every outgoing connection and every port-0 listener of Ray's
+# processes also draws from, so in the seconds between choosing a port and our server binding it
+# someone else can take it (CI saw HAProxy's stats listener fail "Address already in use"). This
+# range is where nothing on a Ray machine takes a port by itself: above Ray's worker ports
+# (10002-19999), below Serve's direct-ingress replicas (30000+) and the ephemeral range.
+UNCLAIMED_PORTS = range(20000, 30000)
+_handed_out: set[int] = set()  # never hand this process the same port twice
+
 
 def free_port() -> int:
-    """A port nobody listens on right now (the kernel's choice)."""
+    """A port nobody holds right now, from UNCLAIMED_PORTS, not handed out before here."""
+    for _ in range(500):
+        port = random.choice(UNCLAIMED_PORTS)
+        if port not in _handed_out and is_unbound(port):
+            _handed_out.add(port)
+            return port
+    raise RuntimeError(f"no free port in {UNCLAIMED_PORTS} after 500 tries")
+
+
+def is_unbound(port: int) -> bool:
+    """No socket of any address holds `port` (a wildcard bind fails on any of them)."""
     with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+        return True
 
 
 def wait_until(check: Callable[[], Any], timeout_s: float, what: str, every_s: float = 0.5) -> Any:

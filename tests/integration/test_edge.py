@@ -174,11 +174,14 @@ def test_six_identical_requests_are_a_miss_then_five_hits_across_the_router_repl
     serve_cluster, http
 ):
     """The cache is one for every router replica (SQLite on this one node): each replica's
-    in-process tier starts empty, yet no repeat is a miss, whichever replica takes it."""
+    in-process tier starts empty, yet no repeat is a miss, whichever replica takes it. The
+    miss's cache write goes behind its response, so the next request can find it still being
+    written and wait for it (JOINED): not a model call either."""
     assert serve_cluster.running_replicas("router") == 2  # as shipped
     text = f"cache me if you can {uuid.uuid4()}"
     answers = embed_repeatedly(http, text, 6)
-    assert [a.headers["x-edge-cache"] for a in answers] == ["MISS"] + ["HIT"] * 5
+    said = [a.headers["x-edge-cache"] for a in answers]
+    assert said[0] == "MISS" and set(said[1:]) <= {"HIT", "JOINED"}, said
     assert all(a.json()["data"] == answers[0].json()["data"] for a in answers)
     other_key = http.post(
         "/v1/embeddings",
