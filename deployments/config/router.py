@@ -133,11 +133,12 @@ class FairQueueConfig(StrictModel):
         description="the tasks whose models are gated (embeddings and moderation are coalesced)",
     )
     in_flight_per_replica: int = Field(
-        default=16,
+        default=18,
         ge=1,
         le=65536,
         description="requests the routers together send to one running replica at once: the "
-        "model's max_ongoing_requests (a cold model: one replica's worth, so its wake goes out)",
+        "model's max_ongoing_requests (a cold model: one replica's worth, so its wake goes out); "
+        "a key already served fills it less reserved_per_replica (the shipped 18: 16 + 2)",
     )
     reserved_per_replica: int = Field(
         default=2,

@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
-from deployments.config import FairQueueConfig
+from deployments.config import PROJECT_ROOT, FairQueueConfig
 from deployments.config.security import RateLimits, SecurityConfig
 from deployments.contracts.replies import Reply
 from deployments.errors import BusyError, QueueFullError, WaitBudgetExceededError
@@ -383,3 +384,37 @@ def test_a_key_weight_is_validated_and_set_per_key() -> None:
     )
     assert security.limits_for("batch") == RateLimits(requests_per_minute=60, weight=0.25)
     assert security.limits_for("other").weight == 1.0
+
+
+def test_as_shipped_one_keys_16_requests_at_once_go_out_together() -> None:
+    """serve_config.yaml's routers, chat models and fair queue: a lone key's 16 requests at once
+    (the front spreads them evenly over the routers) are all in flight, one batch, with the reserve
+    still free for another key; the replica takes every request the routers send."""
+    shipped = yaml.safe_load((PROJECT_ROOT / "serve_config.yaml").read_text())
+    (app,) = shipped["applications"]
+    options = {d["name"]: d for d in app["deployments"]}
+    fair = FairQueueConfig(**app["args"]["router"].get("fair_queue", {}))
+    routers = options["router"]["num_replicas"]
+    for model in ("glm-eu", "kimi-eu"):
+        deployment = options[model]
+        assert deployment["max_ongoing_requests"] == fair.in_flight_per_replica
+        assert deployment["user_config"]["max_batch_size"] == fair.in_flight_per_replica
+
+    async def scenario() -> None:
+        views = {"eu": PoolView(running=1)}
+        gates = [
+            FairGates(fair, ["glm"], lambda model: views, routers=lambda: routers)
+            for _ in range(routers)
+        ]
+        flood = [
+            asyncio.create_task(gates[i % routers].enter("glm", Req("alone"))) for i in range(16)
+        ]
+        await turns()
+        assert all(task.done() for task in flood)
+        quiet = asyncio.create_task(gates[0].enter("glm", Req("quiet")))
+        await turns()
+        assert quiet.done()  # the reserve was left for it
+        in_flight = sum(gate.queues["glm"].in_flight for gate in gates)
+        assert in_flight == 17 <= fair.in_flight_per_replica
+
+    run(scenario)
