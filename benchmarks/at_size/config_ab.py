@@ -24,12 +24,12 @@ from typing import Any
 from benchmarks.at_size.config import DEFAULT_AT_SIZE_DIR, AtSizeBenchConfig
 from benchmarks.at_size.load import chat_body, measure_side
 from benchmarks.at_size.models import at_size_application
+from benchmarks.at_size.suite import CHAT_PATH
 from benchmarks.lib.edge_app import BYPASS_CACHE, our_url
 from benchmarks.lib.http_load import Endpoint, async_client, ready
 from benchmarks.lib.served import served
 
 MODEL = "glm"
-CHAT_PATH = "/v1/chat/completions"
 
 log = logging.getLogger(__name__)
 
