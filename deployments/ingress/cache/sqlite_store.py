@@ -1,12 +1,20 @@
 """The embedded shared tier: one SQLite file (WAL) per node, shared by the router replicas on that
-node without a server. Every call runs on one thread of its own, so a slow disk delays that
-thread, never the router's event loop; expired and surplus (oldest first) entries are pruned
-as entries are written."""
+node without a server. Calls run on one thread of its own, so a slow disk or another replica's
+write lock delays that thread, never the router's event loop; expired and surplus (oldest
+first) entries are pruned as entries are written.
+
+But the lookup on a request's path (`get_or_claim`: a read, and on a miss the "being made"
+mark) is tried on the event loop first, on a connection of its own that never waits for a lock
+(busy timeout 0) and never checkpoints (no fsync: the thread's connection checkpoints as it
+writes): a read and a small append to the WAL in the page cache, about 30 µs, where the hop to
+the thread and back cost a request 0.1-0.3 ms of its `x-edge-overhead-ms`. When another
+connection holds the write lock it goes to the thread as before."""
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -47,6 +55,10 @@ class SQLiteStore:
         self._clock = clock
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edge-cache-sqlite")
         self._db: sqlite3.Connection | None = None  # only ever touched on self._thread
+        # get_or_claim's connection on the event loop, opened on the loop's thread once the
+        # thread's connection made the file (WAL, schema); None after it failed.
+        self._loop_db: sqlite3.Connection | None = None
+        self._loop_thread: int | None = None
 
     async def get(self, key: str) -> bytes | None:
         return await self._on_thread(self._get, key)
@@ -58,6 +70,10 @@ class SQLiteStore:
         return await self._on_thread(self._claim, key, token, ttl_s)
 
     async def get_or_claim(self, key: str, token: str, ttl_s: float) -> bytes | bool:
+        """On the event loop when the file's write lock is free, else on the thread."""
+        found = self._get_or_claim_at_once(key, token, ttl_s)
+        if found is not None:
+            return found
         return await self._on_thread(self._get_or_claim, key, token, ttl_s)
 
     async def renew(self, key: str, token: str, ttl_s: float) -> bool:
@@ -67,6 +83,7 @@ class SQLiteStore:
         await self._on_thread(self._release, key, token)
 
     async def close(self) -> None:
+        self._close_loop_db()
         await self._on_thread(self._close)
         self._thread.shutdown(wait=False)
 
@@ -133,20 +150,60 @@ class SQLiteStore:
             raise self._lost(error) from error
 
     def _get_or_claim(self, key: str, token: str, ttl_s: float) -> bytes | bool:
-        """A read without the write lock first: a hit (another replica's answer) takes none."""
-        if (value := self._get(key)) is not None:
-            return value
-        now = self._clock()
         try:
-            db = self._connection()
-            with db:
-                db.execute("BEGIN IMMEDIATE")
-                # again under the lock: an entry written since the read above is the answer
-                if (value := self._entry(db, key, now)) is not None:
-                    return value
-                return self._mark(db, key, token, now + ttl_s, now)
+            return self._entry_or_mark(self._connection(), key, token, ttl_s)
         except (sqlite3.Error, OSError) as error:
             raise self._lost(error) from error
+
+    def _get_or_claim_at_once(self, key: str, token: str, ttl_s: float) -> bytes | bool | None:
+        """`_get_or_claim` on the loop's connection; None where it would wait (another writer
+        holds the lock), failed, or the file is not made yet: then the thread answers."""
+        db = self._loop_connection()
+        if db is None:
+            return None
+        try:
+            return self._entry_or_mark(db, key, token, ttl_s)
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) and "busy" not in str(error):
+                self._close_loop_db()  # the thread's call reports it and opens the file anew
+            return None
+        except (sqlite3.Error, OSError):
+            self._close_loop_db()
+            return None
+
+    def _entry_or_mark(
+        self, db: sqlite3.Connection, key: str, token: str, ttl_s: float
+    ) -> bytes | bool:
+        """A read without the write lock first: a hit (another replica's answer) takes none."""
+        now = self._clock()
+        if (value := self._entry(db, key, now)) is not None:
+            return value
+        with db:
+            db.execute("BEGIN IMMEDIATE")
+            # again under the lock: an entry written since the read above is the answer
+            if (value := self._entry(db, key, now)) is not None:
+                return value
+            return self._mark(db, key, token, now + ttl_s, now)
+
+    def _loop_connection(self) -> sqlite3.Connection | None:
+        if self._db is None:  # the thread's connection makes the file (WAL, schema) first,
+            self._close_loop_db()  # and after it failed opens it anew (it may be a new file)
+            return None
+        here = threading.get_ident()
+        if self._loop_db is None:
+            try:
+                db = sqlite3.connect(self.path, timeout=0, isolation_level=None)
+                db.execute("PRAGMA synchronous=NORMAL")
+                db.execute("PRAGMA wal_autocheckpoint=0")
+            except (sqlite3.Error, OSError):
+                return None
+            self._loop_db, self._loop_thread = db, here
+        return self._loop_db if self._loop_thread == here else None
+
+    def _close_loop_db(self) -> None:
+        if self._loop_db is not None and self._loop_thread == threading.get_ident():
+            self._loop_db.close()
+            self._loop_db = None
 
     @staticmethod
     def _mark(db: sqlite3.Connection, key: str, token: str, expires_at: float, now: float) -> bool:
