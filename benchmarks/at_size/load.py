@@ -102,10 +102,15 @@ async def decode_stall(
     ]
     await asyncio.sleep(config.lead_s)
     long_body = chat_body(model, first_seed - 1, 2, [{"role": "user", "content": prompt}])
-    long = await timed_chat_stream(client, endpoint.url, long_body, clock, headers)
+    try:
+        long = await timed_chat_stream(client, endpoint.url, long_body, clock, headers)
+    finally:  # the running streams end (or fail) before the error goes on
+        timings = await asyncio.gather(*running, return_exceptions=True)
     sent, prefilled = long.started_s, long.started_s + long.ttft_s
     before, during = [], []
-    for timing in await asyncio.gather(*running):
+    for timing in timings:
+        if isinstance(timing, BaseException):
+            raise timing
         times = [timing.started_s + at for at in timing.content_at_s]
         for start, end in zip(times, times[1:], strict=False):
             if end <= sent:

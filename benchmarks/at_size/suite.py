@@ -32,7 +32,7 @@ from benchmarks.at_size.verdicts import VLLM, goals
 from benchmarks.chat.vllm_peer import VllmServer, serve_checkpoint
 from benchmarks.lib.corpus import chat_messages
 from benchmarks.lib.edge_app import BYPASS_CACHE, our_url
-from benchmarks.lib.http_load import Endpoint, async_client, ready, rotated
+from benchmarks.lib.http_load import BadResponseError, Endpoint, async_client, ready, rotated
 from benchmarks.lib.served import served
 
 log = logging.getLogger(__name__)
@@ -93,11 +93,15 @@ async def _stall_runs(
     prompt = long_prompt(config.model_dir(model), config.prefill_tokens)
     async with async_client(config.running_streams + 1) as client:
         await ready(client, ours, chat_body(model, 0, 2))
-        runs = []
+        runs: list[dict[str, Any]] = []
         for run_index in range(config.runs):
             await asyncio.sleep(config.settle_s)
             seed = 10_000 * (run_index + 1)
-            runs.append(await decode_stall(config, client, ours, model, prompt, seed, clock))
+            try:
+                runs.append(await decode_stall(config, client, ours, model, prompt, seed, clock))
+            except BadResponseError as exc:  # a miss that says why; the other parts go on
+                log.warning("%s decode stall, run %d: %s", model, run_index, exc)
+                return [*runs, {"error": str(exc)}]
             log.info(
                 "%s decode stall, run %d: %s",
                 model,

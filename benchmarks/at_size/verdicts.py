@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from benchmarks.at_size.config import INT8, AtSizeBenchConfig
-from benchmarks.lib.goals import GoalRecord, dig, goal, goal_over_runs, ratio
+from benchmarks.lib.goals import UNMEASURED, GoalRecord, dig, goal, goal_over_runs, ratio
 
 VLLM = "vllm"
 THROUGHPUT_TARGET = 1.5  # ours / vLLM's tokens/s, same dtype, at `streams` and one at a time
@@ -38,11 +38,13 @@ def goals(result: Mapping[str, Any], config: AtSizeBenchConfig) -> dict[str, Goa
                 details=dig(result, "int8_agreement", model),
             )
         stalls = dig(result, "decode_stall", model) or []
+        errors = [run["error"] for run in stalls if "error" in run]
         verdicts[f"{model}_tpot_p99_during_prefill_vs_median"] = goal_over_runs(
-            [run["p99_during_over_median_before"] for run in stalls],
+            [run.get("p99_during_over_median_before") for run in stalls],
             STALL_TARGET,
             "x chunk gap",
             at_most=True,
+            missing=f"failed: {errors[0]}" if errors else UNMEASURED,
             details={"prefill_tokens": config.prefill_tokens, "streams": config.running_streams},
         )
     if "glm" in config.models:

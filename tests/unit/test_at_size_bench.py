@@ -152,6 +152,17 @@ def test_without_a_peer_every_goal_against_vllm_is_a_miss_that_says_why() -> Non
     assert record["missing"] == "vLLM exited with 1"
 
 
+def test_a_decode_stall_run_that_failed_is_a_miss_that_says_why() -> None:
+    """Kimi at size answered the long prompt with a 500: the stall goal says so, not a crash."""
+    error = "POST http://x/v1/chat/completions: 500 generation failed: Fail"
+    result = {"decode_stall": {"glm": [{"p99_during_over_median_before": 1.5}, {"error": error}]}}
+    partly = goals(result, _config())["glm_tpot_p99_during_prefill_vs_median"]
+    assert (partly["value"], partly["met_in"]) == (1.5, "1 of 2")
+    result = {"decode_stall": {"glm": [{"error": error}]}}
+    failed = goals(result, _config())["glm_tpot_p99_during_prefill_vs_median"]
+    assert failed["met"] is False and failed["missing"] == f"failed: {error}"
+
+
 def test_the_goals_table_says_in_how_many_runs_a_goal_was_met() -> None:
     record = goal_over_runs([1.2, 1.7, None], 1.5, "x tokens/s")
     assert record["value"] == 1.45 and record["met_in"] == "1 of 3" and not record["met"]
