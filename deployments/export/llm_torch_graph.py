@@ -16,6 +16,8 @@ from transformers.models.deepseek_v3 import modeling_deepseek_v3 as deepseek_v3
 
 from deployments.contracts.manifest import KVCacheLayout
 from deployments.export.common import strip_trace_metadata
+from deployments.export.fused_moe import translation_table as moe_translation_table
+from deployments.export.fused_moe import use_fused_experts
 from deployments.export.llm_families import SEED
 
 # Weights above this go to an external data file next to the graph (protobuf caps a file at 2 GiB).
@@ -96,13 +98,14 @@ def _absorbed_mla_forward(
 
 
 def prepare_for_export(model: PreTrainedModel) -> PreTrainedModel:
-    # Eager attention and batched-matmul experts translate to plain ONNX ops; the default
-    # grouped-experts path fails in the ONNX translation of torch 2.13.
+    # Eager attention translates to plain ONNX ops; DeepSeek-V3's routed experts to ONNX
+    # Runtime's MoE op (fused_moe.py: transformers' export-friendly experts copy every token's
+    # expert weights).
     model.config._attn_implementation = "eager"
-    model.config._experts_implementation = "batched_mm"
     for module in model.modules():
         if isinstance(module, deepseek_v3.DeepseekV3Attention):
             module.forward = types.MethodType(_absorbed_mla_forward, module)  # type: ignore[method-assign]
+    use_fused_experts(model)
     return model.eval()
 
 
@@ -161,6 +164,7 @@ def export_graph(
             output_names=names_out,
             dynamic_shapes=dynamic_shapes,
             dynamo=True,
+            custom_translation_table=moe_translation_table(),
             external_data=n_bytes > EXTERNAL_DATA_BYTES,
             verbose=False,
         )
@@ -175,7 +179,7 @@ def quantize_int8(path: Path) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     # The exporter's recorded intermediate shapes trip the quantizer's own shape inference on
-    # the batched MoE experts; it infers them afresh without them.
+    # the MoE layers; it infers them afresh without them.
     model = onnx.load(str(path))
     del model.graph.value_info[:]
     onnx.save(model, str(path))

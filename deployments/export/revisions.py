@@ -8,4 +8,5 @@ from typing import Final
 
 # 2: Kimi-K2's cache widths and the absorbed attention (2026-12-03).
 # 3: Kimi-K2's tool-call markers are special tokens, as in its real vocabulary.
-CHAT_DEFAULT_REVISION: Final = "revision 3"
+# 4: Kimi-K2's routed experts as ONNX Runtime's MoE op (fused_moe.py).
+CHAT_DEFAULT_REVISION: Final = "revision 4"
