@@ -32,14 +32,17 @@ class FakeRunner:
 
     admitted: list[list[str]] = field(default_factory=list)
     steps: list[list[str]] = field(default_factory=list)
-    fail_on_call: int | None = None
+    dropped: list[list[str]] = field(default_factory=list)
+    fail_on_calls: tuple[int, ...] = ()  # which calls of `run` (from 1) fail
     before_step: object = None
 
     async def run(self, admitted, running, keeps_batch):
         self.admitted.append([s.name for s in admitted])
-        if self.fail_on_call == len(self.admitted):
-            raise RuntimeError("the graph failed")
         batch = running + admitted
+        if len(self.admitted) in self.fail_on_calls:
+            # as a graph would: the running sequences were stepped, then the newcomers failed
+            self.steps.append([s.name for s in running])
+            raise RuntimeError("the graph failed")
         while True:
             if callable(self.before_step):
                 self.before_step(self, batch)
@@ -51,6 +54,9 @@ class FakeRunner:
             await asyncio.sleep(0)
             if not keeps_batch(batch):
                 return
+
+    async def drop(self, sequences) -> None:
+        self.dropped.append([s.name for s in sequences])
 
 
 async def _drain(scheduler: Scheduler) -> None:
@@ -120,7 +126,7 @@ def test_cancelled_sequences_leave_the_queue_and_the_batch():
 
 
 def test_a_failed_step_fails_its_sequences_and_the_engine_goes_on():
-    runner = FakeRunner(fail_on_call=1)
+    runner = FakeRunner(fail_on_calls=(1,))
 
     async def scenario():
         scheduler = Scheduler(runner, max_batch_size=1)
@@ -136,6 +142,52 @@ def test_a_failed_step_fails_its_sequences_and_the_engine_goes_on():
     assert "RuntimeError" in error.message
     assert later.finished and later.queue.get_nowait() == "later"
     assert runner.admitted == [["failed"], ["later"]]
+
+
+def test_a_newcomer_whose_run_fails_fails_alone_and_the_running_resume_from_a_new_prefill():
+    """A prompt the graph cannot take (at size: one that asked for 25 GB) joins a running batch:
+    it fails; the sequences that were decoding give their caches back and are prefilled again
+    with what they generated, then go on to their last token."""
+    runner = FakeRunner(fail_on_calls=(2,))
+
+    async def scenario():
+        scheduler = Scheduler(runner, max_batch_size=4)
+        a, b = FakeSequence("a", 3), FakeSequence("b", 3)
+        scheduler.submit([a, b])
+        await asyncio.sleep(0)  # a and b take their first step
+        huge = FakeSequence("huge", 5)
+        scheduler.submit([huge])
+        await _drain(scheduler)
+        return a, b, huge
+
+    a, b, huge = asyncio.run(scenario())
+    error = huge.queue.get_nowait()
+    assert isinstance(error, InternalServerError) and "RuntimeError" in error.message
+    assert huge.queue.empty()
+    assert runner.admitted == [["a", "b"], ["huge"], ["a", "b"]]
+    assert runner.dropped == [["a", "b", "huge"]]
+    for seq in (a, b):  # three tokens each, none lost, no error
+        assert [seq.queue.get_nowait() for _ in range(3)] == [seq.name] * 3
+        assert seq.finished and seq.queue.empty()
+
+
+def test_a_run_that_fails_again_after_resuming_fails_the_resumed():
+    runner = FakeRunner(fail_on_calls=(2, 3))  # the newcomer's run, then a's resumption
+
+    async def scenario():
+        scheduler = Scheduler(runner, max_batch_size=4)
+        a = FakeSequence("a", 4)
+        scheduler.submit([a])
+        await asyncio.sleep(0)
+        scheduler.submit([FakeSequence("huge", 5)])
+        await _drain(scheduler)
+        return a
+
+    a = asyncio.run(scenario())
+    assert runner.admitted == [["a"], ["huge"], ["a"]]
+    tokens = [a.queue.get_nowait() for _ in range(a.queue.qsize())]
+    assert tokens[:-1] == ["a"] * (len(tokens) - 1) and isinstance(tokens[-1], InternalServerError)
+    assert a.finished
 
 
 def test_batch_size_must_be_positive():

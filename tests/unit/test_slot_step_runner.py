@@ -1,7 +1,8 @@
 """LLMRuntime on a slot-cache model (a tiny fused GLM, `SlotStepRunner`): the same greedy tokens as
 the plain graph of the same checkpoint, alone and in a batch whose sequences leave mid-run (a
-slot moves), while a long prompt is prefilled in chunks, after a stream is abandoned; and the
-plain graph's runner refuses a slot-cache graph."""
+slot moves), while a long prompt is prefilled in chunks, after a stream is abandoned, beside a
+newcomer whose prefill fails (both layouts); and the plain graph's runner refuses a slot-cache
+graph."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from fused_glm_fixtures import export_fused, tiny_glm_checkpoint
 
 from deployments.contracts.sampling_params import SamplingParams
+from deployments.errors import InternalServerError
 from deployments.export.llm import export_llm
 from deployments.replica.engine.decoder import DecoderGraph
 from deployments.replica.engine.llm import LLMRuntime
@@ -143,6 +145,42 @@ def test_an_abandoned_stream_gives_its_slot_back(slots):
     assert slots_in_use(slots) == 0
     expected = run(slots.complete(MEDIUM, greedy(8))).text
     assert run(slots.complete(MEDIUM, greedy(8))).text == expected
+
+
+@pytest.mark.parametrize("layout", ["slots", "plain"])
+def test_a_prompt_whose_prefill_fails_fails_alone_and_the_running_streams_go_on(
+    layout, request, monkeypatch
+):
+    """The graph fails on a newcomer's prompt (at size: one it could not allocate for) while two
+    streams decode: the newcomer gets the error; the two give their caches back, are prefilled
+    again with what they generated, and end with the tokens they would have alone."""
+    rt: LLMRuntime = request.getfixturevalue(layout)
+    poison = len(rt.tokenizer.encode_chat(LONG))
+    streaming = [(SHORT, greedy(12)), (MEDIUM, greedy(12))]
+    alone = [run(rt.complete(p, params)).text for p, params in streaming]
+    prefill = rt.runner._prefill
+
+    def failing_on_the_long_prompt(*args, **kwargs):
+        # SlotStepRunner._prefill(loop, seq, size); DecoderStepRunner._prefill(admitted, size)
+        newcomers = [args[1]] if layout == "slots" else args[0]
+        if any(len(seq.context) >= poison for seq in newcomers):
+            raise RuntimeError("Fail: could not allocate")
+        return prefill(*args, **kwargs)
+
+    monkeypatch.setattr(rt.runner, "_prefill", failing_on_the_long_prompt)
+
+    async def together():
+        streams = [rt.stream(p, params) for p, params in streaming]
+        firsts = [(await stream.__anext__()).text for stream in streams]  # both decoding
+        with pytest.raises(InternalServerError, match="RuntimeError"):
+            await rt.complete(LONG, greedy(4))
+        return [
+            first + await collect(stream) for first, stream in zip(firsts, streams, strict=True)
+        ]
+
+    assert run(together()) == alone
+    if layout == "slots":
+        assert slots_in_use(rt) == 0
 
 
 def test_prompt_logprobs_equal_the_plain_graphs(slots, plain):

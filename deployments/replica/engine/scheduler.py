@@ -9,12 +9,15 @@ a fraction of the sequences that fit, most answers end long before max_tokens), 
 running sequences outgrow the budget the newest arrival is preempted: its cache dropped, its
 tokens kept, and it waits at the head of the queue to be prefilled again with what it generated.
 A sequence that waits for memory longer than `max_memory_wait_s` is refused (503, Retry-After).
+A run that fails fails its newcomers, not the sequences that were decoding before they came
+(`_after_failed_run`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -27,6 +30,8 @@ if TYPE_CHECKING:
     from deployments.contracts.outputs import GenerationChunk
     from deployments.errors import ServingError
     from deployments.observability.timings import InferenceTimings
+
+logger = logging.getLogger(__name__)
 
 # Batched prefill (see `prefill_groups`).
 PREFILL_MAX_PADDED_TOKENS = 512
@@ -70,8 +75,8 @@ class StepRunner(Protocol[S]):
         ...
 
     async def drop(self, preempted: Sequence[S]) -> None:
-        """Free the caches of preempted sequences; their tokens stay, and a later `run` admits
-        them again (prefilling prompt + generated tokens)."""
+        """Free the caches of preempted sequences, or of a failed run's; their tokens stay, and
+        a later `run` admits those not finished again (prefilling prompt + generated tokens)."""
         ...
 
 
@@ -219,6 +224,34 @@ class Scheduler(Generic[S]):
                 self._submitted_at.pop(seq)
                 self._refuse(seq, "waited")
 
+    async def _after_failed_run(self, exc: Exception, admitted: list[S], batch: list[S]) -> None:
+        """A run that admitted newcomers beside sequences already decoding fails the newcomers
+        only (a prompt too long for the graph's memory, say): the others were stepping before
+        they came. Those give their caches back (the failed step may have advanced them) and
+        wait at the head of the queue to be prefilled again with what they generated, as after
+        a preemption; failing again, they are the newcomers or alone, and fail. A run of
+        newcomers alone, or of no newcomer, fails everyone in it."""
+        logger.error("a step of %d sequences failed", len(batch), exc_info=exc)
+        error = InternalServerError(f"generation failed: {type(exc).__name__}")
+        self._fail(admitted if admitted and len(admitted) < len(batch) else batch, error)
+        survivors = [s for s in batch if not (s.finished or s.cancelled)]
+        try:
+            await self.runner.drop(batch)
+        except Exception as drop_failed:  # noqa: BLE001 - no cache to resume from: they fail too
+            logger.error("freeing the failed step's caches failed", exc_info=drop_failed)
+            self._fail(survivors, error)
+            survivors = []
+        self._forget([s for s in batch if s not in survivors])
+        self.waiting.extendleft(sorted(survivors, key=self._arrival.__getitem__, reverse=True))
+        self.running = []
+
+    @staticmethod
+    def _fail(sequences: Sequence[S], error: InternalServerError) -> None:
+        for seq in sequences:
+            if not seq.finished:
+                seq.finished = True
+                seq.queue.put_nowait(error)
+
     def _forget(self, done: Sequence[S]) -> None:
         for seq in done:
             self._arrival.pop(seq, None)
@@ -234,13 +267,7 @@ class Scheduler(Generic[S]):
             try:
                 await self.runner.run(admitted, self.running, self.keeps_batch)
             except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the engine
-                error = InternalServerError(f"generation failed: {type(exc).__name__}")
-                for seq in batch:
-                    if not seq.finished:
-                        seq.finished = True
-                        seq.queue.put_nowait(error)
-                self._forget(batch)
-                self.running = []
+                await self._after_failed_run(exc, admitted, batch)
                 continue
             self.running = [s for s in batch if not s.finished and not s.cancelled]
             self._forget([s for s in batch if s.finished or s.cancelled])
