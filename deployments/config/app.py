@@ -64,6 +64,16 @@ class ModelConfig(StrictModel):
         default=(), description="moderation: the categories the model really judges"
     )
     description: str = Field(default="", description="shown by GET .../ai/models/search")
+    attempt_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=3600,
+        description=(
+            "a warm region that has not answered in this long fails the attempt over to the"
+            " next region (Envoy's per_try_timeout); null: each attempt its share of the"
+            " router's request_timeout_s. A cold region's attempt waits for its replica"
+        ),
+    )
 
 
 class BatchingConfig(StrictModel):
@@ -117,6 +127,19 @@ class AppConfig(StrictModel):
                 f"security.moderation_gate.moderation_model: {gate.moderation_model!r} "
                 "is not a moderation model"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _attempts_end_before_the_request(self) -> AppConfig:
+        for name, model in self.models.items():
+            if (limit := model.attempt_timeout_s) is not None and (
+                limit >= self.router.request_timeout_s
+            ):
+                raise ValueError(
+                    f"models.{name}.attempt_timeout_s ({limit:g}) is not below "
+                    f"router.request_timeout_s ({self.router.request_timeout_s:g}): "
+                    "it would never end an attempt"
+                )
         return self
 
     @model_validator(mode="after")

@@ -126,6 +126,11 @@ def _set(*path_and_value: Any) -> Callable[[dict[str, Any]], None]:
         (_set("models", "glm", "gpus", 1), ["args.models.glm.gpus", "not permitted"]),
         (_set("edge", "latency", "jitter_ms", -1), ["args.edge.latency.jitter_ms", "0"]),
         (_set("edge", "faults", {"XXX": [{"down": True}]}), ["args.edge", "XXX"]),
+        (
+            _set("models", "embedding", "attempt_timeout_s", 120),
+            ["models.embedding.attempt_timeout_s (120)", "request_timeout_s (120)"],
+        ),
+        (_set("models", "moderation", "attempt_timeout_s", 0), ["attempt_timeout_s", "than 0"]),
     ],
 )
 def test_a_bad_value_names_its_field_and_the_allowed_values(

@@ -150,6 +150,7 @@ class Rig:
         deadline_s: float = 5.0,
         control: Any = None,
         busy_probe_s: float = 0.0,  # rejectIfBusy refuses at once unless a wake answered already
+        attempt_timeout_s: float | None = None,
     ):
         config = EdgeConfig.from_mapping({"regions": REGIONS, "latency": {"real_delay_scale": 0}})
         self.clock = ManualEdgeClock()
@@ -179,6 +180,7 @@ class Rig:
             deadline_s=deadline_s,
             clock=self.clock,
             busy_probe_s=busy_probe_s,
+            attempt_timeouts_s={MODEL: attempt_timeout_s} if attempt_timeout_s else None,
         )
         self.reported: list[Outcome] = []
         original = self.pools.report
@@ -315,6 +317,50 @@ def test_a_hung_region_gets_its_share_of_the_deadline_then_the_next_answers() ->
     result, trace = asyncio.run(go())
     assert result.reply.value != "ap" and trace.reason == "failover"
     assert rig.reported[0] == Outcome(MODEL, "ap", "failed")
+
+
+def test_a_warm_region_stuck_past_the_model_s_attempt_timeout_fails_over_then() -> None:
+    """A reply lost with a dying node: the attempt ends at the model's per-try limit (here 1 s),
+    not at its 10 s share of the deadline, and counts against the region."""
+    rig = Rig(ALL_WARM, deadline_s=30.0, attempt_timeout_s=1.0)
+    rig.handles["ap"].behaviour = _hang
+
+    async def go() -> tuple[CallResult, EdgeTrace]:
+        sending = asyncio.ensure_future(rig.send(TOKYO))
+        await turns_until(lambda: rig.handles["ap"].calls)
+        rig.clock.advance(0.9)
+        await let_run()
+        assert not sending.done()  # within the per-try limit: still waiting on ap
+        rig.clock.advance(0.2)
+        return await asyncio.wait_for(sending, 5)
+
+    result, trace = asyncio.run(go())
+    assert result.reply.value != "ap" and trace.reason == "failover"
+    assert rig.reported[0] == Outcome(MODEL, "ap", "failed")
+    assert rig.clock.now() == pytest.approx(1.1)
+
+
+def test_a_cold_region_is_given_its_share_not_the_attempt_timeout() -> None:
+    rig = Rig({}, deadline_s=30.0, attempt_timeout_s=1.0)  # all cold: ap's replica is starting
+
+    async def go() -> tuple[CallResult, EdgeTrace]:
+        replica_ready = asyncio.Event()
+
+        async def cold_start(method: str) -> Reply[str]:
+            await replica_ready.wait()
+            return await _ok("ap")
+
+        rig.handles["ap"].behaviour = cold_start
+        sending = asyncio.ensure_future(rig.send(TOKYO))
+        await turns_until(lambda: rig.handles["ap"].calls)
+        rig.clock.advance(5.0)  # five times the per-try limit: the cold start may take that
+        await let_run()
+        assert not sending.done()
+        replica_ready.set()
+        return await asyncio.wait_for(sending, 5)
+
+    result, trace = asyncio.run(go())
+    assert result.reply.value == "ap" and trace.reason == "nearest"
 
 
 def test_every_region_failing_is_the_last_error() -> None:

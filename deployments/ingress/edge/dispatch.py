@@ -86,9 +86,12 @@ class EdgeDispatcher:
         clock: EdgeClock | None = None,
         busy_probe_s: float = BUSY_PROBE_S,
         gate: FairGates | None = None,
+        attempt_timeouts_s: Mapping[str, float] | None = None,
     ):
         """`deadline_s`: per request, across failovers and cold starts. `gate`: the fair queue
-        between keys a request of a gated model waits in while the model is full (None: none)."""
+        between keys a request of a gated model waits in while the model is full (None: none).
+        `attempt_timeouts_s`: per model, how long a warm region may take before the attempt
+        fails over (models absent: each attempt its share of the deadline)."""
         self.network = network
         self.regions = regions
         self.pools = pools
@@ -98,6 +101,7 @@ class EdgeDispatcher:
         self.clock = clock or SystemClock()
         self.busy_probe_s = busy_probe_s
         self.gate = gate
+        self.attempt_timeouts_s = dict(attempt_timeouts_s or {})
 
     def plan(
         self, model: str, origin: ClientOrigin
@@ -205,13 +209,16 @@ class EdgeDispatcher:
             # A hung region gets its share of the deadline, not all of it: the rest can still try.
             attempt_s = remaining / (len(candidates) - index)
             region = candidate.region
+            warm = self.pools.pools(model)[region].warm
+            if warm and model in self.attempt_timeouts_s:  # stuck (a reply lost with a node)
+                attempt_s = min(attempt_s, self.attempt_timeouts_s[model])
             budget_left_s = None if budget_end is None else budget_end - self.clock.now()
             if budget_left_s is not None and budget_left_s <= 0:
                 raise self._past_budget(model, region, limits)
             budget_binds = budget_left_s is not None and budget_left_s < attempt_s
             attempt_s = min(attempt_s, budget_left_s) if budget_left_s is not None else attempt_s
             tried.append(region)
-            if not self.pools.pools(model)[region].warm:
+            if not warm:
                 request.warming.waiting_on(
                     region, partial(self.pools.expected_ready_s, model, region)
                 )

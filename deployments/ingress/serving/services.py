@@ -146,6 +146,11 @@ def build_services(
         deadline_s=router.request_timeout_s,
         max_extra_rtt_ms=edge_config.routing.max_extra_rtt_ms,
         gate=fair_gates(config, pools),
+        attempt_timeouts_s={
+            name: model.attempt_timeout_s
+            for name, model in config.models.items()
+            if model.attempt_timeout_s is not None
+        },
     )
     metrics = observability.metrics if observability is not None else None
     cache = ResponseCache(
