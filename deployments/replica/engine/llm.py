@@ -46,13 +46,13 @@ from deployments.replica.engine.sampling import SamplingState, log_softmax
 from deployments.replica.engine.scheduler import Scheduler
 from deployments.replica.engine.sequence import SequenceState, coalesced
 from deployments.replica.engine.session import SessionConfig
-from deployments.replica.engine.slot_step_runner import (
-    DEFAULT_PREFILL_CHUNK_TOKENS,
-    PREFIX_CACHE_OFF,
-    SlotStepRunner,
-)
+from deployments.replica.engine.slot_step_runner import PREFIX_CACHE_OFF, SlotStepRunner
 from deployments.replica.engine.step_profile import StepProfile
-from deployments.replica.engine.step_runner import DecoderStepRunner, EngineThread
+from deployments.replica.engine.step_runner import (
+    DEFAULT_PREFILL_CHUNK_TOKENS,
+    DecoderStepRunner,
+    EngineThread,
+)
 from deployments.replica.engine.tokenizer import ChatTokenizer
 
 DEFAULT_MAX_CHOICES = 8
@@ -73,8 +73,8 @@ class LLMRuntime:
         prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
         kv_budget_bytes: int | None = None,
     ):
-        """`prefill_chunk_tokens`: a slot-cache model's long prompts are prefilled in chunks of
-        this many tokens, the running streams decoding between two (`slot_step_runner`).
+        """`prefill_chunk_tokens`: long prompts are prefilled in chunks of this many tokens,
+        the running streams decoding between two (`step_runner`, `slot_step_runner`).
         `kv_budget_bytes`: see `set_kv_budget`; None: no limit."""
         if max_batch_size < 1:  # before the model loads
             raise ValueError("max_batch_size must be at least 1")
@@ -109,7 +109,11 @@ class LLMRuntime:
             )
         else:
             self.runner = DecoderStepRunner.open(
-                self.model_dir, self.manifest, session_config, self.prefix_cache
+                self.model_dir,
+                self.manifest,
+                session_config,
+                self.prefix_cache,
+                prefill_chunk_tokens,
             )
         self.session = self.runner.session
         self.kv_budget = KVBudget()

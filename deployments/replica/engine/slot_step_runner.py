@@ -35,13 +35,8 @@ from deployments.replica.engine.kv_budget import bytes_per_position, rounded_up
 from deployments.replica.engine.sequence import SequenceState, hand_over, next_tokens
 from deployments.replica.engine.session import OnnxSession, open_session, uses_cuda
 from deployments.replica.engine.slot_decoder import SlotDecoder
-from deployments.replica.engine.step_runner import EngineThread
+from deployments.replica.engine.step_runner import DEFAULT_PREFILL_CHUNK_TOKENS, EngineThread
 
-# Tokens per prefill chunk. A chunk's cost grows with its length times the bound capacity (the
-# fused graph materialises chunk x 16 x capacity scores per KV head); in the prototype, at size
-# (fp32, 2 threads), 1,500 tokens took 16.5 s unchunked and 7.9 s in chunks of 512, so a chunk
-# of 256 costs a running stream about one second between two of its tokens.
-DEFAULT_PREFILL_CHUNK_TOKENS = 256
 PREFIX_CACHE_OFF = (
     "not served for slot-cache models yet: its entries are plain-layout caches, "
     "and a slot would need the prefix copied in"

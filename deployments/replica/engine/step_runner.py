@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import functools
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -26,13 +27,20 @@ from deployments.contracts.session_config import SessionConfig
 from deployments.replica.engine.decoder import DecoderGraph, PaddedBatch
 from deployments.replica.engine.kv_budget import KVBudget, bytes_per_position
 from deployments.replica.engine.next_token_graph import next_token_only
-from deployments.replica.engine.prefix_cache import PrefixCache
+from deployments.replica.engine.prefix_cache import PrefixCache, PrefixHit
 from deployments.replica.engine.scheduler import prefill_runs
 from deployments.replica.engine.sequence import SequenceState, hand_over, next_tokens
 from deployments.replica.engine.session import OnnxSession, open_session
 from deployments.replica.engine.step_profile import StepProfile
 
 R = TypeVar("R")
+
+# Tokens per prefill chunk (both graphs). A chunk's cost grows with its length times the cache
+# it attends to (the fused graph materialises chunk x 16 x capacity scores per KV head); in the
+# prototype, at size (fp32, 2 threads), 1,500 tokens took 16.5 s unchunked and 7.9 s in chunks
+# of 512 on the fused graph, so a chunk of 256 costs a running stream about one second between
+# two of its tokens.
+DEFAULT_PREFILL_CHUNK_TOKENS = 256
 
 
 class EngineThread(abc.ABC):
@@ -125,10 +133,23 @@ class EngineThread(abc.ABC):
 class DecoderStepRunner(EngineThread):
     """Steps a `DecoderGraph` for the scheduler (its `StepRunner`)."""
 
-    def __init__(self, session: OnnxSession, graph: DecoderGraph, prefix_cache: PrefixCache):
+    def __init__(
+        self,
+        session: OnnxSession,
+        graph: DecoderGraph,
+        prefix_cache: PrefixCache,
+        prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
+    ):
+        if prefill_chunk_tokens < 1:
+            raise ValueError("prefill_chunk_tokens must be at least 1")
         super().__init__(session)
         self.graph = graph
         self.prefix_cache = prefix_cache
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        # Each newcomer's start, looked up once before its step (`_ahead_in_chunks`): its
+        # cached prefix, or for a long one the positions computed chunk by chunk (None: neither),
+        # and the seconds the chunks took; its step prefills the rest on it.
+        self._ahead: dict[SequenceState, tuple[PrefixHit | None, float]] = {}
         self._batch: PaddedBatch | None = None
         self._batch_members: list[SequenceState] = []
         itemsize = np.dtype(graph.cache_dtype).itemsize
@@ -143,6 +164,7 @@ class DecoderStepRunner(EngineThread):
         manifest: ModelManifest,
         config: SessionConfig | None,
         prefix_cache: PrefixCache,
+        prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
     ) -> DecoderStepRunner:
         """The model directory's graph opened (rewritten to compute the last position's logits
         only, where it can be) and warmed up."""
@@ -158,7 +180,7 @@ class DecoderStepRunner(EngineThread):
         _, cache = graph.prefill([pad] * 4)
         graph.decode([pad], [cache])
         session.warmup_s = time.perf_counter() - started
-        return cls(session, graph, prefix_cache)
+        return cls(session, graph, prefix_cache, prefill_chunk_tokens)
 
     @property
     def graph_s(self) -> float:
@@ -177,8 +199,14 @@ class DecoderStepRunner(EngineThread):
         return rows * (longest + 1) * self.position_bytes if rows else 0
 
     def kv_bytes(self, running: Sequence[SequenceState], admitted: Sequence[SequenceState]) -> int:
-        """One step: the running ones take a position each, the newcomers their context."""
-        longest = max((seq.positions for seq in [*running, *admitted]), default=0)
+        """One step: the running ones take a position each, and one more between two chunks of
+        each long newcomer's prefill; the newcomers their context."""
+        chunk = self.prefill_chunk_tokens
+        between = sum(max(0, -(-seq.positions // chunk) - 1) for seq in admitted)
+        longest = max(
+            [seq.positions + between for seq in running] + [seq.positions for seq in admitted],
+            default=0,
+        )
         return self.kv_footprint(len(running) + len(admitted), longest)
 
     async def drop(self, preempted: Sequence[SequenceState]) -> None:
@@ -191,6 +219,7 @@ class DecoderStepRunner(EngineThread):
             self._batch, self._batch_members = None, []
         for seq in gone:
             seq.cache = None
+            self._ahead.pop(seq, None)
 
     def _steps_until_change(
         self,
@@ -199,11 +228,47 @@ class DecoderStepRunner(EngineThread):
         running: list[SequenceState],
         keeps_batch: Callable[[list[SequenceState]], bool],
     ) -> None:
-        """Steps back to back while the batch stays as it is (`keeps_batch`)."""
+        """A long newcomer's prompt goes in chunks first, the running sequences taking a decode
+        step between two (`_ahead_in_chunks`); then one step with every newcomer's prefill, and
+        steps back to back while the batch stays as it is (`keeps_batch`)."""
+        for seq in admitted:
+            running = self._ahead_in_chunks(loop, seq, running)
         batch = running + admitted
         hand_over(loop, batch, self._profiled(lambda: self.step(admitted, running)))
         while not self._closing and keeps_batch(batch):
             hand_over(loop, batch, self._profiled(lambda: self.step([], batch)))
+
+    def _ahead_in_chunks(
+        self, loop: asyncio.AbstractEventLoop, seq: SequenceState, running: list[SequenceState]
+    ) -> list[SequenceState]:
+        """All but the last chunk of a newcomer's context (after its cached prefix) computed
+        now, `prefill_chunk_tokens` at a time, the running sequences taking a decode step after
+        each, so a long prompt does not stall their streams for its whole prefill. Returns the
+        running sequences still going."""
+        context, chunk = seq.context, self.prefill_chunk_tokens
+        hit = self.prefix_cache.match(context)
+        if hit is not None and not seq.generated:  # reported of the prompt, once
+            seq.cached_tokens = hit.length
+        self._ahead[seq] = (hit, 0.0)
+        done = hit.length if hit is not None else 0
+        if len(context) - done <= chunk:
+            return running
+        cache = hit.cache if hit is not None else None
+        seconds = 0.0
+        while len(context) - done > chunk:
+            piece = context[done : done + chunk]
+            started = time.perf_counter()
+            if cache is None:
+                _, cache = self.graph.prefill(piece)
+            else:
+                cache = self.graph.prefill_after([cache], [piece])[1].split()[0]
+            seconds += time.perf_counter() - started
+            done += chunk
+            self._ahead[seq] = (PrefixHit(done, cache), seconds)
+            if running:
+                hand_over(loop, running, self._profiled(functools.partial(self.step, [], running)))
+                running = [s for s in running if not (s.finished or s.cancelled)]
+        return running
 
     def step(
         self, admitted: list[SequenceState], running: list[SequenceState]
@@ -240,9 +305,13 @@ class DecoderStepRunner(EngineThread):
         rows: list[np.ndarray] = [np.empty(0)] * len(admitted)
         # After a preemption a sequence is prefilled again with the tokens it generated.
         contexts = [seq.context for seq in admitted]
-        hits = [self.prefix_cache.match(context) for context in contexts]
-        for seq, hit in zip(admitted, hits, strict=True):
-            if hit is not None and not seq.generated:  # reported of the prompt, once
+        ahead = [self._ahead.pop(seq, None) for seq in admitted]  # None: not looked up yet
+        hits = [
+            looked[0] if looked is not None else self.prefix_cache.match(context)
+            for looked, context in zip(ahead, contexts, strict=True)
+        ]
+        for seq, hit, looked in zip(admitted, hits, ahead, strict=True):
+            if hit is not None and looked is None and not seq.generated:  # of the prompt, once
                 seq.cached_tokens = hit.length
         runs = prefill_runs(
             [len(context) for context in contexts],
@@ -266,7 +335,8 @@ class DecoderStepRunner(EngineThread):
                 for i, cache in zip(group, caches, strict=True):
                     admitted[i].cache = cache
             for i, row, cache in zip(group, logits, caches, strict=True):
-                admitted[i].timings.prefilled(seconds, batch_size)
+                chunks_s = ahead_i[1] if (ahead_i := ahead[i]) is not None else 0.0
+                admitted[i].timings.prefilled(seconds + chunks_s, batch_size)
                 rows[i] = row
                 self.prefix_cache.store(contexts[i], cache)
         return np.stack(rows)

@@ -1,0 +1,82 @@
+"""A long prompt on the plain (`concat` cache) graph, GLM and Kimi (MLA), prefilled in chunks:
+the same greedy tokens as in one run, nothing reported as cached that was not, and the streams
+already decoding take a step between two chunks (`DecoderStepRunner._ahead_in_chunks`) and end
+with the tokens they would have had alone."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from deployments.contracts.sampling_params import SamplingParams
+from deployments.replica.engine.llm import LLMRuntime
+from deployments.replica.engine.step_runner import DecoderStepRunner
+
+CHUNK = 16
+LONG = [{"role": "user", "content": "Tell me everything about the rivers of Beijing " * 6}]
+# Another long prompt: LONG, answered in the first test, would be found in the prefix cache.
+OTHER_LONG = [{"role": "user", "content": "Name every bridge over the Seine in Paris " * 6}]
+STREAMS = [("Paris and 北京", 24), ([{"role": "user", "content": "hi there"}], 24)]
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0)
+
+
+@pytest.fixture(scope="module", params=["glm", "kimi"])
+def runtimes(request, models_root):
+    chunked = LLMRuntime(models_root / request.param, max_batch_size=4, prefill_chunk_tokens=CHUNK)
+    whole = LLMRuntime(models_root / request.param, max_batch_size=4, prefix_cache_bytes=0)
+    yield chunked, whole
+    chunked.close()
+    whole.close()
+
+
+def test_a_long_prompt_in_chunks_answers_as_in_one_run(runtimes):
+    chunked, whole = runtimes
+    assert isinstance(chunked.runner, DecoderStepRunner)
+    prompt_tokens = len(chunked.tokenizer.encode_chat(LONG))
+    assert CHUNK * 3 < prompt_tokens < whole.runner.prefill_chunk_tokens
+    got = asyncio.run(chunked.complete(LONG, greedy(16)))
+    expected = asyncio.run(whole.complete(LONG, greedy(16)))
+    assert (got.text, got.completion_tokens) == (expected.text, expected.completion_tokens)
+    assert got.cached_tokens == 0  # computed in chunks, not found in the prefix cache
+
+
+def test_running_streams_decode_between_the_chunks_and_answer_as_alone(runtimes, monkeypatch):
+    chunked, _ = runtimes
+    alone = [asyncio.run(chunked.complete(p, greedy(n))).text for p, n in STREAMS]
+    runner = chunked.runner
+    calls: list[str] = []
+    prefill_after, step = runner.graph.prefill_after, runner.step
+
+    def recorded_prefill_after(caches, rests):
+        calls.append("chunk")
+        return prefill_after(caches, rests)
+
+    def recorded_step(admitted, running):
+        calls.append(f"step {len(running)}+{len(admitted)}")
+        return step(admitted, running)
+
+    monkeypatch.setattr(runner.graph, "prefill_after", recorded_prefill_after)
+    monkeypatch.setattr(runner, "step", recorded_step)
+
+    async def together() -> list[str]:
+        streams = [chunked.stream(p, greedy(n)) for p, n in STREAMS]
+        firsts = [(await stream.__anext__()).text for stream in streams]  # both decoding
+        calls.clear()
+        long = asyncio.ensure_future(chunked.complete(OTHER_LONG, greedy(4)))
+        rests = [await collect(stream) for stream in streams]
+        await long
+        return [first + rest for first, rest in zip(firsts, rests, strict=True)]
+
+    assert asyncio.run(together()) == alone
+    # Chunks on the first (`prefill`, not recorded), each followed by the two streams' step;
+    # the last chunk goes with the step that admits the long prompt.
+    admitted = calls.index("step 2+1")
+    assert calls[admitted - 4 : admitted] == ["chunk", "step 2+0", "chunk", "step 2+0"]
+
+
+async def collect(stream) -> str:
+    return "".join([chunk.text async for chunk in stream])
