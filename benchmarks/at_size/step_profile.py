@@ -45,6 +45,7 @@ from deployments.replica.engine.llm import LLMRuntime
 from deployments.replica.engine.sampling import SamplingState, sample_batch
 from deployments.replica.engine.slot_step_runner import SlotStepRunner
 from deployments.replica.engine.step_profile import StepProfile
+from deployments.replica.engine.step_runner import DecoderStepRunner
 
 TEMPERATURE = 0.7  # the at-size suite's request bodies
 
@@ -215,7 +216,10 @@ async def _timed_stream(
 
 
 async def stall_once(
-    runtime: LLMRuntime, runner: SlotStepRunner, options: Options, prompt: str
+    runtime: LLMRuntime,
+    runner: SlotStepRunner | DecoderStepRunner,
+    options: Options,
+    prompt: str,
 ) -> dict[str, float]:
     """Running streams, then the long prompt: its TTFT and the streams' gaps around it."""
     stop = asyncio.Event()
@@ -248,10 +252,9 @@ async def stall_once(
 
 
 async def stall(runtime: LLMRuntime, options: Options) -> dict[str, Any]:
-    """Per chunk size (a slot-cache runner's `prefill_chunk_tokens`), medians over runs."""
+    """Per chunk size (the runner's `prefill_chunk_tokens`), medians over runs."""
     runner = runtime.runner
-    if not isinstance(runner, SlotStepRunner):
-        return {"skipped": "the plain-layout runner prefills a prompt in one run"}
+    assert isinstance(runner, SlotStepRunner | DecoderStepRunner)
     prompt = long_prompt(options.model_dir, options.stall_prompt_tokens)
     runs: dict[int, list[dict[str, float]]] = defaultdict(list)
     for run in range(options.runs):

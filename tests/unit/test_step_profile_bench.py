@@ -1,6 +1,6 @@
 """`benchmarks.at_size.step_profile` runs on the tiny models: the decode split per batch size,
 ONNX Runtime's ops per decode step (MatMuls by input shape),
-and the prefill stall per chunk size on a slot-cache (fused) export."""
+and the prefill stall per chunk size on a slot-cache (fused) export and on the plain graph."""
 
 from __future__ import annotations
 
@@ -31,6 +31,17 @@ def test_stall_per_chunk_size_on_a_slot_cache_model(tmp_path: Path) -> None:
     export_fused(checkpoint, tmp_path / "fused")
     report = main(
         ["--model-dir", str(tmp_path / "fused"), "--batches", "2", "--runs", "1"]
+        + ["--max-tokens", "4", "--threads", "1", "--stall-chunks", "8", "32"]
+        + ["--stall-streams", "2", "--stall-prompt-tokens", "40"]
+    )
+    for chunk in ("8", "32"):
+        stall = report["stall"][chunk]
+        assert stall["ttft_s"] > 0 and stall["gap_median_before_ms"] > 0
+
+
+def test_stall_per_chunk_size_on_the_plain_graph(models_root: Path) -> None:
+    report = main(
+        ["--model-dir", str(models_root / "kimi"), "--batches", "2", "--runs", "1"]
         + ["--max-tokens", "4", "--threads", "1", "--stall-chunks", "8", "32"]
         + ["--stall-streams", "2", "--stall-prompt-tokens", "40"]
     )

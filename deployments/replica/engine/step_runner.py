@@ -186,6 +186,11 @@ class DecoderStepRunner(EngineThread):
     def graph_s(self) -> float:
         return self.graph.run_s
 
+    @property
+    def active_slots(self) -> int:
+        """Sequences in the padded batch (as the slot runner's slots holding one)."""
+        return len(self._batch_members)
+
     def cached_logits(self, prompt: Sequence[int], continuation: Sequence[int]) -> np.ndarray:
         return self.graph.cached_logits(prompt, continuation)
 
