@@ -255,6 +255,7 @@ async def stall(runtime: LLMRuntime, options: Options) -> dict[str, Any]:
     """Per chunk size (the runner's `prefill_chunk_tokens`), medians over runs."""
     runner = runtime.runner
     assert isinstance(runner, SlotStepRunner | DecoderStepRunner)
+    runtime.prefix_cache.resize(0)  # the same long prompt every run: computed, never found cached
     prompt = long_prompt(options.model_dir, options.stall_prompt_tokens)
     runs: dict[int, list[dict[str, float]]] = defaultdict(list)
     for run in range(options.runs):
