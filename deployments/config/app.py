@@ -90,6 +90,15 @@ class BatchingConfig(StrictModel):
         description="chat: recent prompts' KV caches, reused by prompts that start the same way "
         "(a system prompt, earlier turns); 0: off",
     )
+    # The engine's own default (step_runner.DEFAULT_PREFILL_CHUNK_TOKENS, pinned by a test).
+    prefill_chunk_tokens: int = Field(
+        default=256,
+        ge=16,
+        le=65_536,
+        description="chat: a long prompt is prefilled this many tokens at a time, the running "
+        "streams taking a decode step between two: smaller, shorter gaps in their streams; "
+        "larger, the long prompt's first token sooner",
+    )
     kv_budget_mb: float | None = Field(
         default=None,
         gt=0,

@@ -40,6 +40,8 @@ class ChatServer(ModelServer[LLMRuntime]):
         # The engine reads the limit before each step: new sequences wait for a free slot.
         self.runtime.max_batch_size = batching.max_batch_size
         self.runtime.prefix_cache.resize(int(batching.prefix_cache_mb * MIB))
+        # Read at each newcomer's prefill: it applies from the next one.
+        self.runtime.runner.prefill_chunk_tokens = batching.prefill_chunk_tokens
         self._report_kv_cache()
 
     def _report_kv_cache(self) -> None:

@@ -1,23 +1,29 @@
 """A long prompt on the plain (`concat` cache) graph, GLM and Kimi (MLA), prefilled in chunks:
 the same greedy tokens as in one run, nothing reported as cached that was not, and the streams
 already decoding take a step between two chunks (`DecoderStepRunner._ahead_in_chunks`) and end
-with the tokens they would have had alone."""
+with the tokens they would have had alone; the chunk size from a chat replica's user_config."""
 
 from __future__ import annotations
 
 import asyncio
 
 import pytest
+from pydantic import ValidationError
 
+from deployments.config import BatchingConfig
 from deployments.contracts.sampling_params import SamplingParams
+from deployments.replica.chat import ChatServer
 from deployments.replica.engine.llm import LLMRuntime
-from deployments.replica.engine.step_runner import DecoderStepRunner
+from deployments.replica.engine.session import SessionConfig
+from deployments.replica.engine.step_runner import DEFAULT_PREFILL_CHUNK_TOKENS, DecoderStepRunner
 
 CHUNK = 16
 LONG = [{"role": "user", "content": "Tell me everything about the rivers of Beijing " * 6}]
 # Another long prompt: LONG, answered in the first test, would be found in the prefix cache.
 OTHER_LONG = [{"role": "user", "content": "Name every bridge over the Seine in Paris " * 6}]
-STREAMS = [("Paris and 北京", 24), ([{"role": "user", "content": "hi there"}], 24)]
+# Long enough to outlast the long prompt's chunks (the engine thread steps them back to back
+# until it is admitted); neither meets its end-of-text within 160 tokens.
+STREAMS = [("Paris and 北京", 160), ([{"role": "user", "content": "hi there"}], 160)]
 
 
 def greedy(max_tokens: int) -> SamplingParams:
@@ -80,3 +86,16 @@ def test_running_streams_decode_between_the_chunks_and_answer_as_alone(runtimes,
 
 async def collect(stream) -> str:
     return "".join([chunk.text async for chunk in stream])
+
+
+def test_a_chat_replicas_user_config_sets_its_chunk_size(models_root):
+    assert BatchingConfig().prefill_chunk_tokens == DEFAULT_PREFILL_CHUNK_TOKENS
+    server = ChatServer(str(models_root / "kimi"), SessionConfig(provider="cpu"))
+    try:
+        assert server.runtime.runner.prefill_chunk_tokens == DEFAULT_PREFILL_CHUNK_TOKENS
+        server.reconfigure({"max_batch_size": 4, "prefill_chunk_tokens": 64})
+        assert server.runtime.runner.prefill_chunk_tokens == 64
+    finally:
+        server.runtime.close()
+    with pytest.raises(ValidationError, match="prefill_chunk_tokens"):
+        BatchingConfig.model_validate({"prefill_chunk_tokens": 8})

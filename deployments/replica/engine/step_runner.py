@@ -48,6 +48,8 @@ class EngineThread(abc.ABC):
     step computes (the graph is not shared), one executor round trip per batch change, the
     counters the benchmarks read and the step profile."""
 
+    prefill_chunk_tokens: int  # a long prompt's prefill goes this many tokens at a time
+
     def __init__(self, session: OnnxSession):
         self.session = session
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-step")
