@@ -303,18 +303,8 @@ def test_a_client_error_is_not_failed_over_nor_counted() -> None:
 
 def test_a_hung_region_gets_its_share_of_the_deadline_then_the_next_answers() -> None:
     rig = Rig(ALL_WARM, deadline_s=0.6)  # three attempts: 0.2 s each while none answers
-    rig.handles["ap"].behaviour = _hang
-
-    async def go() -> tuple[CallResult, EdgeTrace]:
-        sending = asyncio.ensure_future(rig.send(TOKYO))
-        await turns_until(lambda: rig.handles["ap"].calls)
-        rig.clock.advance(0.15)
-        await let_run()
-        assert not sending.done()  # within its share: still waiting on ap
-        rig.clock.advance(0.1)  # past ap's share, well before the deadline
-        return await asyncio.wait_for(sending, 5)
-
-    result, trace = asyncio.run(go())
+    # still waiting on ap within its share; past it, well before the deadline, the next answers
+    result, trace = asyncio.run(failed_over_from_hung_ap(rig, within_s=0.15, past_s=0.1))
     assert result.reply.value != "ap" and trace.reason == "failover"
     assert rig.reported[0] == Outcome(MODEL, "ap", "failed")
 
@@ -323,43 +313,39 @@ def test_a_warm_region_stuck_past_the_model_s_attempt_timeout_fails_over_then() 
     """A reply lost with a dying node: the attempt ends at the model's per-try limit (here 1 s),
     not at its 10 s share of the deadline, and counts against the region."""
     rig = Rig(ALL_WARM, deadline_s=30.0, attempt_timeout_s=1.0)
-    rig.handles["ap"].behaviour = _hang
-
-    async def go() -> tuple[CallResult, EdgeTrace]:
-        sending = asyncio.ensure_future(rig.send(TOKYO))
-        await turns_until(lambda: rig.handles["ap"].calls)
-        rig.clock.advance(0.9)
-        await let_run()
-        assert not sending.done()  # within the per-try limit: still waiting on ap
-        rig.clock.advance(0.2)
-        return await asyncio.wait_for(sending, 5)
-
-    result, trace = asyncio.run(go())
+    result, trace = asyncio.run(failed_over_from_hung_ap(rig, within_s=0.9, past_s=0.2))
     assert result.reply.value != "ap" and trace.reason == "failover"
     assert rig.reported[0] == Outcome(MODEL, "ap", "failed")
     assert rig.clock.now() == pytest.approx(1.1)
 
 
+async def failed_over_from_hung_ap(
+    rig: Rig, within_s: float, past_s: float
+) -> tuple[CallResult, EdgeTrace]:
+    """A Tokyo request on an ap that never answers: still waiting `within_s` in, answered by
+    another region once the clock moved `past_s` more."""
+    return await answered_after_a_wait(rig, _hang, within_s, lambda: rig.clock.advance(past_s))
+
+
+async def answered_after_a_wait(
+    rig: Rig, behaviour: Callable[[str], Any], waited_s: float, then: Callable[[], None]
+) -> tuple[CallResult, EdgeTrace]:
+    """A Tokyo request whose call to ap behaves as `behaviour`: still waiting `waited_s` in;
+    after `then()`, its answer."""
+    rig.handles["ap"].behaviour = behaviour
+    sending = asyncio.ensure_future(rig.send(TOKYO))
+    await turns_until(lambda: rig.handles["ap"].calls)
+    rig.clock.advance(waited_s)
+    await let_run()
+    assert not sending.done()
+    then()
+    return await asyncio.wait_for(sending, 5)
+
+
 def test_a_cold_region_is_given_its_share_not_the_attempt_timeout() -> None:
     rig = Rig({}, deadline_s=30.0, attempt_timeout_s=1.0)  # all cold: ap's replica is starting
-
-    async def go() -> tuple[CallResult, EdgeTrace]:
-        replica_ready = asyncio.Event()
-
-        async def cold_start(method: str) -> Reply[str]:
-            await replica_ready.wait()
-            return await _ok("ap")
-
-        rig.handles["ap"].behaviour = cold_start
-        sending = asyncio.ensure_future(rig.send(TOKYO))
-        await turns_until(lambda: rig.handles["ap"].calls)
-        rig.clock.advance(5.0)  # five times the per-try limit: the cold start may take that
-        await let_run()
-        assert not sending.done()
-        replica_ready.set()
-        return await asyncio.wait_for(sending, 5)
-
-    result, trace = asyncio.run(go())
+    # five times the per-try limit: the cold start may take that
+    result, trace = asyncio.run(served_after_a_cold_start(rig, waited_s=5.0))
     assert result.reply.value == "ap" and trace.reason == "nearest"
 
 
@@ -419,25 +405,21 @@ def test_an_attempt_whose_region_loses_its_replicas_fails_over_at_its_next_look(
 
 def test_a_cold_region_waiting_for_its_first_replica_is_not_lost() -> None:
     rig = Rig({})  # all cold: the request waits on the nearest region's cold start
-
-    async def go() -> tuple[CallResult, EdgeTrace]:
-        replica_ready = asyncio.Event()
-
-        async def cold_start(method: str) -> Reply[str]:
-            await replica_ready.wait()
-            return await _ok("ap")
-
-        rig.handles["ap"].behaviour = cold_start
-        sending = asyncio.ensure_future(rig.send(TOKYO))
-        await turns_until(lambda: rig.handles["ap"].calls)
-        rig.clock.advance(4 * LOST_CHECK_S)  # four looks at a region with no replica yet
-        await let_run()
-        assert not sending.done()
-        replica_ready.set()
-        return await asyncio.wait_for(sending, 5)
-
-    result, trace = asyncio.run(go())
+    # four looks at a region with no replica yet
+    result, trace = asyncio.run(served_after_a_cold_start(rig, waited_s=4 * LOST_CHECK_S))
     assert result.reply.value == "ap" and trace.reason == "nearest"
+
+
+async def served_after_a_cold_start(rig: Rig, waited_s: float) -> tuple[CallResult, EdgeTrace]:
+    """A Tokyo request waiting on ap's replica to start: still waiting `waited_s` later, then
+    answered once the replica is ready."""
+    replica_ready = asyncio.Event()
+
+    async def cold_start(method: str) -> Reply[str]:
+        await replica_ready.wait()
+        return await _ok("ap")
+
+    return await answered_after_a_wait(rig, cold_start, waited_s, replica_ready.set)
 
 
 def test_a_colo_drilled_to_fail_passes_the_request_to_the_next_colo() -> None:

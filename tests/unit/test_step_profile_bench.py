@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from fused_glm_fixtures import export_fused, tiny_glm_checkpoint
 
 from benchmarks.at_size.step_profile import main
@@ -26,22 +27,16 @@ def test_decode_split_and_ort_ops_on_the_tiny_glm(models_root: Path) -> None:
         assert f"[{size}, 1, " in next(iter(ops["matmuls_ms"]))
 
 
-def test_stall_per_chunk_size_on_a_slot_cache_model(tmp_path: Path) -> None:
-    _, checkpoint = tiny_glm_checkpoint(tmp_path / "checkpoint")
-    export_fused(checkpoint, tmp_path / "fused")
+@pytest.mark.parametrize("layout", ["slots", "plain"])
+def test_stall_per_chunk_size(layout: str, models_root: Path, tmp_path: Path) -> None:
+    """On a slot-cache (fused) export of a tiny GLM, and on the plain tiny Kimi (MLA)."""
+    model_dir = models_root / "kimi"
+    if layout == "slots":
+        _, checkpoint = tiny_glm_checkpoint(tmp_path / "checkpoint")
+        model_dir = tmp_path / "fused"
+        export_fused(checkpoint, model_dir)
     report = main(
-        ["--model-dir", str(tmp_path / "fused"), "--batches", "2", "--runs", "1"]
-        + ["--max-tokens", "4", "--threads", "1", "--stall-chunks", "8", "32"]
-        + ["--stall-streams", "2", "--stall-prompt-tokens", "40"]
-    )
-    for chunk in ("8", "32"):
-        stall = report["stall"][chunk]
-        assert stall["ttft_s"] > 0 and stall["gap_median_before_ms"] > 0
-
-
-def test_stall_per_chunk_size_on_the_plain_graph(models_root: Path) -> None:
-    report = main(
-        ["--model-dir", str(models_root / "kimi"), "--batches", "2", "--runs", "1"]
+        ["--model-dir", str(model_dir), "--batches", "2", "--runs", "1"]
         + ["--max-tokens", "4", "--threads", "1", "--stall-chunks", "8", "32"]
         + ["--stall-streams", "2", "--stall-prompt-tokens", "40"]
     )
