@@ -80,6 +80,17 @@ class RegionApp:
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.base_url, timeout=120, headers=LOAD)
 
+    def every_city_served_from_its_region(self, times: int = 8) -> bool:
+        """Each city's uncached request answered from its nearest region `times` in a row: the
+        router replicas (each learns of a warm region on its own next sync) all see every region
+        warm, so a load started now is routed by distance alone."""
+        with self.client() as http:
+            return all(
+                embed(http, city).headers.get("x-edge-region") == region
+                for city, (_, region) in CITY_PROBES.items()
+                for _ in range(times)
+            )
+
     def regions(self) -> dict[str, dict[str, Any]]:
         """/admin/regions by region name."""
         with self.client() as http:

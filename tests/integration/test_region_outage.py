@@ -55,6 +55,9 @@ def app(cluster: LocalCluster, models_root: Path, tmp_path_factory) -> Iterator[
 def test_killing_a_regions_node_fails_no_request_and_its_traffic_comes_back(
     cluster, app, record_property
 ):
+    # Right after the deploy a router may not have seen us or ap warm yet, and would send their
+    # cities' first requests to a warm region (route reason "warm"): not what is tested here.
+    wait_until(app.every_city_served_from_its_region, 60, "every city served from its region")
     load = MixedLoad.everywhere(app.base_url)
     load.start()
     try:
