@@ -189,7 +189,7 @@ class Scheduler(Generic[S]):
         if preempted:
             await self.runner.drop(preempted)
             self.budget.preemptions += len(preempted)
-            self.waiting.extendleft(sorted(preempted, key=self._arrival.__getitem__, reverse=True))
+            self._back_to_the_head(preempted)
         if len(self.running) == 1 and not self._fits(self.running, []):
             (alone,) = self.running
             await self.runner.drop(self.running)
@@ -242,8 +242,12 @@ class Scheduler(Generic[S]):
             self._fail(survivors, error)
             survivors = []
         self._forget([s for s in batch if s not in survivors])
-        self.waiting.extendleft(sorted(survivors, key=self._arrival.__getitem__, reverse=True))
+        self._back_to_the_head(survivors)
         self.running = []
+
+    def _back_to_the_head(self, sequences: Sequence[S]) -> None:
+        """Sequences that gave their caches back wait first, in their arrival order."""
+        self.waiting.extendleft(sorted(sequences, key=self._arrival.__getitem__, reverse=True))
 
     @staticmethod
     def _fail(sequences: Sequence[S], error: InternalServerError) -> None:
