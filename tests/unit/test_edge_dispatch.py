@@ -151,8 +151,10 @@ class Rig:
         control: Any = None,
         busy_probe_s: float = 0.0,  # rejectIfBusy refuses at once unless a wake answered already
         attempt_timeout_s: float | None = None,
+        real_delay_scale: float = 0.0,  # 1: the simulated RTTs slept on the manual clock
     ):
-        config = EdgeConfig.from_mapping({"regions": REGIONS, "latency": {"real_delay_scale": 0}})
+        latency = {"real_delay_scale": real_delay_scale}
+        config = EdgeConfig.from_mapping({"regions": REGIONS, "latency": latency})
         self.clock = ManualEdgeClock()
         self.handles = {region: FakeRegion(region) for region in REGIONS}
         self.pool_top_ups = 0  # the warm pool asked to replace a worker a cold start took
@@ -379,6 +381,32 @@ def test_a_cache_hit_is_answered_by_the_entry_colo_for_its_home_region() -> None
     trace = asyncio.run(rig.dispatcher.nearest(MODEL, Origin(TOKYO)))
     assert (trace.colo, trace.region, trace.cache) == ("NRT", "ap", "HIT")
     assert all(not handle.calls for handle in rig.handles.values())
+
+
+def test_a_hit_waits_its_rtt_and_one_that_waited_for_the_answer_only_what_is_left_of_it() -> None:
+    rig = Rig(ALL_WARM, real_delay_scale=1.0)
+    rtt_s = rig.dispatcher.plan(MODEL, Origin(TOKYO))[0].rtt_ms / 1000
+
+    async def go() -> None:
+        found = asyncio.ensure_future(rig.dispatcher.nearest(MODEL, Origin(TOKYO)))
+        joined = asyncio.ensure_future(
+            rig.dispatcher.nearest(MODEL, Origin(TOKYO), waited_s=rtt_s / 2)
+        )
+        waited_out = asyncio.ensure_future(
+            rig.dispatcher.nearest(MODEL, Origin(TOKYO), waited_s=rtt_s)
+        )
+        await let_run()
+        assert waited_out.done() and not joined.done() and not found.done()
+        rig.clock.advance(rtt_s / 2 + 1e-6)
+        await let_run()
+        assert joined.done() and not found.done()
+        rig.clock.advance(rtt_s / 2)
+        await let_run()
+        assert found.done()
+        assert {t.result().cache for t in (found, joined, waited_out)} == {"HIT"}
+
+    assert rtt_s > 0
+    asyncio.run(go())
 
 
 def test_an_attempt_whose_region_loses_its_replicas_fails_over_at_its_next_look() -> None:

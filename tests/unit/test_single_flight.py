@@ -447,6 +447,44 @@ def test_a_replica_waits_for_the_answer_another_makes(backend):
     assert (found.answer, found.joined, found.lead) == (ANSWER, True, None)
 
 
+def test_a_waiter_says_how_long_it_waited_for_the_answer_here_or_on_another_replica(backend):
+    clock = ManualClock()
+
+    async def scenario() -> tuple[Any, Any]:
+        one, other = flights(backend(), clock, Ticks(clock)), flights(backend(), clock)
+        looked = asyncio.Event()
+        get = one.cache.get
+
+        async def get_then_say(key: str) -> Any:
+            found = await get(key)
+            looked.set()
+            return found
+
+        one.cache.get = get_then_say  # type: ignore[method-assign]
+        try:
+            made = await one.find("k")
+            assert made.lead is not None
+            here = asyncio.ensure_future(one.find("k"))
+            await looked.wait()  # it missed and waits for the lead's answer
+            elsewhere = asyncio.ensure_future(other.find("k"))
+            await until(lambda: clock() > 0, 10, "the other replica to poll")  # moves the clock
+            polled_at = clock()
+            clock.advance(0.25)
+            made.lead.share(ANSWER)
+            found_here, found_elsewhere = await here, await elsewhere
+            # from its look to the answer: the other replica's polls move the clock on too
+            assert polled_at + 0.25 <= found_here.waited_s <= clock()
+            return found_here, found_elsewhere
+        finally:
+            await one.cache.close()
+            await other.cache.close()
+
+    here, elsewhere = asyncio.run(scenario())
+    assert (here.answer, here.joined) == (ANSWER, True)
+    assert (elsewhere.answer, elsewhere.joined) == (ANSWER, True)
+    assert elsewhere.waited_s > 0.25  # it polled before the answer and after it
+
+
 def test_a_replica_makes_the_answer_once_the_others_lead_drops_it(backend):
     clock = ManualClock()
 

@@ -35,12 +35,13 @@ from edge_sim.clock import Clock, Sleep
 @dataclass(frozen=True)
 class Found:
     """A lookup's outcome: `answer` (None: this request makes it), `joined` when it is another
-    request's answer made while this one waited; `lead` when this request makes the answer that
-    others wait for (then it must end the lead, whatever happens)."""
+    request's answer made while this one waited `waited_s`; `lead` when this request makes the
+    answer that others wait for (then it must end the lead, whatever happens)."""
 
     answer: Any | None
     joined: bool = False
     lead: Lead | None = None
+    waited_s: float = 0.0
 
 
 log = logging.getLogger("ray.serve")
@@ -108,10 +109,11 @@ class SingleFlight:
     async def find(self, key: str) -> Found:
         """The cached answer, or an identical request's once it is made, or this request's
         turn to make it (leading its waiters unless single flight is off or the wait ran out)."""
-        deadline = self._clock() + self._config.wait_s
+        started = self._clock()
+        deadline = started + self._config.wait_s
         while True:
             if self._config.enabled and key not in self._flights:
-                return await self._lead(key, deadline)  # it looks the answer up as it claims
+                return await self._lead(key, started)  # it looks the answer up as it claims
             answer = await self.cache.get(key)
             if answer is not None:
                 return Found(answer)
@@ -128,7 +130,7 @@ class SingleFlight:
             except TimeoutError:
                 return Found(None)
             if shared is not None:
-                return Found(shared, joined=True)
+                return Found(shared, joined=True, waited_s=self._clock() - started)
             # The leader had nothing to share (an error, a cut answer): look again.
 
     async def keep_marked(self, key: str, token: str) -> None:
@@ -173,10 +175,11 @@ class SingleFlight:
         if not future.done():
             future.set_result(answer)
 
-    async def _lead(self, key: str, deadline: float) -> Found:
+    async def _lead(self, key: str, started: float) -> Found:
         """Lead this replica's waiters for `key`: the answer if the cache has it, else make it
         if the backend's mark is ours (or ends while we poll, or the wait runs out), else take
         the answer another replica made. Each look is one call to the backend (get_or_claim)."""
+        deadline = started + self._config.wait_s
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._flights[key] = future
         token, ttl_s = secrets.token_hex(8), self._config.mark_ttl_s
@@ -199,6 +202,6 @@ class SingleFlight:
             raise
         if answer is not None:
             self.end(key, future, answer)
-            return Found(answer, joined=waited)
+            return Found(answer, joined=waited, waited_s=self._clock() - started)
         # marked None: no backend to mark (or it failed); False: waited out
         return Found(None, lead=Lead(self, key, future, token if marked else ""))

@@ -139,11 +139,11 @@ class EdgeDispatcher:
         )
         return entry, skipped, colos.client, plan
 
-    async def nearest(self, model: str, request: EdgeRequest) -> EdgeTrace:
+    async def nearest(self, model: str, request: EdgeRequest, waited_s: float = 0.0) -> EdgeTrace:
         """The trace of an answer the entry colo gives from its cache (a HIT): the client->colo
-        RTT only."""
+        RTT, less the `waited_s` the request already spent there for an identical one's answer."""
         entry, _, client, _ = self.plan(model, request)
-        await self.clock.sleep(self.network.delay_s(entry))
+        await self.clock.sleep(max(0.0, self.network.delay_s(entry) - waited_s))
         trace = EdgeTrace(
             entry.colo_id,
             self.regions.home(entry.colo_id),

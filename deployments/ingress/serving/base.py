@@ -69,7 +69,11 @@ class ModelService(Generic[Asked, Admits, T]):
             cacheable = cacheable and not admitted.fallback
             cached = await self.cached.lookup(self.task, asked, ctx, cacheable=cacheable)
             if cached.hit is not None:
-                answer, trace = cached.hit, await self.edge.nearest(model.name, ctx)
+                # A waiter (JOINED) gets the first's answer as it reaches the colo, whose RTT
+                # the first slept before its model call: the waiter's own RTT is not slept
+                # again after the answer, only what its wait has not covered.
+                answer = cached.hit
+                trace = await self.edge.nearest(model.name, ctx, waited_s=cached.waited_s)
                 cached.served(trace)
             else:
                 result, trace = await self._dispatch(admitted, ctx, call)

@@ -19,10 +19,11 @@ from deployments.ingress.serving.context import RequestContext
 @dataclass(frozen=True)
 class CacheLookup:
     """One request's look into the cache: the answer found (`hit`, `joined` when an identical
-    request made it while this one waited), or where a new one goes."""
+    request made it while this one waited `waited_s`), or where a new one goes."""
 
     hit: Any | None
     joined: bool = False
+    waited_s: float = 0.0
     _flights: SingleFlight | None = None
     _key: str | None = None  # None: not cached (bypassed, or not cacheable)
     _lead: Lead | None = None  # identical requests wait for this one's answer
@@ -71,4 +72,6 @@ class CachedAnswers:
             return NOT_CACHED
         key = cache_key(endpoint, request, ctx.key_id)
         found = await self.flights.find(key)
-        return CacheLookup(found.answer, found.joined, self.flights, key, found.lead)
+        return CacheLookup(
+            found.answer, found.joined, found.waited_s, self.flights, key, found.lead
+        )
