@@ -19,14 +19,16 @@ class GatewayBenchConfig(BenchConfig):
         "retry_tries": 3,
         "ready_polls": 2,
         "overhead_requests": 50,
+        "identical_bursts": 3,
     }
 
     serve_config: Path = PROJECT_ROOT / "serve_config.yaml"
     ray_num_cpus: int = Field(default=4, ge=1)
     start_timeout_s: float = Field(default=600, gt=0, description="until the application runs")
-    # Single flight: identical cacheable chat requests sent at once.
+    # Single flight: bursts of identical cacheable chat requests sent at once.
     chat_model: str = "glm"
-    identical_requests: int = Field(default=32, ge=2)
+    identical_bursts: int = Field(default=5, ge=1, description="each a request of its own")
+    identical_requests: int = Field(default=32, ge=2, description="in one burst")
     identical_max_tokens: int = Field(default=32, ge=1)
     metrics_settle_s: float = Field(
         default=15.0,

@@ -131,7 +131,7 @@ class Gateway:
             counted = None
             if calls_before is not None and calls_after is not None:
                 counted = calls_after - calls_before
-            burst = single_flight.summarise(burst.pop("answers"), counted)
+            burst = single_flight.summarise_bursts(burst.pop("bursts"), counted)
         figures["single_flight"] = burst
         figures["fairness"] = await _part("fairness", self._fairness)
         return figures
@@ -177,25 +177,35 @@ class Gateway:
         return await model_calls(self.client, self.metrics_url, self.config.chat_model)
 
     async def _burst(self) -> dict[str, Any]:
-        """The identical requests; summarised once the replicas' counter can be read."""
-        messages = [{"role": "user", "content": f"Name three rivers ({self.run_id})."}]
-        body = {
-            "model": self.config.chat_model,
-            "messages": messages,
-            "max_tokens": self.config.identical_max_tokens,
-            "temperature": 0,
-        }
-        answers = await single_flight.identical_at_once(
-            self.client,
-            self._url("/v1/chat/completions"),
-            auth(FLOOD_KEY),
-            body,
-            self.config.identical_requests,
-            self.clock,
-        )
+        """The bursts of identical requests, each asking something of its own; summarised once
+        the replicas' counter can be read."""
+        bursts = []
+        for index in range(self.config.identical_bursts):
+            question = f"Name three rivers ({self.run_id}, burst {index})."
+            body = {
+                "model": self.config.chat_model,
+                "messages": [{"role": "user", "content": question}],
+                "max_tokens": self.config.identical_max_tokens,
+                "temperature": 0,
+            }
+            answers = await single_flight.identical_at_once(
+                self._url("/v1/chat/completions"),
+                auth(FLOOD_KEY),
+                body,
+                self.config.identical_requests,
+                self.clock,
+                warm_url=self._url("/v1/models"),
+            )
+            summary = single_flight.summarise(answers)
+            log.info(
+                "single flight, burst %d: %s, waiters p50 past the first %s ms",
+                index,
+                summary["cache"],
+                summary["waiters_p50_over_first_ms"],
+            )
+            bursts.append(answers)
         self.chat_touched = time.monotonic()
-        log.info("single flight: %s", single_flight.summarise(answers, None)["cache"])
-        return {"answers": answers}
+        return {"bursts": bursts}
 
     async def _retry_after(self) -> dict[str, Any]:
         config = self.config

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from benchmarks.lib.goals import GoalRecord, dig, goal
+from benchmarks.lib.goals import GoalRecord, dig, goal, goal_over_runs
 
-SINGLE_FLIGHT_CALLS = 1  # model calls for a burst of identical requests
+SINGLE_FLIGHT_CALLS = 1  # model calls per burst of identical requests
 WAITERS_OVER_FIRST_MS = 5.0  # the waiters' p50 past the first's latency
 LIGHT_OF_FLOOD_MEDIAN = 0.25  # B's TTFT p99 at most A's median TTFT over 4 ...
 LIGHT_OF_ALONE = 3.0  # ... or at most 3x B's own p99 with no flood
@@ -35,15 +35,18 @@ def _why(part: Mapping[str, Any], what: str) -> str:
 
 
 def model_calls(single: Mapping[str, Any]) -> tuple[float | None, str]:
-    """The burst's model calls and where the count comes from: the chat replicas' own counter
+    """The model calls per burst and where the count comes from: the chat replicas' own counter
     when Ray exported it (it moved when a model answered), else the answers marked MISS."""
     counted = single.get("model_calls_counted")
     misses = dig(single, "cache", "MISS")
+    bursts = single.get("bursts") or 1
     if counted is not None and (counted > 0 or not misses):
-        return counted, "the chat replicas' ray_edge_model_batch_size_count, after minus before"
+        source = "the chat replicas' ray_edge_model_batch_size_count, after minus before"
+        return counted / bursts, source
     if single.get("cache") is None:
         return None, "no answer"
-    return float(misses or 0), "answers marked x-edge-cache: MISS (the replicas' counter unread)"
+    source = "answers marked x-edge-cache: MISS (the replicas' counter unread)"
+    return float(misses or 0) / bursts, source
 
 
 def single_flight_goals(single: Mapping[str, Any]) -> dict[str, GoalRecord]:
@@ -62,7 +65,7 @@ def single_flight_goals(single: Mapping[str, Any]) -> dict[str, GoalRecord]:
             "calls",
             at_most=True,
             missing=_why(single, "no model-call count"),
-            note=f"identical cacheable chat requests sent at once; counted from {source}",
+            note=f"per burst of identical cacheable chat requests sent at once; from {source}",
             details={"cache": single.get("cache"), "statuses": single.get("statuses")},
         ),
         "single_flight_distinct_answers": goal(
@@ -71,16 +74,20 @@ def single_flight_goals(single: Mapping[str, Any]) -> dict[str, GoalRecord]:
             "answers",
             at_most=True,
             missing=_why(single, unanswered or "no answer"),
-            note="distinct answers among the burst's (all equal: 1)",
+            note="the most distinct answers in one burst (all equal: 1)",
         ),
-        "single_flight_waiters_p50_over_first_ms": goal(
-            single.get("waiters_p50_over_first_ms"),
+        "single_flight_waiters_p50_over_first_ms": goal_over_runs(
+            single.get("waiters_p50_over_first_ms") or [],
             WAITERS_OVER_FIRST_MS,
             "ms",
             at_most=True,
             missing=_why(single, "no MISS or no waiter among the answers"),
-            note="the waiters' (JOINED, HIT) latency p50 minus the first's (MISS)",
-            details={"first_ms": single.get("first_ms"), "waiters_ms": single.get("waiters_ms")},
+            details={
+                "note": "per burst, the waiters' (JOINED, HIT) latency p50 minus the first's "
+                "(MISS); judged on the median over the bursts",
+                "first_ms": single.get("first_ms"),
+                "waiters_p50_ms": single.get("waiters_p50_ms"),
+            },
         ),
     }
 

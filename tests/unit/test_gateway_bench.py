@@ -92,32 +92,80 @@ def _answer(ms: float, cache: str, choices: str = "same", status: int = 200):
 
 def test_the_burst_summary_puts_the_waiters_p50_beside_the_first() -> None:
     answers = [_answer(100, "MISS")] + [_answer(102 + i, "JOINED") for i in range(31)]
-    summary = single_flight.summarise(answers, model_calls=1.0)
+    summary = single_flight.summarise(answers)
     assert summary["cache"] == {"JOINED": 31, "MISS": 1}
     assert summary["first_ms"] == 100.0 and summary["waiters_ms"]["p50"] == 117.0
     assert summary["waiters_p50_over_first_ms"] == 17.0
     assert summary["distinct_answers"] == 1 and summary["answered"] == 32
 
 
-def test_identical_requests_leave_together_and_each_answer_is_kept() -> None:
-    seen: list[bytes] = []
+def test_bursts_are_judged_each_on_its_own_and_together_on_their_median() -> None:
+    quick = [_answer(100, "MISS")] + [_answer(101, "JOINED")] * 3
+    slow = [_answer(50, "MISS")] + [_answer(80, "JOINED"), _answer(81, "HIT", choices="other")]
+    no_waiter = [_answer(60, "MISS")]
+    summary = single_flight.summarise_bursts([quick, slow, no_waiter], model_calls=3.0)
+    assert summary["bursts"] == 3 and summary["requests"] == 8 and summary["answered"] == 8
+    assert summary["cache"] == {"HIT": 1, "JOINED": 4, "MISS": 3}
+    assert summary["distinct_answers"] == 2  # the slow burst's two answers differ
+    assert summary["waiters_p50_over_first_ms"] == [1.0, 30.5, None]
+    over = goals({"single_flight": summary})["single_flight_waiters_p50_over_first_ms"]
+    assert over["value"] == 15.75 and over["met_in"] == "1 of 3" and not over["met"]
+    assert goals({"single_flight": summary})["single_flight_model_calls"]["value"] == 1.0
 
-    def answer(request: httpx.Request) -> httpx.Response:
-        seen.append(request.content)
-        cache = "MISS" if len(seen) == 1 else "JOINED"
-        body = {"choices": [{"message": {"content": "hi"}}]}
-        return httpx.Response(200, json=body, headers={"x-edge-cache": cache})
 
-    async def burst() -> list[single_flight.Answer]:
-        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
-            return await single_flight.identical_at_once(
-                client, "http://gw/v1/chat/completions", {}, {"model": "glm"}, 4, _ticks()
+class _Chat(BaseHTTPRequestHandler):
+    """A gateway on a real socket, keep-alive: GETs (the warm-up) answer `{}`; the first POST a
+    MISS, the others JOINED; each POST's body is kept."""
+
+    protocol_version = "HTTP/1.1"
+    posts: list[bytes] = []
+    gets = 0
+
+    def do_GET(self) -> None:
+        type(self).gets += 1
+        self._json(200, {}, {})
+
+    def do_POST(self) -> None:
+        type(self).posts.append(self.rfile.read(int(self.headers["content-length"])))
+        cache = "MISS" if len(type(self).posts) == 1 else "JOINED"
+        self._json(200, {"choices": [{"message": {"content": "hi"}}]}, {"x-edge-cache": cache})
+
+    def _json(self, status: int, body: dict[str, Any], headers: dict[str, str]) -> None:
+        payload = json.dumps(body).encode()
+        self.send_response(status)
+        for name, value in {**headers, "content-length": str(len(payload))}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
+        pass
+
+
+def test_identical_requests_leave_together_on_warm_connections_and_each_answer_is_kept() -> None:
+    _Chat.posts, _Chat.gets = [], 0
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Chat)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        answers = asyncio.run(
+            single_flight.identical_at_once(
+                f"{base}/v1/chat/completions",
+                {"authorization": "Bearer k"},
+                {"model": "glm"},
+                4,
+                _ticks(),
+                warm_url=f"{base}/v1/models",
             )
-
-    answers = asyncio.run(burst())
-    assert len(set(seen)) == 1 and len(seen) == 4
-    assert [a.cache for a in answers].count("MISS") == 1
-    assert single_flight.summarise(answers, None)["distinct_answers"] == 1
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert _Chat.gets == 4 and len(_Chat.posts) == 4 and len(set(_Chat.posts)) == 1
+    assert json.loads(_Chat.posts[0]) == {"model": "glm"}
+    assert sorted(a.cache or "" for a in answers) == ["JOINED", "JOINED", "JOINED", "MISS"]
+    assert all(a.status == 200 and a.latency_s > 0 for a in answers)
+    assert single_flight.summarise(answers)["distinct_answers"] == 1
 
 
 def _ticks():
@@ -319,9 +367,10 @@ def _figures() -> dict[str, Any]:
             "answered": 32,
             "statuses": {"200": 32},
             "cache": {"JOINED": 31, "MISS": 1},
+            "bursts": 1,
             "model_calls_counted": 1.0,
             "distinct_answers": 1,
-            "waiters_p50_over_first_ms": 2.0,
+            "waiters_p50_over_first_ms": [2.0],
         },
         "fairness": {
             "light_alone": {**ttft(20.0, 30.0), "refused": 0},
