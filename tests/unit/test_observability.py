@@ -724,6 +724,46 @@ def finished_chat(tracing: Tracing, **config: Any) -> dict[str, Any]:
     return {"line": line, "record": json.loads(line), "trace_id": telemetry.trace_id}
 
 
+def test_requests_finished_in_one_turn_of_the_loop_are_recorded_at_the_next(tracing: Tracing):
+    stream = io.StringIO()
+    backend = InMemoryMetricsBackend()
+    router = make_router(tracing, backend=backend, log_stream=stream)
+
+    def finish_one() -> None:
+        router.begin(method="GET", path="/v1/models", headers={}).finish(200)
+
+    def recorded() -> tuple[float, int]:
+        return backend.total("edge_requests_total"), len(stream.getvalue().splitlines())
+
+    async def a_turn_of_answers() -> list[tuple[float, int]]:
+        seen = []
+        for _ in range(3):
+            finish_one()
+            seen.append(recorded())  # none yet: the answers of this turn go out first
+        await asyncio.sleep(0)
+        seen.append(recorded())
+        return seen
+
+    assert asyncio.run(a_turn_of_answers()) == [(0, 0), (0, 0), (0, 0), (3, 3)]
+    finish_one()  # outside an event loop: at once
+    assert recorded() == (4, 4)
+
+    async def finished_as_its_loop_stops() -> None:
+        finish_one()
+        asyncio.get_running_loop().stop()  # the loop ends before its next turn: no flush
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(finished_as_its_loop_stops())
+    loop.close()
+    assert recorded() == (4, 4)
+
+    async def the_next_request() -> None:
+        finish_one()
+
+    asyncio.run(the_next_request())  # on a loop of its own: the one left behind comes too
+    assert recorded() == (6, 6)
+
+
 def test_the_access_log_has_the_request_but_no_prompt_or_key_by_default(tracing: Tracing):
     result = finished_chat(tracing)
     line, record = result["line"], result["record"]

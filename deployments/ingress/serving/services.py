@@ -67,8 +67,11 @@ class RouterServices:
     batch_runner: BatchRunner | None = None  # runs batch jobs; None with state or batch off
 
     async def settled(self) -> None:
-        """Until the work requests left behind their responses is done (the response cache's
-        writes, each bounded by its timeout): a replica that shuts down, and tests."""
+        """Until the work requests left behind their responses is done (their telemetry, the
+        response cache's writes, each bounded by its timeout): a replica that shuts down, and
+        tests."""
+        if self.observability is not None:
+            self.observability.flush()
         await self.embeddings.cached.flights.settled()  # one CachedAnswers for every service
 
     async def readiness(self) -> dict[str, Any]:
