@@ -508,8 +508,17 @@ def test_the_otlp_exporter_is_imported_only_when_chosen():
     assert result.stdout.split() == ["False", "True"]
 
 
-def test_exporter_none_exports_nothing():
+def test_exporter_none_exports_nothing_and_records_no_span_but_keeps_trace_ids():
     assert span_exporter(TracingConfig()) is None
+    tracer = build_tracer_provider(TracingConfig(), "router").get_tracer("test")
+    incoming = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    parent = extract_context({"traceparent": incoming})
+    span = tracer.start_span("POST /v1/chat/completions", context=parent)
+    assert not span.is_recording()
+    assert f"{span.get_span_context().trace_id:032x}" == "0af7651916cd43dd8448eb211c80319c"
+    root = tracer.start_span("GET /v1/models")
+    assert not root.is_recording() and HEX32.match(f"{root.get_span_context().trace_id:032x}")
+    assert root.get_span_context().trace_id != 0
 
 
 # ---- metrics -------------------------------------------------------------------------------------
