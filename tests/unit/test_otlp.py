@@ -18,6 +18,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
 
 from deployments.observability.access_log import configure_access_logger
@@ -241,7 +242,8 @@ def test_samplers_by_their_sdk_names():
             TracingConfig(),
             {"OTEL_TRACES_SAMPLER": name, "OTEL_TRACES_SAMPLER_ARG": str(ratio)},
         )
-        provider = build_tracer_provider(config, "router")
+        # an exporter to record for: with none, no span is recorded whatever the sampler
+        provider = build_tracer_provider(config, "router", InMemorySpanExporter())
         span = provider.get_tracer("t").start_span("s")
         span.end()
         return span.is_recording() or span.get_span_context().trace_flags.sampled
