@@ -13,9 +13,10 @@ model directory as the replica builds it, without Ray or HTTP, so what is timed 
 - `ort_ops` (`--ort-ops`): a second session with ONNX Runtime's profiler on, one burst per batch
   size; per decode batch size the ms per step of each op type, and the MatMuls by input shape
   (the head is the one whose input is [batch, hidden]: last position only).
-- `stall` (`--stall-chunks`): `--stall-streams` running streams, then a prompt of
-  `--stall-prompt-tokens` tokens; per prefill chunk size, the prompt's TTFT and the running
-  streams' largest gap between two tokens during its prefill over their median gap before it.
+- `stall` (`--stall-chunks`, `--stall-shares`): `--stall-streams` running streams, then a prompt
+  of `--stall-prompt-tokens` tokens; per prefill chunk size and pacer share (`chunk@share`), the
+  prompt's TTFT and the running streams' largest and p99 gap between two tokens during its
+  prefill over their median gap before it.
 
 Writes one JSON document to stdout. `--threads` defaults to 2: the at-size machine's cores.
 """
@@ -59,6 +60,7 @@ class Options:
     max_tokens: int
     ort_ops: bool
     stall_chunks: tuple[int, ...]
+    stall_shares: tuple[float | None, ...]  # the pacer's step share per variant; None: unpaced
     stall_streams: int
     stall_prompt_tokens: int
 
@@ -243,29 +245,34 @@ async def stall_once(
             elif start < first:
                 during.append(end - start)
     median_before = statistics.median(before)
+    p99_during = float(np.percentile(during, 99)) if during else 0.0
     return {
         "ttft_s": round(first - sent, 3),
         "gap_median_before_ms": round(median_before * 1e3, 1),
         "gap_max_during_ms": round(max(during, default=0.0) * 1e3, 1),
         "max_during_over_median_before": round(max(during, default=0.0) / median_before, 2),
+        "p99_during_over_median_before": round(p99_during / median_before, 2),
     }
 
 
 async def stall(runtime: LLMRuntime, options: Options) -> dict[str, Any]:
-    """Per chunk size (the runner's `prefill_chunk_tokens`), medians over runs."""
+    """Per chunk size (the runner's `prefill_chunk_tokens`) and pacer share (`chunk@share`,
+    `@none`: unpaced), medians over runs, the variants alternating run by run."""
     runner = runtime.runner
     assert isinstance(runner, SlotStepRunner | DecoderStepRunner)
     runtime.prefix_cache.resize(0)  # the same long prompt every run: computed, never found cached
     prompt = long_prompt(options.model_dir, options.stall_prompt_tokens)
-    runs: dict[int, list[dict[str, float]]] = defaultdict(list)
+    variants = [(c, s) for c in options.stall_chunks for s in options.stall_shares]
+    runs: dict[str, list[dict[str, float]]] = defaultdict(list)
     for run in range(options.runs):
-        order = options.stall_chunks if run % 2 == 0 else options.stall_chunks[::-1]
-        for chunk in order:
+        for chunk, share in variants if run % 2 == 0 else variants[::-1]:
             runner.prefill_chunk_tokens = chunk
-            runs[chunk].append(await stall_once(runtime, runner, options, prompt))
+            runner.pacer.step_share = share
+            name = f"{chunk}@{'none' if share is None else share}"
+            runs[name].append(await stall_once(runtime, runner, options, prompt))
     return {
-        str(chunk): {key: statistics.median(r[key] for r in results) for key in results[0]}
-        for chunk, results in runs.items()
+        name: {key: statistics.median(r[key] for r in results) for key in results[0]}
+        for name, results in runs.items()
     }
 
 
@@ -296,6 +303,13 @@ def parse(argv: Sequence[str] | None = None) -> Options:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--ort-ops", action="store_true")
     parser.add_argument("--stall-chunks", type=int, nargs="*", default=[])
+    parser.add_argument(
+        "--stall-shares",
+        type=_share,
+        nargs="+",
+        default=[None],
+        help="the pacer's step share per variant (none: chunks of the chunk size)",
+    )
     parser.add_argument("--stall-streams", type=int, default=8)
     parser.add_argument("--stall-prompt-tokens", type=int, default=1500)
     args = parser.parse_args(argv)
@@ -307,9 +321,14 @@ def parse(argv: Sequence[str] | None = None) -> Options:
         max_tokens=args.max_tokens,
         ort_ops=args.ort_ops,
         stall_chunks=tuple(args.stall_chunks),
+        stall_shares=tuple(args.stall_shares),
         stall_streams=args.stall_streams,
         stall_prompt_tokens=args.stall_prompt_tokens,
     )
+
+
+def _share(text: str) -> float | None:
+    return None if text == "none" else float(text)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

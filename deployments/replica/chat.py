@@ -42,6 +42,7 @@ class ChatServer(ModelServer[LLMRuntime]):
         self.runtime.prefix_cache.resize(int(batching.prefix_cache_mb * MIB))
         # Read at each newcomer's prefill: it applies from the next one.
         self.runtime.runner.prefill_chunk_tokens = batching.prefill_chunk_tokens
+        self.runtime.runner.pacer.step_share = batching.prefill_step_share
         self._report_kv_cache()
 
     def _report_kv_cache(self) -> None:

@@ -1,7 +1,8 @@
 """A long prompt on the plain (`concat` cache) graph, GLM and Kimi (MLA), prefilled in chunks:
 the same greedy tokens as in one run, nothing reported as cached that was not, and the streams
 already decoding take a step between two chunks (`DecoderStepRunner._ahead_in_chunks`) and end
-with the tokens they would have had alone; the chunk size from a chat replica's user_config."""
+with the tokens they would have had alone; the chunk size and the pacer's share from a chat
+replica's user_config."""
 
 from __future__ import annotations
 
@@ -15,7 +16,11 @@ from deployments.contracts.sampling_params import SamplingParams
 from deployments.replica.chat import ChatServer
 from deployments.replica.engine.llm import LLMRuntime
 from deployments.replica.engine.session import SessionConfig
-from deployments.replica.engine.step_runner import DEFAULT_PREFILL_CHUNK_TOKENS, DecoderStepRunner
+from deployments.replica.engine.step_runner import (
+    DEFAULT_PREFILL_CHUNK_TOKENS,
+    DEFAULT_PREFILL_STEP_SHARE,
+    DecoderStepRunner,
+)
 
 CHUNK = 16
 LONG = [{"role": "user", "content": "Tell me everything about the rivers of Beijing " * 6}]
@@ -88,14 +93,23 @@ async def collect(stream) -> str:
     return "".join([chunk.text async for chunk in stream])
 
 
-def test_a_chat_replicas_user_config_sets_its_chunk_size(models_root):
+def test_a_chat_replicas_user_config_sets_its_chunk_size_and_pacing(models_root):
     assert BatchingConfig().prefill_chunk_tokens == DEFAULT_PREFILL_CHUNK_TOKENS
+    assert BatchingConfig().prefill_step_share == DEFAULT_PREFILL_STEP_SHARE
     server = ChatServer(str(models_root / "kimi"), SessionConfig(provider="cpu"))
     try:
-        assert server.runtime.runner.prefill_chunk_tokens == DEFAULT_PREFILL_CHUNK_TOKENS
+        runner = server.runtime.runner
+        assert runner.prefill_chunk_tokens == DEFAULT_PREFILL_CHUNK_TOKENS
+        assert runner.pacer.step_share == DEFAULT_PREFILL_STEP_SHARE
         server.reconfigure({"max_batch_size": 4, "prefill_chunk_tokens": 64})
-        assert server.runtime.runner.prefill_chunk_tokens == 64
+        assert runner.prefill_chunk_tokens == 64
+        server.reconfigure({"prefill_step_share": 0.5})
+        assert (runner.prefill_chunk_tokens, runner.pacer.step_share) == (256, 0.5)
+        server.reconfigure({"prefill_step_share": None})
+        assert runner.pacer.step_share is None
     finally:
         server.runtime.close()
     with pytest.raises(ValidationError, match="prefill_chunk_tokens"):
         BatchingConfig.model_validate({"prefill_chunk_tokens": 8})
+    with pytest.raises(ValidationError, match="prefill_step_share"):
+        BatchingConfig.model_validate({"prefill_step_share": 0})

@@ -1,5 +1,6 @@
 """SlotDecoder on a tiny fused graph: a ragged batch decodes as each sequence alone, a released
-slot takes the last sequence in, the buffers grow mid-run, and misuse is refused."""
+slot takes the last sequence in, the buffers grow mid-run and their capacity is cut back once a
+long sequence left, and misuse is refused."""
 
 from __future__ import annotations
 
@@ -102,3 +103,22 @@ def test_a_failed_prefill_leaves_no_slot_taken(graph):
     with pytest.raises(ValueError, match="max_len"):
         decoder.prefill(list(range(70)))
     assert decoder.active == 0
+
+
+def test_fit_capacity_cuts_back_once_a_long_sequence_left_and_the_rest_decode_on(graph):
+    expected = _alone(graph, PROMPTS[1])
+    decoder = _decoder(graph)
+    short, first = decoder.prefill(PROMPTS[1])
+    long, _ = decoder.prefill(list(range(3, 40)))  # 37 positions: capacity 40
+    assert decoder.capacity == 40
+    decoder.fit_capacity()
+    assert decoder.capacity == 40  # still needed
+    assert decoder.release(long) is None
+    decoder.fit_capacity()
+    assert decoder.capacity == 8 and decoder.slots == 3  # the short one's 2 (+1) in one grow_by
+    got = [first]
+    got += [decoder.step([t])[0].copy() for t in CONTINUATION]  # grows again past 8
+    np.testing.assert_allclose(np.stack(got), expected, atol=ATOL)
+    assert decoder.lengths[short] == len(PROMPTS[1]) + len(CONTINUATION)
+    decoder.fit_capacity()
+    assert decoder.capacity == 16  # 10 positions (+1): within a grow_by of it, kept

@@ -1,8 +1,8 @@
 """LLMRuntime on a slot-cache model (a tiny fused GLM, `SlotStepRunner`): the same greedy tokens as
 the plain graph of the same checkpoint, alone and in a batch whose sequences leave mid-run (a
-slot moves), while a long prompt is prefilled in chunks, after a stream is abandoned, beside a
-newcomer whose prefill fails (both layouts); and the plain graph's runner refuses a slot-cache
-graph."""
+slot moves), while a long prompt is prefilled in chunks (paced while others decode: both
+layouts), after a stream is abandoned, beside a newcomer whose prefill fails (both layouts); and
+the plain graph's runner refuses a slot-cache graph."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from deployments.errors import InternalServerError
 from deployments.export.llm import export_llm
 from deployments.replica.engine.decoder import DecoderGraph
 from deployments.replica.engine.llm import LLMRuntime
+from deployments.replica.engine.prefill_pacing import PrefillPacer
 from deployments.replica.engine.session import SessionConfig, open_session
 from deployments.replica.engine.slot_step_runner import SlotStepRunner
 from tests.waiting import until
@@ -119,6 +120,9 @@ def test_concurrent_streams_leaving_mid_run_decode_as_each_alone(slots, monkeypa
         (LONG, greedy(9, stop=("zzz",))),
     ]
     alone = [run(slots.complete(p, params)).text for p, params in requests]
+    # Fixed chunks (as many as the prompt's length gives): paced ones would be as many as the
+    # decode steps' timing gives (the pacing's own test is below).
+    monkeypatch.setattr(slots.runner.pacer, "step_share", None)
     decoder = slots.runner.decoder
     moves: list[str] = []
     release, swap = decoder.release, decoder.swap
@@ -197,6 +201,72 @@ def test_a_prompt_whose_prefill_fails_fails_alone_and_the_running_streams_go_on(
     assert texts == alone
     if layout == "slots":  # the plain graph's padded rows are only dropped at its next step
         assert in_use == 0
+
+
+class ScriptedPacer(PrefillPacer):
+    """Chunks of `paced` tokens while others decode (the sizing is test_prefill_pacing's)."""
+
+    def __init__(self, largest: int, paced: int):
+        super().__init__(largest, 1.0)
+        self.paced = paced
+        self.asked: list[bool] = []
+
+    def next_chunk(self, *, others_decoding: bool) -> int:
+        self.asked.append(others_decoding)
+        return self.paced if others_decoding else self.largest
+
+
+@pytest.mark.parametrize("layout", ["slots", "plain"])
+def test_a_long_prompt_goes_in_paced_chunks_while_others_decode(layout, request, monkeypatch):
+    """Alone, a long prompt goes in chunks of prefill_chunk_tokens; beside two decoding streams,
+    in the pacer's chunks with a decode step of theirs between two; every answer as alone."""
+    rt: LLMRuntime = request.getfixturevalue(layout)
+    runner = rt.runner
+    pacer = ScriptedPacer(CHUNK, paced=5)
+    monkeypatch.setattr(runner, "pacer", pacer)
+    assert len(rt.tokenizer.encode_chat(LONG)) > 3 * CHUNK
+    if layout == "plain":  # computed each time, never found in the prefix cache
+        kept = rt.prefix_cache.max_bytes
+        rt.prefix_cache.resize(0)
+        request.addfinalizer(lambda: rt.prefix_cache.resize(kept))
+    pieces: list[int] = []
+    if layout == "slots":
+        decoder = runner.decoder
+        extend = decoder.extend
+
+        def recorded_extend(slot, tokens):
+            pieces.append(len(tokens))
+            return extend(slot, tokens)
+
+        monkeypatch.setattr(decoder, "extend", recorded_extend)
+    else:
+        graph = runner.graph
+        prefill_after = graph.prefill_after
+
+        def recorded_prefill_after(caches, rests):
+            pieces.append(len(rests[0]))
+            return prefill_after(caches, rests)
+
+        monkeypatch.setattr(graph, "prefill_after", recorded_prefill_after)
+    expected = run(rt.complete(LONG, greedy(6))).text
+    assert set(pacer.asked) == {False} and max(pieces) == CHUNK  # alone: chunks of the largest
+    streaming = [(SHORT, greedy(40)), (MEDIUM, greedy(40))]
+    alone = [run(rt.complete(p, params)).text for p, params in streaming]
+    pieces.clear()
+    pacer.asked.clear()
+
+    async def together():
+        streams = [rt.stream(p, params) for p, params in streaming]
+        firsts = [(await stream.__anext__()).text for stream in streams]  # both decoding
+        pieces.clear()  # their own prompts' pieces
+        long = await rt.complete(LONG, greedy(6))
+        rests = [await collect(stream) for stream in streams]
+        return long.text, [first + rest for first, rest in zip(firsts, rests, strict=True)]
+
+    (long_text, texts), _ = run_and_settle(rt, together())
+    assert long_text == expected and texts == alone
+    assert True in pacer.asked
+    assert len(pieces) > 3 and max(pieces) <= 5 < CHUNK
 
 
 def test_prompt_logprobs_equal_the_plain_graphs(slots, plain):

@@ -1,6 +1,6 @@
 """`benchmarks.at_size.step_profile` runs on the tiny models: the decode split per batch size,
-ONNX Runtime's ops per decode step (MatMuls by input shape),
-and the prefill stall per chunk size on a slot-cache (fused) export and on the plain graph."""
+ONNX Runtime's ops per decode step (MatMuls by input shape), and the prefill stall per chunk size
+and pacer share on a slot-cache (fused) export and on the plain graph."""
 
 from __future__ import annotations
 
@@ -38,8 +38,10 @@ def test_stall_per_chunk_size(layout: str, models_root: Path, tmp_path: Path) ->
     report = main(
         ["--model-dir", str(model_dir), "--batches", "2", "--runs", "1"]
         + ["--max-tokens", "4", "--threads", "1", "--stall-chunks", "8", "32"]
+        + ["--stall-shares", "none", "0.5"]
         + ["--stall-streams", "2", "--stall-prompt-tokens", "40"]
     )
-    for chunk in ("8", "32"):
-        stall = report["stall"][chunk]
+    assert set(report["stall"]) == {"8@none", "32@none", "8@0.5", "32@0.5"}
+    for stall in report["stall"].values():
         assert stall["ttft_s"] > 0 and stall["gap_median_before_ms"] > 0
+        assert stall["p99_during_over_median_before"] <= stall["max_during_over_median_before"]

@@ -2,17 +2,20 @@
 "slots"`): the scheduler's `StepRunner` over a `SlotDecoder`, one slot per running sequence.
 
 A newcomer is prefilled alone into the next free slot; a prompt longer than
-`prefill_chunk_tokens` goes in chunks (`SlotDecoder.extend`), and between two chunks the sequences
-already decoding take one decode step, so a long prompt does not stall them for its whole
-prefill. While its chunks go in, the newcomer holds the last slot and the decode steps step the
-slots before it. Decode steps every running sequence in slot order; a sequence that finished or
-whose consumer left gives its slot back (`release`: the last slot's sequence moves into the
-hole, and its owner is re-mapped; a newcomer being prefilled is swapped back to the last slot).
+`prefill_chunk_tokens` goes in chunks (`SlotDecoder.extend`) the pacer sizes (`prefill_pacing`),
+and between two chunks the sequences already decoding take one decode step, so a long prompt does
+not stall them for its whole prefill. While its chunks go in, the newcomer holds the last slot
+and the decode steps step the slots before it. Decode steps every running sequence in slot
+order; a sequence that finished or whose consumer left gives its slot back (`release`: the last
+slot's sequence moves into the hole, and its owner is re-mapped; a newcomer being prefilled is
+swapped back to the last slot).
 Sampling, logprobs, grammars and stop strings are the plain runner's (`sequence.next_tokens`).
 
 Under a KV budget the buffers are cut to the sequences in them after every release (`shrink`),
-so what the budget counts (rows x capacity, `kv_bytes`) is what stays allocated; a preempted
-sequence gives its slot back (`drop`) and is prefilled again later with what it generated.
+so what the budget counts (rows x capacity, `kv_bytes`) is what stays allocated; without one
+only their capacity is cut back, once the longest sequence left needs a `grow_by` less
+(`fit_capacity`: every step attends over the whole capacity); a preempted sequence gives its
+slot back (`drop`) and is prefilled again later with what it generated.
 
 The prefix cache is not served here: its entries are per-sequence caches of the plain layout. A
 later change can copy a cached prefix into a slot, then `extend` the rest.
@@ -35,7 +38,11 @@ from deployments.replica.engine.kv_budget import bytes_per_position, rounded_up
 from deployments.replica.engine.sequence import SequenceState, hand_over, next_tokens
 from deployments.replica.engine.session import OnnxSession, open_session, uses_cuda
 from deployments.replica.engine.slot_decoder import SlotDecoder
-from deployments.replica.engine.step_runner import DEFAULT_PREFILL_CHUNK_TOKENS, EngineThread
+from deployments.replica.engine.step_runner import (
+    DEFAULT_PREFILL_CHUNK_TOKENS,
+    DEFAULT_PREFILL_STEP_SHARE,
+    EngineThread,
+)
 
 PREFIX_CACHE_OFF = (
     "not served for slot-cache models yet: its entries are plain-layout caches, "
@@ -51,12 +58,10 @@ class SlotStepRunner(EngineThread):
         session: OnnxSession,
         decoder: SlotDecoder,
         prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
+        prefill_step_share: float | None = DEFAULT_PREFILL_STEP_SHARE,
     ):
-        if prefill_chunk_tokens < 1:
-            raise ValueError("prefill_chunk_tokens must be at least 1")
-        super().__init__(session)
+        super().__init__(session, prefill_chunk_tokens, prefill_step_share)
         self.decoder = decoder
-        self.prefill_chunk_tokens = prefill_chunk_tokens
         self.position_bytes = bytes_per_position(decoder.cache, np.dtype(np.float32).itemsize)
         self.budgeted = False  # set with a KV budget: buffers shrink to the sequences in them
         self._owners: list[SequenceState] = []
@@ -72,6 +77,7 @@ class SlotStepRunner(EngineThread):
         *,
         slots: int,
         prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
+        prefill_step_share: float | None = DEFAULT_PREFILL_STEP_SHARE,
     ) -> SlotStepRunner:
         """The model directory's slot-cache graph opened and warmed up: on the CPU its prepacked
         copy (`cpu_prepacked_graph`) where the export saved one."""
@@ -92,7 +98,7 @@ class SlotStepRunner(EngineThread):
         decoder.step([spec.pad_token_id])
         decoder.release(slot)
         session.warmup_s = time.perf_counter() - started
-        return cls(session, decoder, prefill_chunk_tokens)
+        return cls(session, decoder, prefill_chunk_tokens, prefill_step_share)
 
     @property
     def graph_s(self) -> float:
@@ -123,8 +129,7 @@ class SlotStepRunner(EngineThread):
         """The running ones take a decode step, and one more between two chunks of each
         newcomer's prefill; counted for the newcomers too (those prefilled first step during
         the later ones' chunks)."""
-        chunk = self.prefill_chunk_tokens
-        steps = 1 + sum(-(-seq.positions // chunk) - 1 for seq in admitted)
+        steps = 1 + sum(self.pacer.chunks(seq.positions) - 1 for seq in admitted)
         # Before its next step a running sequence holds len(context) - 1 positions.
         longest = max(
             [seq.positions - 1 + steps for seq in running]
@@ -187,6 +192,7 @@ class SlotStepRunner(EngineThread):
         started = time.perf_counter()
         logits = self.decoder.step([seq.generated[-1] for seq in decoding])
         seconds = time.perf_counter() - started
+        self.pacer.decoded(seconds)
         for seq in decoding:
             seq.timings.decoded(seconds, len(decoding))
         self.steps += 1
@@ -194,25 +200,30 @@ class SlotStepRunner(EngineThread):
         return next_tokens(decoding, logits)
 
     def _prefill(self, loop: asyncio.AbstractEventLoop, seq: SequenceState, size: int) -> None:
-        """A newcomer's prompt (and what it generated before a preemption) into a new slot, in
-        chunks with a decode step of the others between two, then its next token. Each chunk
-        counts as a step of the profile."""
-        chunk = self.prefill_chunk_tokens
+        """A newcomer's prompt (and what it generated before a preemption) into a new slot: a
+        long one in chunks the pacer sizes, with a decode step of the others between two; then
+        its next token. Each chunk counts as a step of the profile."""
         context = seq.context
-        pieces = [context[i : i + chunk] for i in range(0, len(context), chunk)]
+        long = len(context) > self.prefill_chunk_tokens
         self.decoder.ensure_slots(self.decoder.active + 1)  # the batch limit may have grown
         self._filling, self._filling_s = seq, 0.0
+        done = 0
         try:
-            for i, piece in enumerate(pieces[:-1]):
-                self._profiled(functools.partial(self._put, seq, piece, opens=i == 0))
+            while long and len(context) - done > (chunk := self._next_chunk(seq)):
+                piece = context[done : done + chunk]
+                self._profiled(functools.partial(self._put, seq, piece, opens=done == 0))
+                done += chunk
                 self._decode(loop)
-            last = functools.partial(self._put, seq, pieces[-1], opens=len(pieces) == 1)
+            last = functools.partial(self._put, seq, context[done:], opens=done == 0)
             chunks = self._profiled(last)
         finally:
             self._filling = None
         seq.timings.prefilled(self._filling_s, size)
         self.steps += 1
         hand_over(loop, [seq], chunks)
+
+    def _next_chunk(self, seq: SequenceState) -> int:
+        return self.pacer.next_chunk(others_decoding=any(s is not seq for s in self._owners))
 
     def _put(self, seq: SequenceState, piece: list[int], *, opens: bool) -> list[GenerationChunk]:
         """One piece of a newcomer's prompt into its slot (the first piece opens the slot);
@@ -223,7 +234,9 @@ class SlotStepRunner(EngineThread):
             self._owners.append(seq)
         else:
             logits = self.decoder.extend(self.decoder.active - 1, piece)
-        self._filling_s += time.perf_counter() - started
+        took = time.perf_counter() - started
+        self.pacer.chunked(len(piece), took)
+        self._filling_s += took
         if self.decoder.lengths[self.decoder.active - 1] < seq.positions:
             return []
         return next_tokens([seq], logits[None])
@@ -250,5 +263,10 @@ class SlotStepRunner(EngineThread):
                 # The decode steps between its chunks step the slots before the last one.
                 self.decoder.swap(slot, end)
                 self._owners[slot], self._owners[end] = self._owners[end], self._owners[slot]
-        if released and self.budgeted:
-            self.decoder.shrink()
+        if released:
+            # Under a budget the rows go too (what it counts stays allocated); without one the
+            # rows are kept for the next newcomers.
+            if self.budgeted:
+                self.decoder.shrink()
+            else:
+                self.decoder.fit_capacity()

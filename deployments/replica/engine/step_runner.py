@@ -27,6 +27,7 @@ from deployments.contracts.session_config import SessionConfig
 from deployments.replica.engine.decoder import DecoderGraph, PaddedBatch
 from deployments.replica.engine.kv_budget import KVBudget, bytes_per_position
 from deployments.replica.engine.next_token_graph import next_token_only
+from deployments.replica.engine.prefill_pacing import PrefillPacer
 from deployments.replica.engine.prefix_cache import PrefixCache, PrefixHit
 from deployments.replica.engine.scheduler import prefill_runs
 from deployments.replica.engine.sequence import SequenceState, hand_over, next_tokens
@@ -35,12 +36,16 @@ from deployments.replica.engine.step_profile import StepProfile
 
 R = TypeVar("R")
 
-# Tokens per prefill chunk (both graphs). A chunk's cost grows with its length times the cache
-# it attends to (the fused graph materialises chunk x 16 x capacity scores per KV head); in the
-# prototype, at size (fp32, 2 threads), 1,500 tokens took 16.5 s unchunked and 7.9 s in chunks
-# of 512 on the fused graph, so a chunk of 256 costs a running stream about one second between
-# two of its tokens.
+# Tokens per prefill chunk (both graphs), the most: a prompt longer than this is a long one, and
+# goes in chunks. A chunk's cost grows with its length times the cache it attends to (the fused
+# graph materialises chunk x 16 x capacity scores per KV head); in the prototype, at size (fp32,
+# 2 threads), 1,500 tokens took 16.5 s unchunked and 7.9 s in chunks of 512 on the fused graph,
+# so a chunk of 256 costs a running stream about one second between two of its tokens: while
+# others decode, chunks are paced to a share of their decode step (`prefill_pacing`).
 DEFAULT_PREFILL_CHUNK_TOKENS = 256
+# While others decode, a long prompt's chunk takes at most this share of their decode step, so
+# their gaps stay within about (1 + share) steps.
+DEFAULT_PREFILL_STEP_SHARE = 1.0
 
 
 class EngineThread(abc.ABC):
@@ -48,10 +53,15 @@ class EngineThread(abc.ABC):
     step computes (the graph is not shared), one executor round trip per batch change, the
     counters the benchmarks read and the step profile."""
 
-    prefill_chunk_tokens: int  # a long prompt's prefill goes this many tokens at a time
-
-    def __init__(self, session: OnnxSession):
+    def __init__(
+        self,
+        session: OnnxSession,
+        prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
+        prefill_step_share: float | None = DEFAULT_PREFILL_STEP_SHARE,
+    ):
         self.session = session
+        self.pacer = PrefillPacer(DEFAULT_PREFILL_CHUNK_TOKENS, prefill_step_share)
+        self.prefill_chunk_tokens = prefill_chunk_tokens
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llm-step")
         self.steps = 0
         self.max_batch_seen = 0
@@ -95,6 +105,17 @@ class EngineThread(abc.ABC):
     ) -> None:
         """Runs in the executor thread: `run`'s work, each step's chunks handed to the event
         loop (`hand_over`) without waiting for it."""
+
+    @property
+    def prefill_chunk_tokens(self) -> int:
+        """A prompt longer than this goes in chunks, at most this long (`PrefillPacer`)."""
+        return self.pacer.largest
+
+    @prefill_chunk_tokens.setter
+    def prefill_chunk_tokens(self, tokens: int) -> None:
+        if tokens < 1:
+            raise ValueError("prefill_chunk_tokens must be at least 1")
+        self.pacer.largest = tokens
 
     async def in_thread(self, work: Callable[[], R]) -> R:
         """Run `work` on the engine's thread, between its steps (the graph is not shared)."""
@@ -141,13 +162,11 @@ class DecoderStepRunner(EngineThread):
         graph: DecoderGraph,
         prefix_cache: PrefixCache,
         prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
+        prefill_step_share: float | None = DEFAULT_PREFILL_STEP_SHARE,
     ):
-        if prefill_chunk_tokens < 1:
-            raise ValueError("prefill_chunk_tokens must be at least 1")
-        super().__init__(session)
+        super().__init__(session, prefill_chunk_tokens, prefill_step_share)
         self.graph = graph
         self.prefix_cache = prefix_cache
-        self.prefill_chunk_tokens = prefill_chunk_tokens
         # Each newcomer's start, looked up once before its step (`_ahead_in_chunks`): its
         # cached prefix, or for a long one the positions computed chunk by chunk (None: neither),
         # and the seconds the chunks took; its step prefills the rest on it.
@@ -167,6 +186,7 @@ class DecoderStepRunner(EngineThread):
         config: SessionConfig | None,
         prefix_cache: PrefixCache,
         prefill_chunk_tokens: int = DEFAULT_PREFILL_CHUNK_TOKENS,
+        prefill_step_share: float | None = DEFAULT_PREFILL_STEP_SHARE,
     ) -> DecoderStepRunner:
         """The model directory's graph opened (rewritten to compute the last position's logits
         only, where it can be) and warmed up."""
@@ -182,7 +202,7 @@ class DecoderStepRunner(EngineThread):
         _, cache = graph.prefill([pad] * 4)
         graph.decode([pad], [cache])
         session.warmup_s = time.perf_counter() - started
-        return cls(session, graph, prefix_cache, prefill_chunk_tokens)
+        return cls(session, graph, prefix_cache, prefill_chunk_tokens, prefill_step_share)
 
     @property
     def graph_s(self) -> float:
@@ -208,8 +228,7 @@ class DecoderStepRunner(EngineThread):
     def kv_bytes(self, running: Sequence[SequenceState], admitted: Sequence[SequenceState]) -> int:
         """One step: the running ones take a position each, and one more between two chunks of
         each long newcomer's prefill; the newcomers their context."""
-        chunk = self.prefill_chunk_tokens
-        between = sum(max(0, -(-seq.positions // chunk) - 1) for seq in admitted)
+        between = sum(self.pacer.chunks(seq.positions) - 1 for seq in admitted)
         longest = max(
             [seq.positions + between for seq in running] + [seq.positions for seq in admitted],
             default=0,
@@ -249,27 +268,29 @@ class DecoderStepRunner(EngineThread):
         self, loop: asyncio.AbstractEventLoop, seq: SequenceState, running: list[SequenceState]
     ) -> list[SequenceState]:
         """All but the last chunk of a newcomer's context (after its cached prefix) computed
-        now, `prefill_chunk_tokens` at a time, the running sequences taking a decode step after
-        each, so a long prompt does not stall their streams for its whole prefill. Returns the
-        running sequences still going."""
-        context, chunk = seq.context, self.prefill_chunk_tokens
+        now, in chunks the pacer sizes (`prefill_chunk_tokens` at most), the running sequences
+        taking a decode step after each, so a long prompt does not stall their streams for its
+        whole prefill. Returns the running sequences still going."""
+        context = seq.context
         hit = self.prefix_cache.match(context)
         if hit is not None and not seq.generated:  # reported of the prompt, once
             seq.cached_tokens = hit.length
         self._ahead[seq] = (hit, 0.0)
         done = hit.length if hit is not None else 0
-        if len(context) - done <= chunk:
+        if len(context) - done <= self.prefill_chunk_tokens:
             return running
         cache = hit.cache if hit is not None else None
         seconds = 0.0
-        while len(context) - done > chunk:
+        while len(context) - done > (chunk := self.pacer.next_chunk(others_decoding=bool(running))):
             piece = context[done : done + chunk]
             started = time.perf_counter()
             if cache is None:
                 _, cache = self.graph.prefill(piece)
             else:
                 cache = self.graph.prefill_after([cache], [piece])[1].split()[0]
-            seconds += time.perf_counter() - started
+            took = time.perf_counter() - started
+            self.pacer.chunked(len(piece), took)
+            seconds += took
             done += chunk
             self._ahead[seq] = (PrefixHit(done, cache), seconds)
             if running:
@@ -292,6 +313,7 @@ class DecoderStepRunner(EngineThread):
             started = time.perf_counter()
             blocks.append(batch.step([s.generated[-1] for s in running]))
             seconds = time.perf_counter() - started
+            self.pacer.decoded(seconds)
             for seq in running:
                 seq.timings.decoded(seconds, size)
         if admitted:
