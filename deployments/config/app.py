@@ -101,13 +101,13 @@ class BatchingConfig(StrictModel):
     )
     # The engine's own default (step_runner.DEFAULT_PREFILL_STEP_SHARE, pinned by a test).
     prefill_step_share: float | None = Field(
-        default=1.0,
+        default=None,
         gt=0,
         le=100,
         description="chat: while other streams decode, each chunk of a long prompt takes at "
         "most this share of their decode step's time (measured), so their gaps stay within "
-        "about 1 + share steps; null: chunks of prefill_chunk_tokens (the long prompt's first "
-        "token sooner, the others' gaps longer)",
+        "about 1 + share steps, and the long prompt's first token comes later (small chunks "
+        "each read the weights); null: chunks of prefill_chunk_tokens",
     )
     kv_budget_mb: float | None = Field(
         default=None,

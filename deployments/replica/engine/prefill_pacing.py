@@ -3,12 +3,14 @@
 A long prompt (longer than `largest`) goes into the graph in chunks, the sequences already
 decoding taking one decode step between two. A running stream then waits a decode step plus a
 chunk between two tokens, so a chunk of `largest` tokens at size stalls it many times over (a
-chunk of 256 costs about 1 s where a decode step costs 50-100 ms). While others decode, the
-pacer therefore sizes each chunk to what fits in `step_share` of their decode step's time, from
-what the last chunk cost per token: a chunk's cost is a fixed part (the weights read once) plus a
-part per token, so a small chunk's cost per token overstates a larger one's, and the sizes settle
-where a chunk takes the budget, approached in steps of at most 2x. With nobody decoding the prompt
-goes in chunks of `largest`: then nothing waits on it but its own first token.
+chunk of 256 costs about 1 s where a decode step costs 50-100 ms). Given a `step_share`, while
+others decode the pacer sizes each chunk to what fits in that share of their decode step's time,
+from what the last chunk cost per token: a chunk's cost is a fixed part (the weights read once)
+plus a part per token, so a small chunk's cost per token overstates a larger one's, and the sizes
+settle where a chunk takes the budget, approached in steps of at most 2x. That fixed part is also
+what pacing costs the long prompt: its small chunks each pay it (the user_config's description).
+With nobody decoding the prompt goes in chunks of `largest`: then nothing waits on it but its own
+first token.
 """
 
 from __future__ import annotations
