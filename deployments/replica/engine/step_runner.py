@@ -40,13 +40,13 @@ R = TypeVar("R")
 # goes in chunks. A chunk's cost grows with its length times the cache it attends to (the fused
 # graph materialises chunk x 16 x capacity scores per KV head); in the prototype, at size (fp32,
 # 2 threads), 1,500 tokens took 16.5 s unchunked and 7.9 s in chunks of 512 on the fused graph,
-# so a chunk of 256 costs a running stream about one second between two of its tokens: while
-# others decode, chunks are paced to a share of their decode step (`prefill_pacing`).
+# so a chunk of 256 costs a running stream about one second between two of its tokens.
 DEFAULT_PREFILL_CHUNK_TOKENS = 256
-# While others decode, a long prompt's chunk can be paced to a share of their decode step, so
-# their gaps stay within about (1 + share) steps. Off by default: a chunk's fixed cost (the
-# weights read once) makes small chunks slow, and at size a 1,500-token prompt beside 8 streams
-# answered in 3.6 s unpaced, 15.9 s at 1.0 (in process; served 5.6 against 32-37 s).
+# While others decode, a long prompt's chunk can be paced to a share of their decode step
+# (`prefill_pacing`), so their gaps stay within about (1 + share) steps. Off by default: a
+# chunk's fixed cost (the weights read once) makes small chunks slow, and at size a 1,500-token
+# prompt beside 8 streams answered in 3.6 s unpaced, 15.9 s at 1.0 (in process; served 4.0-4.7
+# against 32.0-34.8 s: docs/performance.md).
 DEFAULT_PREFILL_STEP_SHARE: float | None = None
 
 
