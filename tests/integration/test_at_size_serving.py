@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,7 +63,8 @@ def _deploy_and_wait(cluster: ServeCluster, config: dict, what: str) -> None:
 def at_size_glm(
     serve_cluster: ServeCluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Path]:
-    (model_dir,) = build_large(tmp_path_factory.mktemp("at-size"), LAYERS, ["glm"])
+    root = tmp_path_factory.mktemp("at-size")
+    (model_dir,) = build_large(root, LAYERS, ["glm"])
     original = copy.deepcopy(serve_cluster.config)
     changed = copy.deepcopy(original)
     args = changed["applications"][0]["args"]
@@ -76,6 +78,8 @@ def at_size_glm(
         yield model_dir
     finally:
         _deploy_and_wait(serve_cluster, original, "the session's glm to be deployed again")
+        # Gigabytes (checkpoint, export, prepacked weights): never left for the session's end.
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -51,16 +52,22 @@ def run_quick(name: str, models_root: Path, out: Path) -> tuple[int, str, dict[s
     env = {key: value for key, value in os.environ.items() if key not in DRIVER_ENV}
     argv = [sys.executable, "-m", "benchmarks.run", "--suite", name, "--quick", "--no-peers"]
     argv += ["--no-progress", "--models-dir", str(models_root)]
-    with (out / "stderr.log").open("w") as stderr:
-        done = subprocess.run(
-            argv,
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            text=True,
-            timeout=SUITE_TIMEOUT_S,
-        )
+    # The at-size build (gigabytes at full width) goes in the test's temp dir, not the repo's.
+    argv += ["--at-size-dir", str(out / "at-size")]
+    try:
+        with (out / "stderr.log").open("w") as stderr:
+            done = subprocess.run(
+                argv,
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                timeout=SUITE_TIMEOUT_S,
+            )
+    finally:
+        # Kept even for a failed test is what it printed, never the gigabytes it built.
+        shutil.rmtree(out / "at-size", ignore_errors=True)
     (out / "report.json").write_text(done.stdout)
     tail = (out / "stderr.log").read_text()[-4000:]
     return done.returncode, tail, json.loads(done.stdout) if done.stdout.strip() else {}
