@@ -309,3 +309,15 @@ def test_prompt_logprobs_are_the_exported_graphs_own(runtime, models_root):
 
 async def _collect(chunks):
     return [chunk async for chunk in chunks]
+
+
+def test_describe_sums_the_engine_steps_a_request_took(runtime):
+    """`describe()["engine"]`: the step profile a served replica reports (benchmarks.at_size
+    .served_split reads it over a burst): steps, tokens and graph seconds, grown by a request."""
+    before = runtime.describe()["engine"]
+    out = run(runtime.complete(HELLO, SamplingParams(max_tokens=5, temperature=0)))
+    after = runtime.describe()["engine"]
+    assert set(after) == set(vars(StepProfile()))
+    assert after["steps"] - before["steps"] >= out.completion_tokens
+    assert after["tokens"] - before["tokens"] == out.completion_tokens
+    assert 0 < after["graph_s"] - before["graph_s"] <= after["wall_s"] - before["wall_s"]

@@ -345,6 +345,7 @@ class LLMRuntime:
             "max_batch_size": self.max_batch_size,
             "running": len(self.scheduler.running),
             "waiting": len(self.scheduler.waiting),
+            "engine": dict(vars(self.runner.profile)),  # summed steps (benchmarks.at_size)
             "kv_cache": self.kv_usage(),
             "prefix_cache": (
                 self.prefix_cache.describe()
