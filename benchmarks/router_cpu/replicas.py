@@ -29,8 +29,6 @@ async def measure_replicas(
     counters before and after `requests` requests (a quarter of them for chat), from `clients`
     closed loops; `idle_s` of idle burn sampled before each endpoint's load."""
     routers = processes.worker_pids(ROUTER_TITLE)
-    # The front: Serve's Python proxy, plus HAProxy when it fronts the replicas.
-    proxies = processes.worker_pids(PROXY_TITLE) + processes.haproxy_pids()
     if not routers:
         return {"error": f"no {ROUTER_TITLE} process found below this driver"}
     sentences = benchmark_sentences(256)
@@ -48,7 +46,7 @@ async def measure_replicas(
         "moderations": ("/v1/moderations", lambda n: {"input": sentences[n % len(sentences)]}),
         "chat_completions": ("/v1/chat/completions", lambda n: {**chat_body, "seed": n}),
     }
-    result: dict[str, Any] = {"router_replicas": len(routers), "front_processes": len(proxies)}
+    result: dict[str, Any] = {"router_replicas": len(routers), "front_processes": len(front_pids())}
     async with async_client(clients) as client:
         for name, (path, body) in endpoints.items():
             endpoint = Endpoint(f"{base_url}{path}", BYPASS_CACHE)
@@ -56,14 +54,11 @@ async def measure_replicas(
             await ready(client, endpoint, body(0))  # warm
             # What the replicas burn with no request (metrics pushes, long polls): reported beside
             # the per-request figure, which stays the processes' whole CPU over the load window.
-            idle_before = (processes.cpu_seconds(routers), processes.cpu_seconds(proxies))
+            idle_before = cpu_reading()
             await asyncio.sleep(idle_s)
-            idle_rate = (
-                (processes.cpu_seconds(routers) - idle_before[0]) / idle_s,
-                (processes.cpu_seconds(proxies) - idle_before[1]) / idle_s,
-            )
+            idle_rate = tuple(seconds / idle_s for seconds in cpu_used(idle_before, cpu_reading()))
             started = time.perf_counter()
-            before = (processes.cpu_seconds(routers), processes.cpu_seconds(proxies))
+            before = cpu_reading()
             counter = iter(range(count))
 
             async def loop(
@@ -76,8 +71,7 @@ async def measure_replicas(
 
             await asyncio.gather(*(loop() for _ in range(clients)))
             elapsed = time.perf_counter() - started
-            router_s = processes.cpu_seconds(routers) - before[0]
-            proxy_s = processes.cpu_seconds(proxies) - before[1]
+            router_s, proxy_s = cpu_used(before, cpu_reading())
             result[name] = {
                 "requests": count,
                 "seconds": round(elapsed, 2),
@@ -92,3 +86,27 @@ async def measure_replicas(
             }
             log.info("router CPU %s: %s", name, result[name])
     return result
+
+
+Reading = tuple[dict[int, float], dict[int, float]]  # CPU seconds by pid: routers, front
+
+
+def front_pids() -> list[int]:
+    """Serve's Python proxy, plus HAProxy when it fronts the replicas."""
+    return processes.worker_pids(PROXY_TITLE) + processes.haproxy_pids()
+
+
+def cpu_reading() -> Reading:
+    """Both sets listed again at each reading: Serve's HAProxy manager starts a new HAProxy
+    process on a reload (a replica started or stopped), and the old one exits."""
+    routers = processes.worker_pids(ROUTER_TITLE)
+    return processes.cpu_seconds_by_pid(routers), processes.cpu_seconds_by_pid(front_pids())
+
+
+def cpu_used(before: Reading, after: Reading) -> tuple[float, float]:
+    """CPU seconds of the routers and of the front between two readings (a process started in
+    between counts whole, one gone in between its last part not at all)."""
+    return (
+        processes.cpu_used_between(before[0], after[0]),
+        processes.cpu_used_between(before[1], after[1]),
+    )

@@ -3,8 +3,6 @@ the engine's share of a burst from its step profile, and a burst's split."""
 
 from __future__ import annotations
 
-import pytest
-
 from benchmarks.at_size.served_split import (
     LOAD,
     REPLICA_TITLE,
@@ -12,31 +10,18 @@ from benchmarks.at_size.served_split import (
     engine_between,
     medians,
     split_burst,
-    title_group,
 )
 
 
-@pytest.mark.parametrize(
-    ("title", "group"),
-    [
-        ("ray::ServeReplica:edge:glm", "ray::ServeReplica:edge:glm"),
-        ("ray::ServeController ", "ray::ServeController"),
-        ("/venv/lib/ray/core/src/ray/gcs/gcs_server --log_dir=/tmp/x", "gcs_server"),
-        ("/usr/sbin/haproxy -db -f /tmp/h.cfg", "haproxy"),
-    ],
-)
-def test_a_process_is_grouped_by_its_ray_title_or_its_program(title, group):
-    assert title_group(title) == group
-
-
-def test_cores_count_only_processes_seen_at_both_ends_and_sum_a_group():
-    before = {1: ("ray::router", 10.0), 2: ("ray::router", 4.0), 3: ("gcs_server", 1.0)}
-    after = {
-        1: ("ray::router", 11.0),
-        2: ("ray::router", 5.0),
-        3: ("gcs_server", 1.001),  # under SHOWN_CORES over 2 s: left out
-        4: ("ray::ServeController", 50.0),  # started meanwhile: its whole life is not the burst's
-    }
+def test_cores_count_only_processes_seen_at_both_ends_and_sum_a_title():
+    titles = {1: "ray::router", 2: "ray::router", 3: "gcs_server", 4: "ray::ServeController"}
+    before = ({1: 10.0, 2: 4.0, 3: 1.0}, titles)
+    after = (
+        # gcs_server: under SHOWN_CORES over 2 s, left out; the controller's process 4 started
+        # meanwhile: its whole life is not the burst's.
+        {1: 11.0, 2: 5.0, 3: 1.001, 4: 50.0},
+        titles,
+    )
     assert cores_between(before, after, wall_s=2.0) == {"ray::router": 1.0}
 
 
@@ -52,8 +37,9 @@ def test_the_engine_side_of_a_burst_is_its_profile_difference_over_the_burst():
 
 
 def test_a_burst_splits_the_replica_from_the_rest_and_leaves_the_load_out():
-    cpu_before = {1: (REPLICA_TITLE, 0.0), 2: ("ray::router", 0.0), 3: (LOAD, 0.0)}
-    cpu_after = {1: (REPLICA_TITLE, 8.0), 2: ("ray::router", 1.0), 3: (LOAD, 0.5)}
+    titles = {1: REPLICA_TITLE, 2: "ray::router", 3: LOAD}
+    cpu_before = ({1: 0.0, 2: 0.0, 3: 0.0}, titles)
+    cpu_after = ({1: 8.0, 2: 1.0, 3: 0.5}, titles)
     engine = (
         {"steps": 0, "graph_s": 0.0, "wall_s": 0.0},
         {"steps": 40, "graph_s": 3.6, "wall_s": 4.0},

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from benchmarks.router_cpu.in_process import endpoints
 from benchmarks.router_cpu.overhead import edge_overhead_ms
+from benchmarks.router_cpu.replicas import cpu_used
 from benchmarks.router_cpu.suite import RouterCpuBenchConfig, run_router_cpu_suite
 
 
@@ -38,3 +39,12 @@ def test_the_in_process_overhead_is_read_off_every_answer() -> None:
     gateway state) and said its x-edge-overhead-ms."""
     measured = edge_overhead_ms(requests=5)
     assert measured["overhead_ms"]["count"] == 5 and measured["overhead_ms"]["p50"] > 0
+
+
+def test_the_front_s_cpu_survives_an_haproxy_reload_between_two_readings():
+    """Serve's HAProxy manager starts a new HAProxy on a reload and the old one exits: the
+    routers' and the front's CPU come from the processes of each reading (a CI run's suite
+    failed reading the old HAProxy's /proc after it had gone)."""
+    before = ({1: 1.0, 2: 3.0}, {10: 5.0, 11: 2.0})  # 11: the HAProxy before the reload
+    after = ({1: 1.5, 2: 3.25}, {10: 5.5, 12: 0.25})  # 12: the HAProxy after it
+    assert cpu_used(before, after) == (0.75, 0.75)
