@@ -57,8 +57,8 @@ def cpu_reading() -> CpuReading:
 
 def cores_between(before: CpuReading, after: CpuReading, wall_s: float) -> dict[str, float]:
     """Cores each process title took over `wall_s`, largest first: only processes in both
-    readings (one started meanwhile would count its whole life: a fork of Serve's controller
-    once counted 4.5 CPU-seconds in an 8 s burst)."""
+    readings (one started meanwhile would count its whole life: a new process under Serve's
+    controller's title once counted 4.5 CPU-seconds in an 8 s burst)."""
     seconds_before, _ = before
     seconds_after, titles = after
     kept = {pid: seconds for pid, seconds in seconds_after.items() if pid in seconds_before}
