@@ -55,7 +55,9 @@ def cpu_reading() -> CpuReading:
     return processes.cpu_seconds_by_pid(titles), titles
 
 
-def cores_between(before: CpuReading, after: CpuReading, wall_s: float) -> dict[str, float]:
+def cores_between(
+    before: CpuReading, after: CpuReading, wall_s: float, shown: float = SHOWN_CORES
+) -> dict[str, float]:
     """Cores each process title took over `wall_s`, largest first: only processes in both
     readings (one started meanwhile would count its whole life: a new process under Serve's
     controller's title once counted 4.5 CPU-seconds in an 8 s burst)."""
@@ -66,7 +68,7 @@ def cores_between(before: CpuReading, after: CpuReading, wall_s: float) -> dict[
     return {
         title: round(seconds / wall_s, 3)
         for title, seconds in used.items()
-        if seconds / wall_s >= SHOWN_CORES
+        if seconds / wall_s >= shown
     }
 
 
@@ -91,9 +93,10 @@ def split_burst(
     engine: tuple[Mapping[str, float], Mapping[str, float]],
     cpu: tuple[CpuReading, CpuReading],
 ) -> dict[str, Any]:
-    cores = cores_between(*cpu, wall_s)
-    replica = cores.get(REPLICA_TITLE, 0.0)
-    others = sum(share for group, share in cores.items() if group not in (REPLICA_TITLE, LOAD))
+    every = cores_between(*cpu, wall_s, shown=0.0)  # the sums count the small ones too
+    replica = every.get(REPLICA_TITLE, 0.0)
+    others = sum(share for title, share in every.items() if title not in (REPLICA_TITLE, LOAD))
+    cores = {title: share for title, share in every.items() if share >= SHOWN_CORES}
     return {
         "tokens_per_s": round(tokens / wall_s, 1),
         "wall_s": round(wall_s, 3),
