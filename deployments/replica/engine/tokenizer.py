@@ -374,7 +374,8 @@ def _byte_level_table(tokenizer: Tokenizer) -> list[bytes]:
     """id -> the bytes the token decodes to, for byte-level BPE vocabularies."""
     if not isinstance(tokenizer.decoder, decoders.ByteLevel):
         raise ValueError("only byte-level BPE tokenizers are supported (decoder must be ByteLevel)")
-    byte_of = {char: byte for byte, char in _bytes_to_unicode().items()}
+    # In C (str.translate): a Python loop per character took 0.25 s at a 150k vocabulary.
+    to_latin1 = str.maketrans({char: chr(byte) for byte, char in _bytes_to_unicode().items()})
     added = tokenizer.get_added_tokens_decoder()
     vocab = tokenizer.get_vocab(with_added_tokens=True)
     table = [b""] * (max(vocab.values(), default=-1) + 1)
@@ -382,7 +383,7 @@ def _byte_level_table(tokenizer: Tokenizer) -> list[bytes]:
         if token_id in added:
             table[token_id] = token.encode("utf-8")
         else:
-            table[token_id] = bytes(byte_of[c] for c in token)
+            table[token_id] = token.translate(to_latin1).encode("latin-1")
     return table
 
 
