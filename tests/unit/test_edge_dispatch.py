@@ -431,6 +431,59 @@ def test_an_attempt_whose_region_loses_its_replicas_fails_over_at_its_next_look(
     assert rig.clock.now() == pytest.approx(2 * LOST_CHECK_S)  # not the 10 s share
 
 
+def test_a_region_scaled_to_zero_under_an_old_snapshot_is_waited_on_not_left_for_a_cold_one() -> (
+    None
+):
+    """The snapshot said ap was warm; Serve had scaled it to zero (idle). The request queued
+    there wakes it: the attempt waits for that replica rather than waking a farther cold region
+    too (two cold starts, the request on the later one)."""
+    rig = Rig({"ap": 1}, deadline_s=60.0)  # eu and us cold; ap's share: 20 s
+    notice = ColdStartNotice()
+
+    async def go() -> tuple[CallResult, EdgeTrace]:
+        replica_ready = asyncio.Event()
+
+        async def cold_start(method: str) -> Reply[str]:
+            await replica_ready.wait()
+            return await _ok("ap")
+
+        rig.handles["ap"].behaviour = cold_start
+        sending = asyncio.ensure_future(rig.send(TOKYO, notice=notice))
+        await turns_until(lambda: rig.handles["ap"].calls)
+        assert notice.region is None  # warm, as far as the router knows
+        rig.pools.snapshot = BoardSnapshot({MODEL: {}}, {})  # the next sync: ap at zero
+        for _ in range(8):  # 2 s of looks, within 2 expected cold starts (3 s each)
+            rig.clock.advance(LOST_CHECK_S)
+            await let_run()
+        assert not sending.done()
+        assert notice.region == "ap"  # a stream says it waits for a cold start
+        replica_ready.set()
+        return await asyncio.wait_for(sending, 5)
+
+    result, trace = asyncio.run(go())
+    assert result.reply.value == "ap" and trace.failed_regions == ()
+    assert not rig.handles["eu"].calls and not rig.handles["us"].calls
+
+
+def test_a_region_gone_cold_under_an_attempt_is_left_once_it_outstays_two_cold_starts() -> None:
+    rig = Rig({"ap": 1}, deadline_s=60.0)  # ap's share: 20 s
+    rig.handles["ap"].behaviour = _hang  # a dead node's: the replica is never placed
+
+    async def go() -> tuple[CallResult, EdgeTrace]:
+        sending = asyncio.ensure_future(rig.send(TOKYO))
+        await turns_until(lambda: rig.handles["ap"].calls)
+        rig.pools.snapshot = BoardSnapshot({MODEL: {}}, {})
+        while not sending.done() and rig.clock.now() < 20:
+            rig.clock.advance(LOST_CHECK_S)
+            await let_run()
+        return await asyncio.wait_for(sending, 5)
+
+    result, trace = asyncio.run(go())
+    assert trace.failed_regions == ("ap",) and result.reply.value != "ap"
+    # Seen cold at the first look (0.25 s), left at the first look past 2 x 3 s after it.
+    assert rig.clock.now() == pytest.approx(LOST_CHECK_S + 2 * 3.0 + LOST_CHECK_S)
+
+
 def test_a_cold_region_waiting_for_its_first_replica_is_not_lost() -> None:
     rig = Rig({})  # all cold: the request waits on the nearest region's cold start
     # four looks at a region with no replica yet

@@ -24,7 +24,7 @@ from deployments.errors import (
 from deployments.ingress.edge.calls import AnyCall, CallResult
 from deployments.ingress.edge.clock import EdgeClock, SystemClock, Timer
 from deployments.ingress.edge.fair_queue import FairGates, KeyedRequest
-from deployments.ingress.edge.pools import RegionPools
+from deployments.ingress.edge.pools import RegionPools, RegionWatch
 from deployments.ingress.edge.trace import EdgeTrace
 from deployments.ingress.edge.waiting import BUSY_MESSAGE, ColdStartNotice, WaitLimits
 from deployments.observability import RequestTelemetry
@@ -218,13 +218,10 @@ class EdgeDispatcher:
             budget_binds = budget_left_s is not None and budget_left_s < attempt_s
             attempt_s = min(attempt_s, budget_left_s) if budget_left_s is not None else attempt_s
             tried.append(region)
-            if not warm:
-                request.warming.waiting_on(
-                    region, partial(self.pools.expected_ready_s, model, region)
-                )
+            watch = self.pools.watch(model, region, request.warming)
             try:
                 with request.telemetry.overhead.away():  # the RTT and the replica's time
-                    result = await self._watched(model, region, candidate.rtt_ms, call, attempt_s)
+                    result = await self._watched(watch, candidate.rtt_ms, call, attempt_s)
             except QueueFullError as error:
                 self.pools.report(model, region, "saturated")  # back-pressure: not a failure
                 spilled, last_error = True, error
@@ -350,15 +347,15 @@ class EdgeDispatcher:
         )
 
     async def _watched(
-        self, model: str, region: str, rtt_ms: float, call: AnyCall, timeout_s: float
+        self, watch: RegionWatch, rtt_ms: float, call: AnyCall, timeout_s: float
     ) -> CallResult:
         """Act out the RTT and run the call until it ends, times out, or its region is lost
         meanwhile: its replicas gone (a killed node: Serve holds the request until a replica that
-        cannot be placed starts) or ejected on other requests' failures. A lost attempt fails
-        over at once. A timeout scope and two timers, not a Task per attempt (the router's fast
-        path)."""
+        cannot be placed starts; `RegionWatch.lost` says when) or ejected on other requests'
+        failures. A lost attempt fails over at once. A timeout scope and two timers, not a Task
+        per attempt (the router's fast path)."""
         loop = asyncio.get_running_loop()
-        was_warm = self.pools.pools(model)[region].warm
+        model, region = watch.model, watch.region
         lost = False
         expiry: Timer | None = None
         check: Timer | None = None
@@ -368,7 +365,7 @@ class EdgeDispatcher:
 
         def look(scope: asyncio.Timeout) -> None:
             nonlocal lost, check
-            if self.pools.lost(model, region, was_warm):
+            if watch.lost():
                 lost = True
                 end_now(scope)
             else:

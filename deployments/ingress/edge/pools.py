@@ -16,6 +16,7 @@ from deployments.contracts.model_deployment import ModelClient
 from deployments.contracts.warm_pool_deployment import WarmPoolClient
 from deployments.ingress.edge.clock import EdgeClock, SystemClock
 from deployments.ingress.edge.ready_estimate import ReadyEstimator
+from deployments.ingress.edge.waiting import ColdStartNotice
 from deployments.pacing import PollPacer
 from edge_sim.region_board import BoardSnapshot, Outcome, OutcomeKind
 from edge_sim.regions import PoolView, RegionPolicy
@@ -27,6 +28,9 @@ IDLE_SYNC_INTERVAL_S = 4.0  # the slowest, reached by doubling while all is stil
 # decide its first byte (both are CPU in this replica's process).
 WOKEN_SYNC_DELAY_S = 0.05
 FIRST_SYNC_TIMEOUT_S = 3.0
+# A region that went cold under an attempt, with no warm region to leave it for, has this many
+# of the model's expected cold starts to start a replica before the attempt leaves it.
+LOST_AFTER_COLD_STARTS = 2.0
 
 
 class RegionPools:
@@ -88,10 +92,9 @@ class RegionPools:
             view = PoolView(running, view.ejected, saturated)
         return view
 
-    def lost(self, model: str, region: str, was_warm: bool) -> bool:
-        """Has the region become unusable since an attempt started there?"""
-        view = self._view(model, region)
-        return view.ejected or (was_warm and not view.warm)
+    def watch(self, model: str, region: str, notice: ColdStartNotice) -> RegionWatch:
+        """An attempt's watch on the region it is about to wait on."""
+        return RegionWatch(self, self._clock, model, region, notice)
 
     def cold_start_ms(self, model: str) -> float:
         return self.snapshot.cold_start_ms.get(model, self._default_cold_start_ms)
@@ -239,6 +242,56 @@ class RegionPools:
     def _wake_syncer(self) -> None:
         if self.sync_pacer.idle:
             self._sync_now.set()
+
+
+class RegionWatch:
+    """One attempt's view of the region it waits on: a cold region tells the request's notice (a
+    stream then says it is warming), and `lost`, looked at while the attempt runs, says when to
+    leave it.
+
+    A region warm when the attempt started and cold now lost its replicas to a dead node, or
+    Serve scaled it to zero before the snapshot that said warm (edge-control's, up to an idle sync
+    old); then the request queued there wakes it in a cold start. Leaving at once suits the first;
+    in the second it woke a farther cold region besides (two cold starts, the request on the
+    later one). So the region is left at once for a warm one only, else once it stayed cold
+    LOST_AFTER_COLD_STARTS of the model's expected cold starts."""
+
+    def __init__(
+        self,
+        pools: RegionPools,
+        clock: EdgeClock,
+        model: str,
+        region: str,
+        notice: ColdStartNotice,
+    ):
+        self.model, self.region = model, region
+        self._pools, self._clock, self._notice = pools, clock, notice
+        self.was_warm = pools.pools(model)[region].warm
+        self._cold_since: float | None = None  # when this attempt first saw it cold
+        if not self.was_warm:
+            self._tell_notice()
+
+    def _tell_notice(self) -> None:
+        expected = partial(self._pools.expected_ready_s, self.model, self.region)
+        self._notice.waiting_on(self.region, expected)
+
+    def lost(self) -> bool:
+        """Has the region become unusable since the attempt started there?"""
+        views = self._pools.pools(self.model)
+        view = views[self.region]
+        if view.ejected:
+            return True
+        if view.warm or not self.was_warm:
+            self._cold_since = None
+            return False
+        if any(other.warm for name, other in views.items() if name != self.region):
+            return True
+        now = self._clock.now()
+        if self._cold_since is None:
+            self._cold_since = now
+            self._tell_notice()  # the request now waits for a cold start
+        cold_start_s = self._pools.cold_start_ms(self.model) / 1000.0
+        return now - self._cold_since > LOST_AFTER_COLD_STARTS * cold_start_s
 
 
 async def _await(response: Awaitable[Any]) -> Any:
