@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import Field
 
+from benchmarks.atrest.config import ColdCycleSettings
 from benchmarks.lib.config import PeeredBenchConfig
 
 DEFAULT_AT_SIZE_DIR = Path("models-large")  # where `make models-large` builds them
@@ -20,7 +21,7 @@ def usable_cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-class AtSizeBenchConfig(PeeredBenchConfig):
+class AtSizeBenchConfig(PeeredBenchConfig, ColdCycleSettings):
     # Quick: the stand-ins cut to 2 layers (full width, real vocabulary: built in seconds), GLM
     # alone, one run, short answers.
     QUICK = {
@@ -35,6 +36,7 @@ class AtSizeBenchConfig(PeeredBenchConfig):
         "agreement_prompts": 2,
         "agreement_tokens": 4,
         "gemm_repeats": 3,
+        "cold_cycles": 2,
     }
 
     at_size_dir: Path = DEFAULT_AT_SIZE_DIR

@@ -53,11 +53,7 @@ def at_size_application(config: AtSizeBenchConfig) -> dict[str, Any]:
     models = app["args"]["models"]
     by_name = {d["name"]: d for d in app["deployments"]}
     for model in config.models:
-        models[model] = {
-            **models[model],
-            "model_dir": str(config.model_dir(model)),
-            "intra_op_threads": config.threads,
-        }
+        point_at_export(config, models, model)
         int8 = INT8.get(model)
         if int8 is not None:
             models[int8] = {
@@ -68,6 +64,16 @@ def at_size_application(config: AtSizeBenchConfig) -> dict[str, Any]:
             app["deployments"].append({**copy.deepcopy(by_name[model]), "name": int8})
             _follow(app["args"], model, int8)
     return app
+
+
+def point_at_export(config: AtSizeBenchConfig, models: dict[str, Any], model: str) -> None:
+    """`model`'s entry of an application's `models` serving its at-size export, at
+    `config.threads`."""
+    models[model] = {
+        **models[model],
+        "model_dir": str(config.model_dir(model)),
+        "intra_op_threads": config.threads,
+    }
 
 
 def _follow(args: dict[str, Any], model: str, export: str) -> None:

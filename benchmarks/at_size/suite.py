@@ -8,7 +8,8 @@ very checkpoints they were exported from:
 - the compute roof: FLOPs per token times our tokens/s at `streams`, over this machine's fp32
   GEMM FLOP/s at the model's own step shape (benchmarks.at_size.roof);
 - int8's greedy agreement with the fp32 graph, offline (benchmarks.at_size.agreement);
-- the decode stall: running streams' chunk gaps while a long prompt is prefilled.
+- the decode stall: running streams' chunk gaps while a long prompt is prefilled;
+- each model's cold start from zero through `serve run` (benchmarks.at_size.cold_start).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 from benchmarks.at_size import models as at_size_models
 from benchmarks.at_size.agreement import greedy_agreement
+from benchmarks.at_size.cold_start import cold_starts
 from benchmarks.at_size.config import INT8, AtSizeBenchConfig, add_arguments, config_from_args
 from benchmarks.at_size.load import chat_body, decode_stall, long_prompt, measure_side
 from benchmarks.at_size.roof import flops_per_token, gemm_flops_per_s, weight_gemms
@@ -71,6 +73,8 @@ def run_at_size(config: AtSizeBenchConfig, clock: Clock = time.perf_counter) -> 
             model: asyncio.run(_stall_runs(config, ours, model, clock)) for model in config.models
         }
         result["sides"] = {model: _compare(config, model, ours, clock) for model in config.models}
+    # Last, on a `serve run` of its own: every model at size from zero, cycle after cycle.
+    result["cold_start"] = {model: cold_starts(config, model) for model in config.models}
     result["goals"] = goals(result, config)
     return result
 

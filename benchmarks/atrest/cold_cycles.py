@@ -1,8 +1,9 @@
-"""The at-rest suite's second part: the embedding model's cold start from zero, as a user's next
-request meets it. Cycle after cycle: wait until Serve shows every embedding pool at zero, then
-until `cold_interval_s` since the previous request (never longer: the warm pool must be ready
-again by then, or the miss must be cheap), then one `POST /v1/embeddings` through the HTTP port,
-timed by the client to the whole response, with the router's cold-start headers."""
+"""A model's cold start from zero, as a user's next request meets it: the at-rest suite's second
+part (the embedding model) and the at-size suite's (the at-size GLM). Cycle after cycle: wait
+until Serve shows every pool of the model at zero, then until `cold_interval_s` since the previous
+request (never longer: the warm pool must be ready again by then, or the miss must be cheap), then
+one request through the HTTP port (`ColdRequest`), timed by the client to the whole response,
+with the router's cold-start headers."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any, Protocol
 import httpx
 import numpy as np
 
-from benchmarks.atrest.config import AtRestBenchConfig
+from benchmarks.atrest.config import ColdCycleSettings
 from benchmarks.lib.goals import GoalRecord, goal
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,33 @@ COLD_START_P50_TARGET_S = 0.5
 COLD_START_P90_TARGET_S = 0.75
 COLD_START_HEADER = "x-edge-cold-start"
 COLD_START_MS_HEADER = "x-edge-cold-start-ms"
+
+
+@dataclass(frozen=True)
+class ColdRequest:
+    """What a cycle sends: `body(text)` carries `text`, unique per request, so no cache answers."""
+
+    model: str
+    path: str
+    body: Callable[[str], dict[str, Any]]
+
+
+EMBEDDING_REQUEST = ColdRequest(
+    COLD_MODEL, EMBEDDINGS_PATH, lambda text: {"model": COLD_MODEL, "input": text}
+)
+
+
+def chat_request(model: str) -> ColdRequest:
+    """One token of a chat answer: the time to it is the cold start's."""
+    return ColdRequest(
+        model,
+        "/v1/chat/completions",
+        lambda text: {
+            "model": model,
+            "messages": [{"role": "user", "content": text}],
+            "max_tokens": 1,
+        },
+    )
 
 
 class Clock(Protocol):
@@ -76,7 +104,7 @@ class ColdCycle:
 
 class ColdCycles:
     """The requests and the waits between them. `at_zero`: whether Serve shows no replica of
-    any embedding pool (starting and stopping ones count as up)."""
+    any of the model's pools (starting and stopping ones count as up)."""
 
     def __init__(
         self,
@@ -85,14 +113,16 @@ class ColdCycles:
         at_zero: Callable[[], bool],
         clock: Clock,
         run_id: str,
+        request: ColdRequest = EMBEDDING_REQUEST,
     ):
         self.client = client
-        self.url = f"{base_url}{EMBEDDINGS_PATH}"
+        self.cold_request = request
+        self.url = f"{base_url}{request.path}"
         self.at_zero = at_zero
         self.clock = clock
         self.run_id = run_id  # in every input: nothing this run sends is in a cache already
 
-    def run(self, config: AtRestBenchConfig) -> dict[str, Any]:
+    def run(self, config: ColdCycleSettings) -> dict[str, Any]:
         """A first request from the rested platform sets the pace (reported apart, outside the
         goals: the cycles are a user's next requests, not a rested platform's first), then
         `config.cold_cycles` cycles."""
@@ -106,14 +136,18 @@ class ColdCycles:
         return summarise(rested, cycles)
 
     def cycle(
-        self, index: int, previous_sent: float, config: AtRestBenchConfig
+        self, index: int, previous_sent: float, config: ColdCycleSettings
     ) -> tuple[ColdCycle, float | None]:
         """Zero, then the pace; nothing sent if the pools are still up a margin past their
         idle delay (the request would not be a cold start)."""
         zero_within_s = config.cold_idle_delay_s + config.zero_margin_s
         zero_after_s = self.wait_for_zero(previous_sent, zero_within_s)
         if zero_after_s is None:
-            log.warning("cold cycle %d: the embedding pools not at zero, nothing sent", index)
+            log.warning(
+                "cold cycle %d: the %s pools not at zero, nothing sent",
+                index,
+                self.cold_request.model,
+            )
             return ColdCycle(index, None, None, None), None
         self.clock.sleep(max(0.0, previous_sent + config.cold_interval_s - self.clock.now()))
         sent = self.clock.now()
@@ -140,7 +174,7 @@ class ColdCycles:
         return round(self.clock.now() - since, 3)
 
     def request(self, label: str) -> Answer:
-        body = {"model": COLD_MODEL, "input": f"cold start {self.run_id} {label}"}
+        body = self.cold_request.body(f"cold start {self.run_id} {label}")
         started = self.clock.now()
         try:
             response = self.client.post(self.url, json=body)
@@ -173,27 +207,33 @@ def summarise(rested: Answer, cycles: Sequence[ColdCycle]) -> dict[str, Any]:
 
 
 def goals(summary: Mapping[str, Any]) -> dict[str, GoalRecord]:
-    """p50 and p90 over the cycles; a cycle unanswered (or never at zero) leaves both unmeasured,
-    since dropping it would flatter the tail the goal is about."""
-    cycles = summary.get("cycles", [])
-    missing = summary.get("error") or (
-        f"{summary.get('answered', 0)} of {len(cycles)} cycles answered from zero"
-    )
-    complete = "error" not in summary and summary["answered"] == len(cycles) > 0
-    details = {"per_cycle_s": [c["answered_s"] for c in cycles]}
+    """The embedding model's p50 and p90 over the cycles."""
     note = (
         "client-side seconds to the whole POST /v1/embeddings response, the embedding pools at "
         "zero, each request ~cold_interval_s after the one before"
     )
     return {
-        f"{COLD_MODEL}_cold_start_{name}_s": goal(
-            summary.get(f"{name}_s") if complete else None,
-            target,
-            "s",
-            at_most=True,
-            missing=missing,
-            note=note,
-            details=details,
-        )
+        f"{COLD_MODEL}_cold_start_{name}_s": percentile_goal(summary, name, target, note)
         for name, target in (("p50", COLD_START_P50_TARGET_S), ("p90", COLD_START_P90_TARGET_S))
     }
+
+
+def percentile_goal(
+    summary: Mapping[str, Any], name: str, target_s: float, note: str
+) -> GoalRecord:
+    """`summary`'s `name` ("p50" or "p90") at most `target_s`. A cycle unanswered (or never at
+    zero) leaves it unmeasured, since dropping it would flatter the tail the goal is about."""
+    cycles = summary.get("cycles", [])
+    missing = summary.get("error") or (
+        f"{summary.get('answered', 0)} of {len(cycles)} cycles answered from zero"
+    )
+    complete = "error" not in summary and summary["answered"] == len(cycles) > 0
+    return goal(
+        summary.get(f"{name}_s") if complete else None,
+        target_s,
+        "s",
+        at_most=True,
+        missing=missing,
+        note=note,
+        details={"per_cycle_s": [c["answered_s"] for c in cycles]},
+    )

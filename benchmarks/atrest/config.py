@@ -6,13 +6,51 @@ import argparse
 from pathlib import Path
 from typing import Any, Self
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from benchmarks.lib.config import BenchConfig
 from deployments.config import PROJECT_ROOT
 
 
-class AtRestBenchConfig(BenchConfig):
+class ColdCycleSettings(BaseModel):
+    """The cold cycles' settings (benchmarks.atrest.cold_cycles), shared by the suites that time
+    a model's cold starts from zero: the at-rest suite's embedding model, the at-size GLM."""
+
+    zero_margin_s: float = Field(
+        default=120,
+        gt=0,
+        description="after the longest idle delay, how long the models may take to reach zero",
+    )
+    cold_cycles: int = Field(
+        default=10,
+        ge=1,
+        description="the model's cold starts from zero timed this many times through the HTTP "
+        "port (after one untimed request that sets the pace)",
+    )
+    cold_interval_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="each cold cycle's request this long after the one before (sooner never: "
+        "later only while the pools are not yet at zero)",
+    )
+    cold_idle_delay_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="the cold model's downscale delays in the served copy, whatever else it "
+        "says: back to zero between cycles",
+    )
+
+    @model_validator(mode="after")
+    def _pools_reach_zero_between_cycles(self) -> Self:
+        if self.cold_idle_delay_s >= self.cold_interval_s:
+            raise ValueError(
+                f"cold_idle_delay_s ({self.cold_idle_delay_s:g}) must be under cold_interval_s "
+                f"({self.cold_interval_s:g}): the pools reach zero between cycles"
+            )
+        return self
+
+
+class AtRestBenchConfig(BenchConfig, ColdCycleSettings):
     QUICK = {"window_s": 10.0, "settle_s": 3.0, "idle_delay_s": 3.0, "cold_cycles": 2}
 
     serve_config: Path = PROJECT_ROOT / "serve_config.yaml"
@@ -33,38 +71,6 @@ class AtRestBenchConfig(BenchConfig):
         "model's downscale_delay_s and downscale_to_zero_delay_s set to it in the copy",
     )
     start_timeout_s: float = Field(default=600, gt=0, description="until an application runs")
-    zero_margin_s: float = Field(
-        default=120,
-        gt=0,
-        description="after the longest idle delay, how long the models may take to reach zero",
-    )
-    cold_cycles: int = Field(
-        default=10,
-        ge=1,
-        description="after the window, the embedding model's cold starts from zero timed this "
-        "many times through the HTTP port (after one untimed request that sets the pace)",
-    )
-    cold_interval_s: float = Field(
-        default=10.0,
-        gt=0,
-        description="each cold cycle's request this long after the one before (sooner never: "
-        "later only while the embedding pools are not yet at zero)",
-    )
-    cold_idle_delay_s: float = Field(
-        default=5.0,
-        gt=0,
-        description="the embedding pools' downscale delays in the copy, whatever idle_delay_s "
-        "says: back to zero between cycles",
-    )
-
-    @model_validator(mode="after")
-    def _pools_reach_zero_between_cycles(self) -> Self:
-        if self.cold_idle_delay_s >= self.cold_interval_s:
-            raise ValueError(
-                f"cold_idle_delay_s ({self.cold_idle_delay_s:g}) must be under cold_interval_s "
-                f"({self.cold_interval_s:g}): the embedding pools reach zero between cycles"
-            )
-        return self
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, **fields: Any) -> Self:

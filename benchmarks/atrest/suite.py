@@ -22,7 +22,7 @@ import httpx
 import yaml
 
 from benchmarks.atrest import cold_cycles, serve_files
-from benchmarks.atrest.config import AtRestBenchConfig
+from benchmarks.atrest.config import AtRestBenchConfig, ColdCycleSettings
 from benchmarks.atrest.serve_run import ServeRun, serve_run
 from benchmarks.lib.goals import goal
 from benchmarks.lib.processes import cpu_share_at_rest
@@ -117,14 +117,18 @@ def at_rest(
 
 
 def cold_starts(
-    config: AtRestBenchConfig, served: ServeRun, serve_config: Mapping[str, Any]
+    config: ColdCycleSettings,
+    served: ServeRun,
+    serve_config: Mapping[str, Any],
+    request: cold_cycles.ColdRequest = cold_cycles.EMBEDDING_REQUEST,
 ) -> dict[str, Any]:
-    """The embedding model's cold cycles through the copy's HTTP port (no API key: the copy runs
-    open, as the at-rest suite starts it without EDGE_API_KEYS); their error, should they fail,
-    instead of the at-rest figures lost with them."""
+    """`request`'s model's cold cycles through the copy's HTTP port (no API key: the copy runs
+    open, as the served suites start it without EDGE_API_KEYS); their error, should they fail,
+    instead of the figures measured before them."""
     (app,) = serve_config["applications"]
-    embedding = serve_files.model_deployments(serve_config, cold_cycles.COLD_MODEL)
-    pools = {app["name"]: [d["name"] for d in embedding]}
+    pools = {
+        app["name"]: [d["name"] for d in serve_files.model_deployments(serve_config, request.model)]
+    }
     base_url = f"http://{serve_files.LOCALHOST}:{serve_config['http_options']['port']}"
     try:
         with httpx.Client(timeout=REQUEST_TIMEOUT_S) as client:
@@ -134,10 +138,11 @@ def cold_starts(
                 lambda: not served.replicas_up(pools),
                 cold_cycles.WallClock(),
                 secrets.token_hex(4),
+                request,
             )
             return part.run(config)
-    except Exception as error:  # the at-rest figures are measured: keep them, say why not these
-        log.exception("the embedding cold cycles failed")
+    except Exception as error:  # the figures before are measured: keep them, say why not these
+        log.exception("the %s cold cycles failed", request.model)
         return {"error": repr(error)}
 
 
