@@ -10,7 +10,6 @@ Alone, without the rest of the suite (the at-size exports built already: `make m
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import logging
@@ -21,7 +20,12 @@ from typing import Any
 
 import yaml
 
-from benchmarks.at_size.config import AT_SIZE_MODELS, DEFAULT_AT_SIZE_DIR, AtSizeBenchConfig
+from benchmarks.at_size.config import (
+    AT_SIZE_MODELS,
+    AtSizeBenchConfig,
+    parse_tool_args,
+    tool_parser,
+)
 from benchmarks.at_size.models import point_at_export
 from benchmarks.atrest import cold_cycles, serve_files
 from benchmarks.atrest.serve_run import serve_run
@@ -61,13 +65,10 @@ def cold_starts(config: AtSizeBenchConfig, model: str) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = tool_parser(__doc__)
     parser.add_argument("--model", choices=AT_SIZE_MODELS, default="glm")
     parser.add_argument("--cycles", type=int, default=10)
-    parser.add_argument("--models-dir", type=Path, default=Path("models"))
-    parser.add_argument("--at-size-dir", type=Path, default=DEFAULT_AT_SIZE_DIR)
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    args = parse_tool_args(parser)
     config = AtSizeBenchConfig(
         models_dir=args.models_dir.resolve(),
         at_size_dir=args.at_size_dir,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -100,3 +101,19 @@ def config_from_args(args: argparse.Namespace) -> AtSizeBenchConfig:
     options = {"layers": args.at_size_layers, "models": args.at_size_model, "runs": args.runs}
     fields |= {name: value for name, value in options.items() if value is not None}
     return AtSizeBenchConfig.from_args(args, **fields)
+
+
+def tool_parser(doc: str | None) -> argparse.ArgumentParser:
+    """A stand-alone at-size tool's parser (its docstring's first paragraph for a description),
+    with the options every such tool takes: where the shipped and the at-size models are."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    parser.add_argument("--models-dir", type=Path, default=Path("models"))
+    parser.add_argument("--at-size-dir", type=Path, default=DEFAULT_AT_SIZE_DIR)
+    return parser
+
+
+def parse_tool_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """The command line parsed, and the tool's progress logged to stderr."""
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    return args

@@ -12,7 +12,6 @@ slots, queues) that the at-size suite's vLLM rows would take 20 minutes to show.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
@@ -21,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.at_size.config import DEFAULT_AT_SIZE_DIR, AtSizeBenchConfig
+from benchmarks.at_size.config import AtSizeBenchConfig, parse_tool_args, tool_parser
 from benchmarks.at_size.load import chat_body, measure_side
 from benchmarks.at_size.models import at_size_application
 from benchmarks.at_size.suite import CHAT_PATH
@@ -83,14 +82,11 @@ def compare(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = tool_parser(__doc__)
     parser.add_argument("serve_configs", nargs="+", type=Path)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--bursts", type=int, default=3)
-    parser.add_argument("--models-dir", type=Path, default=Path("models"))
-    parser.add_argument("--at-size-dir", type=Path, default=DEFAULT_AT_SIZE_DIR)
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    args = parse_tool_args(parser)
     report = compare(
         [path.resolve() for path in args.serve_configs],
         args.rounds,

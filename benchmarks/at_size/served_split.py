@@ -13,7 +13,6 @@ in process and the same engine served, which the at-size suite's figures show bu
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -28,7 +27,7 @@ from typing import Any
 
 from ray import serve
 
-from benchmarks.at_size.config import DEFAULT_AT_SIZE_DIR, AtSizeBenchConfig
+from benchmarks.at_size.config import AtSizeBenchConfig, parse_tool_args, tool_parser
 from benchmarks.at_size.load import chat_body, measure_side
 from benchmarks.at_size.models import at_size_application
 from benchmarks.at_size.suite import CHAT_PATH
@@ -155,15 +154,12 @@ def medians(bursts: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = tool_parser(__doc__)
     parser.add_argument("--bursts", type=int, default=3)
     parser.add_argument("--streams", type=int, help="requests at once (default 16)")
     parser.add_argument("--threads", type=int, help="ONNX Runtime threads (default: every core)")
     parser.add_argument("--serve-config", type=Path, help="default: serve_config.yaml")
-    parser.add_argument("--models-dir", type=Path, default=Path("models"))
-    parser.add_argument("--at-size-dir", type=Path, default=DEFAULT_AT_SIZE_DIR)
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    args = parse_tool_args(parser)
     options = {"threads": args.threads, "streams": args.streams, "serve_config": args.serve_config}
     config = AtSizeBenchConfig(
         models_dir=args.models_dir.resolve(),

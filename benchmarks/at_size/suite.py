@@ -27,7 +27,6 @@ from typing import Any
 
 from benchmarks.at_size import models as at_size_models
 from benchmarks.at_size.agreement import greedy_agreement
-from benchmarks.at_size.cold_start import cold_starts
 from benchmarks.at_size.config import INT8, AtSizeBenchConfig, add_arguments, config_from_args
 from benchmarks.at_size.load import chat_body, decode_stall, long_prompt, measure_side
 from benchmarks.at_size.replica_memory import replica_memory
@@ -77,6 +76,10 @@ def run_at_size(config: AtSizeBenchConfig, clock: Clock = time.perf_counter) -> 
         }
         result["sides"] = {model: _compare(config, model, ours, clock) for model in config.models}
     # Last, on a `serve run` of its own: every model at size from zero, cycle after cycle.
+    # Imported here: `python -m benchmarks.at_size.cold_start` runs it alone, and a module the
+    # package's import of this suite had loaded already would run twice (runpy warns).
+    from benchmarks.at_size.cold_start import cold_starts
+
     result["cold_start"] = {model: cold_starts(config, model) for model in config.models}
     result["goals"] = goals(result, config)
     return result
