@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -69,6 +70,8 @@ class LocalCluster:
     nodes: list[RayNode] = field(default_factory=list)
     # Each node in a network namespace of its own (edgectl.netns), when given.
     network: HostNetwork | None = None
+    # A temp dir made for this cluster (its token, Ray's session and logs): removed by `stop`.
+    owns_root: bool = False
     # GCS fault tolerance: the GCS keeps its state in this Redis, so the head may be restarted.
     gcs_redis: RedisServer | None = None
 
@@ -119,6 +122,7 @@ class LocalCluster:
         """A head node with the dashboard (Serve's REST API) and a Prometheus metrics port. With
         `network`, every node runs in a namespace of its own (the head's is "head"); with
         `gcs_redis`, the GCS keeps its state there, as KubeRay's GCS fault tolerance does."""
+        owns_root = root is None
         root = root or Path(tempfile.mkdtemp(prefix="edge-ray-"))
         gcs_port, dashboard_port, metrics_port = free_port(), free_port(), free_port()
         # A token of our own (never ~/.ray's): the cluster is as locked as an operator's.
@@ -136,6 +140,7 @@ class LocalCluster:
             token_path,
             network=network,
             gcs_redis=gcs_redis,
+            owns_root=owns_root,
         )
         cluster.env = {
             **os.environ,
@@ -245,6 +250,8 @@ class LocalCluster:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 node.process.wait(timeout=5)
         self.nodes.clear()
+        if self.owns_root:  # each cluster left ~13 MB of sessions and logs in /tmp
+            shutil.rmtree(self.root, ignore_errors=True)
 
     def cli(self, *args: str, timeout_s: float = 180, check: bool = True) -> str:
         """`ray ...` / `serve ...` against this cluster, as an operator types them."""

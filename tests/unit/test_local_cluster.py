@@ -76,3 +76,19 @@ def test_every_failed_start_is_reported(tmp_path: Path, fast: None) -> None:
     with pytest.raises(NodeStartFailed) as failure:
         cluster.add_node("ap", num_cpus=1, resources={"region:ap": 100})
     assert all(f"attempt {n}" in str(failure.value) for n in range(4))
+
+
+def test_stop_removes_the_temp_dir_the_cluster_made_and_never_one_it_was_given(
+    tmp_path: Path, fast: None
+) -> None:
+    given = ScriptedCluster(tmp_path / "given", [f"echo {STARTED_LINE}; sleep 30"])
+    given.root.mkdir()
+    given.add_node("eu", num_cpus=1, resources={})
+    given.stop()
+    assert (given.root / "eu.log").exists()  # the caller's folder: its logs stay
+    made = ScriptedCluster(tmp_path / "made", [f"echo {STARTED_LINE}; sleep 30"])
+    made.root.mkdir()
+    made.owns_root = True  # as LocalCluster.start sets it for its own mkdtemp
+    node = made.add_node("eu", num_cpus=1, resources={})
+    made.stop()
+    assert not made.root.exists() and node.process.poll() is not None
