@@ -46,7 +46,7 @@ class ChatTokenizer:
     ):
         # Special-token strings are encoded as ordinary text: the only special tokens are those
         # the template put, split out by `_special_re` (one parse of the file, not a second copy
-        # for clients' text: a quarter second and ~80 MB of a replica at a 150k vocabulary).
+        # for clients' text: 0.25 s and 65 MB of a replica at a 150k vocabulary).
         self._tokenizer = Tokenizer.from_file(str(tokenizer_path))
         self._tokenizer.encode_special_tokens = True
         for token, token_id in special_tokens.items():
