@@ -18,8 +18,10 @@ from deployments.config import AppConfig, ConfigError, parse_app_config
 from deployments.contracts.session_config import SessionConfig
 from deployments.contracts.session_router import SessionAffinityRouter
 from deployments.control.edge_control import EdgeControl
+from deployments.control.front_spare import FrontSpare
 from deployments.control.warm_pool import WarmPool, warm_runtime_env
 from deployments.observability.environment import resolve_tracing_config
+from deployments.ray_ext.haproxy_front import HEAD_NODE_RESOURCE
 from deployments.replica.batched import EmbeddingServer, ModerationServer
 from deployments.replica.chat import ChatServer
 from edge_sim.regions import ROUTER_DEPLOYMENT, deployment_name, region_resource
@@ -139,11 +141,24 @@ def build_app(args: dict[str, Any]) -> Application:
             )
             .bind(config.warm_pool.model_dump(mode="json"))
         )
+    front_spare = None
+    if config.front_spare.enabled:
+        front_spare = (
+            as_deployment(FrontSpare)
+            .options(
+                name="front-spare",
+                num_replicas=1,
+                # Beside Serve's HAProxy: the head node has one whatever the proxy_location.
+                ray_actor_options={"num_cpus": 0, "resources": {HEAD_NODE_RESOURCE: 0.001}},
+                logging_config={"enable_access_log": False},
+            )
+            .bind(config.front_spare.model_dump(mode="json"))
+        )
     router = as_deployment(RouterIngress).options(
         name=ROUTER_DEPLOYMENT,
         ray_actor_options={"num_cpus": config.router.num_cpus, **ingress_options},
     )
-    return router.bind(config.model_dump(mode="json"), servers, control, warm_pool)
+    return router.bind(config.model_dump(mode="json"), servers, control, warm_pool, front_spare)
 
 
 def as_deployment(cls: type) -> Deployment:

@@ -17,6 +17,7 @@ from pydantic import (
     model_validator,
 )
 
+from deployments.config.front_spare import FrontSpareConfig
 from deployments.config.router import RouterConfig
 from deployments.config.security import SecurityConfig
 from deployments.config.state import StateConfig
@@ -30,7 +31,7 @@ from edge_sim.regions import deployment_name
 
 Accelerator = Literal["auto", "cpu", "gpu"]
 # build_app's own deployments, besides one per model and region (deployments.app).
-APP_DEPLOYMENTS = ("router", "edge-control", "warm-pool")
+APP_DEPLOYMENTS = ("router", "edge-control", "warm-pool", "front-spare")
 
 
 def serve_switches(serve_config: Mapping[str, Any]) -> dict[str, str]:
@@ -131,6 +132,7 @@ class AppConfig(StrictModel):
     security: SecurityConfig = SecurityConfig()
     observability: ObservabilityConfig = ObservabilityConfig()
     warm_pool: WarmPoolConfig = WarmPoolConfig()
+    front_spare: FrontSpareConfig = FrontSpareConfig()
     state: StateConfig = StateConfig()
 
     @model_validator(mode="after")

@@ -68,6 +68,7 @@ class RouterIngress:
         servers: Mapping[str, Mapping[str, DeploymentHandle]],
         control: DeploymentHandle | None = None,
         warm_pool: DeploymentHandle | None = None,
+        front_spare: DeploymentHandle | None = None,
     ):
         self.config = AppConfig.model_validate(config)
         # Our model handles live here: a request at zero replicas must reach the controller now.
@@ -90,6 +91,7 @@ class RouterIngress:
             keys=keys,
             control=control,
             warm_pool=warm_pool,
+            front_spare=front_spare,
             observability=observability,
             deployment_states=_deployment_states(),
             rate_limit_share=1 / _router_replicas(),

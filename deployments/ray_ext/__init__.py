@@ -9,4 +9,6 @@ has a canary unit test against that Ray (tests/unit/test_ray_ext_canaries.py).
 - `raylet`: the raylet's PrestartWorkers / GetNodeStats RPCs, for the warm worker pool.
 - `worker_setup`: the worker setup hook's variable and the module a Serve replica imports first.
 - `driver`: a benchmark driver's token reload and `serve deploy`'s code path.
+- `haproxy_front`: where Serve's HAProxy config of a node is, its binary, and the copy of that
+  config a second HAProxy (the front spare) runs on the same port.
 """

@@ -171,7 +171,7 @@ def test_an_alias_names_one_model_only(args: dict[str, Any], alias: str, fragmen
     assert fragment in config_error(args)
 
 
-@pytest.mark.parametrize("name", ["router", "edge-control", "warm-pool"])
+@pytest.mark.parametrize("name", ["router", "edge-control", "warm-pool", "front-spare"])
 def test_a_model_named_like_an_app_deployment_is_refused_as_reserved(
     args: dict[str, Any], name: str
 ):

@@ -24,10 +24,12 @@ from deployments.contracts.edge_control_deployment import (
     EdgeControlProtocol,
 )
 from deployments.contracts.embedding_deployment import EmbeddingClient, EmbeddingServerProtocol
+from deployments.contracts.front_spare_deployment import FrontSpareClient, FrontSpareProtocol
 from deployments.contracts.model_deployment import ModelClient, ModelServerProtocol
 from deployments.contracts.moderation_deployment import ModerationClient, ModerationServerProtocol
 from deployments.contracts.warm_pool_deployment import WarmPoolClient, WarmPoolProtocol
 from deployments.control.edge_control import EdgeControl
+from deployments.control.front_spare import FrontSpare
 from deployments.control.warm_pool import WarmPool
 from deployments.replica.batched import EmbeddingServer, ModerationServer
 from deployments.replica.chat import ChatServer
@@ -133,3 +135,9 @@ def test_the_warm_pool_serves_its_protocol_and_its_client_calls_every_method() -
     assert mismatches(WarmPoolProtocol, WarmPool) == []
     for name in remote_methods(WarmPoolProtocol):
         assert signature(getattr(WarmPoolClient, name))[0] == []  # no arguments to pass
+
+
+def test_the_front_spare_serves_its_protocol_and_its_client_calls_every_method() -> None:
+    assert mismatches(FrontSpareProtocol, FrontSpare) == []
+    for name in remote_methods(FrontSpareProtocol):
+        assert signature(getattr(FrontSpareClient, name))[0] == []  # no arguments to pass

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 from ray.serve._private import constants as serve_constants
+from ray.serve._private import haproxy as serve_haproxy
 from ray.serve._private.haproxy import get_haproxy_binary
 
 from benchmarks.lib.config import ServedBenchConfig
@@ -24,8 +25,9 @@ DIRECT_INGRESS = "RAY_SERVE_ENABLE_DIRECT_INGRESS"
 
 
 def read_by_ray(name: str) -> bool:
-    """Ray Serve reads its switches in one module, by their quoted names."""
-    return f'"{name}"' in inspect.getsource(serve_constants)
+    """Ray Serve reads its switches by their quoted names: in one module, but the socket's
+    SO_REUSEPORT switch, which its HAProxy module reads itself."""
+    return any(f'"{name}"' in inspect.getsource(m) for m in (serve_constants, serve_haproxy))
 
 
 def test_haproxy_fronts_the_routers_on_the_one_documented_port() -> None:

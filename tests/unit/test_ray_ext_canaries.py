@@ -8,6 +8,7 @@ import copy
 import importlib.util
 import inspect
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,14 @@ from ray.serve._private.controller import ServeController
 from ray.serve._private.router import RouterMetricsManager
 from ray.serve.schema import DeploymentDetails, DeploymentSchema, ReplicaDetails, ReplicaState
 
-from deployments.ray_ext import driver, raylet, serve_details, serve_status, worker_setup
+from deployments.ray_ext import (
+    driver,
+    haproxy_front,
+    raylet,
+    serve_details,
+    serve_status,
+    worker_setup,
+)
 from deployments.ray_ext.serve_details import (
     DeploymentReader,
     DeploymentReplicas,
@@ -266,3 +274,58 @@ def test_deploying_on_a_client_without_deploy_apps_says_so(monkeypatch: pytest.M
     monkeypatch.setattr("ray.serve.context._get_global_client", lambda *a, **k: object())
     with pytest.raises(RuntimeError, match="no deploy_apps"):
         driver.deploy_applications(object())
+
+
+def test_serves_haproxy_config_is_where_the_spare_reads_it_and_its_copy_is_valid(tmp_path: Path):
+    from ray.serve._private import haproxy
+
+    # Serve's config per node: <dir of RAY_SERVE_HAPROXY_CONFIG_FILE_LOC>/<node id>/haproxy.cfg.
+    source = inspect.getsource(haproxy)  # HAProxyManager is a Ray actor class: its module's text
+    assert "os.path.join(d, self._node_id, f)" in source, "Serve moved its per-node files"
+    assert "config_file_path=_per_node(RAY_SERVE_HAPROXY_CONFIG_FILE_LOC)" in source
+    # It writes the file in place under an exclusive flock of `<config>.lock`.
+    assert 'lock_file_path = self.config_file_path + ".lock"' in source
+    assert "fcntl.flock(lock_f.fileno(), fcntl.LOCK_EX)" in source
+    configured = Path(haproxy.RAY_SERVE_HAPROXY_CONFIG_FILE_LOC)
+    assert haproxy_front.serve_config_path("n1") == configured.parent / "n1" / configured.name
+    # Two HAProxies on one port: Serve's leaves SO_REUSEPORT on only with this switch.
+    assert f'"{haproxy_front.REUSE_PORT_SWITCH}"' in source
+    # Serve's own template, rendered as its HAProxy would get it, then the spare's copy.
+    folder = str(tmp_path)
+    api = haproxy.HAProxyApi(
+        cfg=haproxy.HAProxyConfig(
+            socket_path=f"{folder}/admin.sock",
+            server_state_base=folder,
+            server_state_file=f"{folder}/server-state",
+            metrics_socket_path=f"{folder}/metrics.sock",
+        ),
+        config_file_path=f"{folder}/haproxy.cfg",
+    )
+    api._generate_config_file_internal()
+    rendered = haproxy_front.read_serve_config(tmp_path / "haproxy.cfg")
+    assert rendered is not None
+    lines = [line.strip() for line in rendered.splitlines()]
+    for own in ("stats socket", "server-state-file", "load-server-state-from-file"):
+        assert any(line.startswith(own) for line in lines), f"Serve's config has no {own!r}"
+    for section in ("frontend prometheus", "listen stats", "frontend http_frontend"):
+        assert section in lines, f"Serve's config has no {section!r} section"
+    # No routes yet (as a restarted HAProxy's first config): not one the spare takes over.
+    assert not haproxy_front.ready_for_traffic(rendered)
+    copy = haproxy_front.spare_config(rendered)
+    assert "stats socket" not in copy and "server-state" not in copy
+    assert "frontend prometheus" not in copy and "listen stats" not in copy
+    assert "frontend http_frontend" in copy and "bind 127.0.0.1:8000" in rendered
+    (tmp_path / "spare.cfg").write_text(copy)
+    check = subprocess.run(
+        [haproxy_front.haproxy_binary(), "-c", "-f", str(tmp_path / "spare.cfg")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_the_head_nodes_resource_is_still_rays_name():
+    from ray._common.constants import HEAD_NODE_RESOURCE_NAME
+
+    assert haproxy_front.HEAD_NODE_RESOURCE == HEAD_NODE_RESOURCE_NAME

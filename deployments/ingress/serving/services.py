@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from deployments.config import AppConfig
 from deployments.contracts.edge_control_deployment import EdgeControlClient
+from deployments.contracts.front_spare_deployment import FrontSpareClient
 from deployments.contracts.warm_pool_deployment import WarmPoolClient
 from deployments.ingress.cache import ResponseCache, SharedStore, SingleFlight
 from deployments.ingress.edge.clients import model_clients
@@ -63,6 +64,7 @@ class RouterServices:
     batch: BatchService  # the Batch API's submissions and polls
     observability: RouterObservability | None = None
     warm_pool: WarmPoolClient | None = None  # deployments.control.warm_pool; None when it is off
+    front_spare: FrontSpareClient | None = None  # deployments.control.front_spare; None: off
     state: GatewayState | None = None  # keys, budgets and the request log; None when off
     batch_runner: BatchRunner | None = None  # runs batch jobs; None with state or batch off
 
@@ -79,7 +81,17 @@ class RouterServices:
         ready = self.catalogue.readiness(states, self.pools.last_cold_start)
         # A failing call raises to the route's error handler, which maps it like a model call's.
         pool = await self.warm_pool.describe() if self.warm_pool is not None else None
-        return {**ready, "warm_pool": pool}
+        return {**ready, "warm_pool": pool, "front_spare": await self._front_spare()}
+
+    async def _front_spare(self) -> dict[str, Any] | None:
+        """The second HAProxy's state. Not a condition of this router's readiness: a replica of
+        it restarting is said, not raised."""
+        if self.front_spare is None:
+            return None
+        try:
+            return await self.front_spare.describe()
+        except Exception as error:  # noqa: BLE001 - any failure of the call: say it
+            return {"running": False, "error": f"{type(error).__name__}: {error}"[:300]}
 
 
 async def _no_deployments() -> Mapping[str, DeploymentState]:
@@ -93,6 +105,7 @@ def build_services(
     keys: KeyStore,
     control: DeploymentHandle[Any] | None = None,
     warm_pool: DeploymentHandle[Any] | None = None,
+    front_spare: DeploymentHandle[Any] | None = None,
     observability: RouterObservability | None = None,
     deployment_states: DeploymentStates = _no_deployments,
     rate_limit_share: float = 1.0,
@@ -104,6 +117,7 @@ def build_services(
 ) -> RouterServices:
     """`handles`: model -> region -> the handle of that model's deployment in that region.
     `control`: the edge-control deployment, where routers share region state and drills.
+    `front_spare`: the second HAProxy's deployment, whose state /readyz shows.
     `rate_limit_share`: this replica's part of each key's budget (1/N with N router replicas).
     `clock`: the rate limiter's (tests). `regions`: real regions for the dashboard (default:
     /admin/regions from edge-control when there is one; None: the cluster as one region).
@@ -226,6 +240,7 @@ def build_services(
         deployment_states=deployment_states,
         observability=observability,
         warm_pool=pool_client,
+        front_spare=FrontSpareClient(front_spare) if front_spare is not None else None,
         state=state,
         gateway=GatewayAdmin(catalogue, state),
         workers=workers,
