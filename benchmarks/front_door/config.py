@@ -12,13 +12,20 @@ from benchmarks.lib.config import BenchConfig
 from deployments.config import PROJECT_ROOT
 
 Target = Literal[
-    "router-replica", "haproxy", "edge-control", "serve-controller", "model-replica", "serve-deploy"
+    "router-replica",
+    "haproxy",
+    "front-spare",
+    "edge-control",
+    "serve-controller",
+    "model-replica",
+    "serve-deploy",
 ]
 # The front first, then what stands behind it; last an operator's `serve deploy` of a changed
 # config (redeploy.py), which replaces the routers and edge-control one by one.
 TARGETS: tuple[Target, ...] = (
     "router-replica",
     "haproxy",
+    "front-spare",
     "edge-control",
     "serve-controller",
     "model-replica",

