@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 import ray
+from pydantic import BaseModel
 from ray import serve
 from ray.serve import Application
 from ray.serve.deployment import Deployment
@@ -132,33 +133,36 @@ def build_app(args: dict[str, Any]) -> Application:
 
     warm_pool = None
     if config.warm_pool.enabled:
-        warm_pool = (
-            as_deployment(WarmPool)
-            .options(
-                name="warm-pool",
-                num_replicas=1,
-                ray_actor_options={"num_cpus": 0, **replica_env, **ingress_options},
-            )
-            .bind(config.warm_pool.model_dump(mode="json"))
+        warm_pool = helper_deployment(
+            WarmPool, "warm-pool", config.warm_pool, {**replica_env, **ingress_options}
         )
     front_spare = None
     if config.front_spare.enabled:
-        front_spare = (
-            as_deployment(FrontSpare)
-            .options(
-                name="front-spare",
-                num_replicas=1,
-                # Beside Serve's HAProxy: the head node has one whatever the proxy_location.
-                ray_actor_options={"num_cpus": 0, "resources": {HEAD_NODE_RESOURCE: 0.001}},
-                logging_config={"enable_access_log": False},
-            )
-            .bind(config.front_spare.model_dump(mode="json"))
-        )
+        # Beside Serve's HAProxy: the head node has one, whatever the proxy_location.
+        on_head = {"resources": {HEAD_NODE_RESOURCE: 0.001}}
+        front_spare = helper_deployment(FrontSpare, "front-spare", config.front_spare, on_head)
     router = as_deployment(RouterIngress).options(
         name=ROUTER_DEPLOYMENT,
         ray_actor_options={"num_cpus": config.router.num_cpus, **ingress_options},
     )
     return router.bind(config.model_dump(mode="json"), servers, control, warm_pool, front_spare)
+
+
+def helper_deployment(
+    cls: type, name: str, settings: BaseModel, actor_options: dict[str, Any]
+) -> Application:
+    """One of the platform's own helpers: one replica, no CPU, `settings` its one argument, no
+    access log line per call (its calls are the platform's, not users' requests)."""
+    return (
+        as_deployment(cls)
+        .options(
+            name=name,
+            num_replicas=1,
+            ray_actor_options={"num_cpus": 0, **actor_options},
+            logging_config={"enable_access_log": False},
+        )
+        .bind(settings.model_dump(mode="json"))
+    )
 
 
 def as_deployment(cls: type) -> Deployment:

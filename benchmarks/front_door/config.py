@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, get_args
 
 from pydantic import Field, field_validator
 
@@ -22,15 +22,7 @@ Target = Literal[
 ]
 # The front first, then what stands behind it; last an operator's `serve deploy` of a changed
 # config (redeploy.py), which replaces the routers and edge-control one by one.
-TARGETS: tuple[Target, ...] = (
-    "router-replica",
-    "haproxy",
-    "front-spare",
-    "edge-control",
-    "serve-controller",
-    "model-replica",
-    "serve-deploy",
-)
+TARGETS: tuple[Target, ...] = get_args(Target)
 
 
 class FrontDoorBenchConfig(BenchConfig):

@@ -15,7 +15,6 @@ it, or which of the config's lines belong to that one process. The spare
   process's figures). The spare's copy goes without them; everything else (the frontends on
   Serve's HTTP and gRPC ports, the backends of router replicas and their health checks, the
   per-request metrics log to Serve's socket) is the same.
-
 - A config written before Serve's HAProxy has its routes or router replicas (a restarted one,
   first thing) answers 404 to every request and 503 to its health check, saying why in that
   check's answer (Serve's `NO_ROUTES_MESSAGE`, `NO_REPLICAS_MESSAGE`): the spare keeps the
