@@ -1,6 +1,6 @@
 """The front spare (deployments.control.front_spare): a second HAProxy from Serve's config for the
 node, followed, restarted and stopped as Serve's config and the process say; on fake processes
-and a manual clock. Real HAProxies sharing a port: tests/integration/test_front_spare.py."""
+and a manual clock. Real HAProxies sharing a port: tests/integration/test_live_front_spare.py."""
 
 from __future__ import annotations
 
