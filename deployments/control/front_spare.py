@@ -133,6 +133,9 @@ class SpareFront:
         return {
             "running": running,
             "pid": process.pid if running and process is not None else None,
+            # Older spares still alive: finishing their requests after a reload, or, after a
+            # replacement HAProxy refused to start, still listening with the config before.
+            "older_alive": sum(1 for p in list(self._draining) if p.poll() is None),
             "serve_config": str(self.source),
             "starts": self.starts,
             "failed_starts": self.failed_starts,

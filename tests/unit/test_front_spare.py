@@ -185,3 +185,15 @@ def test_stop_ends_softly_then_at_the_grace(spare: Fixture):
     spare.front.check()
     spare.front.stop(grace_s=0.0)
     assert spare.started[0].signals == [signal.SIGUSR1, signal.SIGTERM]
+
+
+def test_a_failed_replacement_says_the_spare_before_it_still_listens(spare: Fixture):
+    spare.source.write_text(serve_config())
+    spare.front.check()
+    spare.source.write_text(serve_config().replace("router-1", "router-2"))
+    spare.front.check()
+    spare.started[1].code = 1  # the reload's HAProxy refused its config: the first one stays
+    spare.front.check()
+    described = spare.front.describe()
+    assert not described["running"] and described["older_alive"] == 1
+    assert described["failed_starts"] == 1
